@@ -1,0 +1,180 @@
+package cdc
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// query runs a simple-protocol SQL query on conn (which may be a replication
+// connection: a walsender in database mode accepts SQL) and returns the rows
+// as text.
+func query(ctx context.Context, conn *pgconn.PgConn, sql string) ([][]string, error) {
+	res := conn.Exec(ctx, sql)
+	results, err := res.ReadAll()
+	if err != nil {
+		return nil, err
+	}
+	var rows [][]string
+	for _, r := range results {
+		if r.Err != nil {
+			return nil, r.Err
+		}
+		for _, row := range r.Rows {
+			vals := make([]string, len(row))
+			for i, v := range row {
+				vals[i] = string(v)
+			}
+			rows = append(rows, vals)
+		}
+	}
+	return rows, nil
+}
+
+// checkServer verifies what logical replication needs and explains the fix.
+func checkServer(ctx context.Context, conn *pgconn.PgConn) error {
+	rows, err := query(ctx, conn, "SHOW wal_level")
+	if err != nil {
+		return fmt.Errorf("read wal_level: %w", err)
+	}
+	if len(rows) == 1 && rows[0][0] != "logical" {
+		return &PreconditionError{
+			What: fmt.Sprintf("wal_level is '%s'", rows[0][0]),
+			Fix:  "set wal_level = logical in postgresql.conf (or ALTER SYSTEM SET wal_level = logical) and restart PostgreSQL",
+		}
+	}
+	return nil
+}
+
+// ensurePublication creates the publication for the outbox table when it is
+// missing, and checks an existing one covers the table.
+func ensurePublication(ctx context.Context, conn *pgconn.PgConn, name string, table TableName, create bool) error {
+	rows, err := query(ctx, conn, fmt.Sprintf(
+		"SELECT pubinsert, pubviaroot, EXISTS (SELECT 1 FROM pg_publication_tables t WHERE t.pubname = p.pubname AND t.schemaname = %s AND t.tablename = %s) FROM pg_publication p WHERE pubname = %s",
+		QuoteLiteral(table.Schema), QuoteLiteral(table.Name), QuoteLiteral(name)))
+	if err != nil {
+		return fmt.Errorf("look up publication %s: %w", name, err)
+	}
+	if len(rows) == 0 {
+		if !create {
+			return &PreconditionError{What: fmt.Sprintf("publication %q does not exist", name),
+				Fix: fmt.Sprintf("run `walbox migrate`, or as the table owner: CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert', publish_via_partition_root = true)", QuoteIdent(name), table.Quoted())}
+		}
+		_, err := query(ctx, conn, fmt.Sprintf(
+			"CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert', publish_via_partition_root = true)",
+			QuoteIdent(name), table.Quoted()))
+		if err != nil {
+			switch sqlState(err) {
+			case "42P01":
+				return &PreconditionError{What: fmt.Sprintf("outbox table %s does not exist", table),
+					Fix: "run `walbox migrate` to create it, or set outbox.table to your existing outbox table", Err: err}
+			case stateInsufficientPrivilege:
+				return &PreconditionError{What: fmt.Sprintf("cannot create publication %q", name),
+					Fix: "run `walbox migrate` as the table owner, or ask a DBA to create the publication (`walbox migrate --print`)", Err: err}
+			}
+			return fmt.Errorf("create publication %s: %w", name, err)
+		}
+		return nil
+	}
+	if rows[0][0] != "t" {
+		return &PreconditionError{What: fmt.Sprintf("publication %q does not publish inserts", name),
+			Fix: fmt.Sprintf("ALTER PUBLICATION %s SET (publish = 'insert', publish_via_partition_root = true)", QuoteIdent(name))}
+	}
+	if rows[0][2] != "t" {
+		return &PreconditionError{What: fmt.Sprintf("publication %q does not include %s", name, table),
+			Fix: fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s", QuoteIdent(name), table.Quoted())}
+	}
+	if rows[0][1] != "t" {
+		return &PreconditionError{What: fmt.Sprintf("publication %q has publish_via_partition_root off, so rows of a partitioned outbox arrive under partition names", name),
+			Fix: fmt.Sprintf("ALTER PUBLICATION %s SET (publish_via_partition_root = true)", QuoteIdent(name))}
+	}
+	return nil
+}
+
+// SlotInfo is what pg_replication_slots says about walbox's slot.
+type SlotInfo struct {
+	Exists            bool
+	Plugin            string
+	Database          string
+	Active            bool
+	ActivePID         int
+	RestartLSN        LSN
+	ConfirmedFlushLSN LSN
+	WALStatus         string
+}
+
+// LookupSlot reads the slot's row from pg_replication_slots.
+func LookupSlot(ctx context.Context, conn *pgconn.PgConn, slot string) (SlotInfo, error) {
+	rows, err := query(ctx, conn, fmt.Sprintf(
+		"SELECT plugin, database, active, coalesce(active_pid, 0), coalesce(restart_lsn, '0/0'), coalesce(confirmed_flush_lsn, '0/0'), coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = %s",
+		QuoteLiteral(slot)))
+	if err != nil {
+		return SlotInfo{}, fmt.Errorf("look up slot %s: %w", slot, err)
+	}
+	if len(rows) == 0 {
+		return SlotInfo{}, nil
+	}
+	r := rows[0]
+	info := SlotInfo{Exists: true, Plugin: r[0], Database: r[1], Active: r[2] == "t", WALStatus: r[6]}
+	fmt.Sscan(r[3], &info.ActivePID)
+	info.RestartLSN, _ = pglogrepl.ParseLSN(r[4])
+	info.ConfirmedFlushLSN, _ = pglogrepl.ParseLSN(r[5])
+	return info, nil
+}
+
+// ensureSlot creates the logical slot with pgoutput when it does not exist and
+// verifies an existing one. It reports whether the slot was created now.
+func ensureSlot(ctx context.Context, conn *pgconn.PgConn, slot string) (bool, error) {
+	info, err := LookupSlot(ctx, conn, slot)
+	if err != nil {
+		return false, err
+	}
+	if info.Exists {
+		if info.Plugin != "pgoutput" {
+			return false, &PreconditionError{What: fmt.Sprintf("replication slot %q uses plugin %q, not pgoutput", slot, info.Plugin),
+				Fix: fmt.Sprintf("choose another postgres.slot, or drop it (SELECT pg_drop_replication_slot('%s')) if nothing else uses it", slot)}
+		}
+		if info.WALStatus == "lost" {
+			return false, fmt.Errorf("%w: slot %q has wal_status 'lost' (WAL it needed was removed, max_slot_wal_keep_size exceeded)", ErrSlotLost, slot)
+		}
+		return false, nil
+	}
+	_, err = pglogrepl.CreateReplicationSlot(ctx, conn, slot, "pgoutput",
+		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "NOEXPORT_SNAPSHOT"})
+	if err != nil {
+		if sqlState(err) == "42710" { // created concurrently by another relay
+			return false, nil
+		}
+		return false, classifyConnectError(fmt.Errorf("create replication slot %s: %w", slot, err))
+	}
+	return true, nil
+}
+
+// classifyConnectError turns the server errors people hit on first start
+// into errors that name the fix.
+func classifyConnectError(err error) error {
+	switch sqlState(err) {
+	case stateInsufficientPrivilege, stateInvalidAuthorization:
+		msg := err.Error()
+		if strings.Contains(msg, "pg_hba.conf") {
+			return &PreconditionError{What: "the server refuses replication connections from walbox",
+				Fix: "add a pg_hba.conf line such as `host replication <role> <walbox address>/32 scram-sha-256` and reload PostgreSQL", Err: err}
+		}
+		return &PreconditionError{What: "walbox's role may not use replication",
+			Fix: "ALTER ROLE <role> WITH REPLICATION (see `walbox migrate --print-grants`)", Err: err}
+	case stateInvalidPassword:
+		return &PreconditionError{What: "password authentication failed", Fix: "check the user and password in postgres.url (or WALBOX_POSTGRES_URL)", Err: err}
+	case stateObjectNotInPrereqState:
+		if strings.Contains(err.Error(), "wal_level") {
+			return &PreconditionError{What: "logical decoding needs wal_level = logical",
+				Fix: "set wal_level = logical in postgresql.conf and restart PostgreSQL", Err: err}
+		}
+	case "53400":
+		return &PreconditionError{What: "all replication slots are in use",
+			Fix: "raise max_replication_slots in postgresql.conf and restart, or drop unused slots", Err: err}
+	}
+	return err
+}

@@ -1,0 +1,454 @@
+package cdc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync/atomic"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/rs/zerolog"
+)
+
+// Config configures a Source. Zero values take the defaults noted per field.
+type Config struct {
+	// ConnString is a regular Postgres URL or DSN; replication=database is added.
+	ConnString  string
+	Slot        string
+	Publication string
+	Table       TableName
+	Columns     Columns
+	// CreatePublication lets the source create a missing publication.
+	CreatePublication bool
+	// StatusInterval is how often a standby status update is sent even when
+	// nothing changed; it must stay well below the server's wal_sender_timeout
+	// (default 60 s). Default 10 s.
+	StatusInterval time.Duration
+	// BatchSize is how many changes are handed over at once inside a large
+	// transaction (a commit always hands over what it has). Default 512.
+	BatchSize int
+	// BackoffInitial and BackoffMax bound the reconnect back-off (1 s doubling
+	// to 60 s, with jitter, by default).
+	BackoffInitial time.Duration
+	BackoffMax     time.Duration
+	Logger         zerolog.Logger
+}
+
+func (c *Config) setDefaults() {
+	if c.StatusInterval <= 0 {
+		c.StatusInterval = 10 * time.Second
+	}
+	if c.BatchSize <= 0 {
+		c.BatchSize = 512
+	}
+	if c.BackoffInitial <= 0 {
+		c.BackoffInitial = time.Second
+	}
+	if c.BackoffMax <= 0 {
+		c.BackoffMax = 60 * time.Second
+	}
+}
+
+// Source streams outbox inserts from a pgoutput slot. Run owns the
+// replication connection; Confirm may be called from any goroutine.
+type Source struct {
+	cfg       Config
+	log       zerolog.Logger
+	confirmed atomic.Uint64 // highest LSN the relay says is safe to flush
+	sessions  atomic.Int64
+	received  atomic.Uint64 // last WAL position received, for lag
+	connected atomic.Bool
+}
+
+// NewSource validates cfg and returns a Source.
+func NewSource(cfg Config) (*Source, error) {
+	cfg.setDefaults()
+	if cfg.ConnString == "" {
+		return nil, &ConfigError{Key: "postgres.url", Msg: "is required (env WALBOX_POSTGRES_URL, flag --postgres-url)"}
+	}
+	if cfg.Slot == "" {
+		return nil, &ConfigError{Key: "postgres.slot", Msg: "is required"}
+	}
+	if cfg.Publication == "" {
+		return nil, &ConfigError{Key: "postgres.publication", Msg: "is required"}
+	}
+	if cfg.Table.Name == "" {
+		return nil, &ConfigError{Key: "outbox.table", Msg: "is required"}
+	}
+	return &Source{cfg: cfg, log: cfg.Logger.With().Str("component", "cdc").Logger()}, nil
+}
+
+// Confirm records that every transaction ending at or before lsn is fully
+// delivered, so the slot may release WAL up to it. It never moves backwards.
+func (s *Source) Confirm(lsn LSN) {
+	for {
+		cur := s.confirmed.Load()
+		if uint64(lsn) <= cur || s.confirmed.CompareAndSwap(cur, uint64(lsn)) {
+			return
+		}
+	}
+}
+
+// Confirmed returns the highest LSN passed to Confirm.
+func (s *Source) Confirmed() LSN { return LSN(s.confirmed.Load()) }
+
+// Received returns the last WAL position the server sent.
+func (s *Source) Received() LSN { return LSN(s.received.Load()) }
+
+// Connected reports whether the replication stream is up.
+func (s *Source) Connected() bool { return s.connected.Load() }
+
+// Run streams changes into out until ctx is cancelled, reconnecting with
+// back-off after transient failures. It returns nil on cancellation and an
+// error only for problems that reconnecting cannot fix (configuration,
+// missing privileges, wrong wal_level), which name their fix. Batches are
+// handed over in commit order; after a reconnect a KindReset change comes
+// first, because the server resends from the slot's confirmed position.
+func (s *Source) Run(ctx context.Context, out chan<- []Change) error {
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval = s.cfg.BackoffInitial
+	bo.MaxInterval = s.cfg.BackoffMax
+	bo.Multiplier = 2
+	bo.RandomizationFactor = 0.2
+	bo.MaxElapsedTime = 0
+	bo.Reset()
+	for {
+		streamed, err := s.session(ctx, out)
+		s.connected.Store(false)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if IsPermanent(err) {
+			return err
+		}
+		if streamed {
+			bo.Reset()
+		}
+		wait := bo.NextBackOff()
+		s.log.Warn().Err(err).Dur("retry_in", wait).Msg("replication stream interrupted; reconnecting")
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+	}
+}
+
+// replicationURL adds replication=database to a connection string.
+func replicationConfig(connString string) (*pgconn.Config, error) {
+	cfg, err := pgconn.ParseConfig(connString)
+	if err != nil {
+		return nil, &ConfigError{Key: "postgres.url", Msg: fmt.Sprintf("cannot parse: %v", redactErr(err))}
+	}
+	if cfg.RuntimeParams == nil {
+		cfg.RuntimeParams = map[string]string{}
+	}
+	cfg.RuntimeParams["replication"] = "database"
+	cfg.RuntimeParams["application_name"] = "walbox"
+	return cfg, nil
+}
+
+// redactErr renders a parse error; pgconn already masks the password in it.
+func redactErr(err error) string { return err.Error() }
+
+// session runs one replication connection from connect to failure. streamed
+// reports whether data flowed (so the back-off can start over).
+func (s *Source) session(ctx context.Context, out chan<- []Change) (streamed bool, err error) {
+	pcfg, err := replicationConfig(s.cfg.ConnString)
+	if err != nil {
+		return false, err
+	}
+	connectCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	conn, err := pgconn.ConnectConfig(connectCtx, pcfg)
+	cancel()
+	if err != nil {
+		return false, classifyConnectError(fmt.Errorf("connect for replication: %w", err))
+	}
+	defer func() {
+		closeCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		conn.Close(closeCtx)
+		cancel()
+	}()
+
+	if err := checkServer(ctx, conn); err != nil {
+		return false, err
+	}
+	if err := ensurePublication(ctx, conn, s.cfg.Publication, s.cfg.Table, s.cfg.CreatePublication); err != nil {
+		return false, err
+	}
+	created, err := ensureSlot(ctx, conn, s.cfg.Slot)
+	if err != nil {
+		return false, err
+	}
+	if created {
+		s.log.Info().Str("slot", s.cfg.Slot).Msg("created replication slot")
+	}
+
+	// Start at LSN 0: on an existing slot the server resumes at
+	// confirmed_flush_lsn. Starting at IDENTIFY_SYSTEM's position would skip
+	// transactions that were never acked.
+	err = pglogrepl.StartReplication(ctx, conn, s.cfg.Slot, 0, pglogrepl.StartReplicationOptions{
+		PluginArgs: []string{
+			"proto_version '1'",
+			"publication_names " + QuoteLiteral(s.cfg.Publication),
+			"messages 'true'",
+		},
+	})
+	if err != nil {
+		switch sqlState(err) {
+		case stateUndefinedObject:
+			return false, fmt.Errorf("%w: start replication: %v", ErrSlotLost, err)
+		case stateObjectInUse:
+			return false, fmt.Errorf("replication slot %q is active for another process (another walbox?); will retry: %w", s.cfg.Slot, err)
+		}
+		return false, classifyConnectError(fmt.Errorf("start replication on slot %s: %w", s.cfg.Slot, err))
+	}
+	s.connected.Store(true)
+	session := s.sessions.Add(1)
+	s.log.Info().Str("slot", s.cfg.Slot).Int64("session", session).Stringer("confirmed", s.Confirmed()).Msg("replication started")
+
+	st := &stream{src: s, conn: conn, out: out, dec: newDecoder(s.cfg.Table, s.cfg.Columns)}
+	if session > 1 {
+		st.batch = append(st.batch, Change{Kind: KindReset})
+	}
+	err = st.run(ctx)
+	return st.streamed, err
+}
+
+// stream is the state of one replication session.
+type stream struct {
+	src      *Source
+	conn     *pgconn.PgConn
+	out      chan<- []Change
+	dec      *decoder
+	batch    []Change
+	streamed bool
+
+	serverWALEnd LSN
+	lastSent     LSN
+	nextStatus   time.Time
+	deadline     time.Time
+}
+
+func (st *stream) run(ctx context.Context) error {
+	netConn := st.conn.Conn()
+	// Cancelling ctx interrupts a blocked read by moving the deadline to now.
+	// ReceiveMessage gets context.Background(): a per-call deadline context
+	// was half of the receive cost in profiles.
+	stop := context.AfterFunc(ctx, func() { _ = netConn.SetReadDeadline(time.Now()) })
+	defer stop()
+	defer st.finalStatus()
+
+	interval := st.src.cfg.StatusInterval
+	st.nextStatus = time.Now().Add(interval)
+	for {
+		now := time.Now()
+		if !now.Before(st.nextStatus) {
+			if err := st.sendStatus(false); err != nil {
+				return err
+			}
+			st.nextStatus = now.Add(interval)
+		}
+		if !st.deadline.Equal(st.nextStatus) {
+			st.deadline = st.nextStatus
+			if err := netConn.SetReadDeadline(st.deadline); err != nil {
+				return fmt.Errorf("set read deadline: %w", err)
+			}
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+		}
+		msg, err := st.conn.ReceiveMessage(context.Background())
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if pgconn.Timeout(err) || isNetTimeout(err) {
+				continue
+			}
+			return fmt.Errorf("receive replication message: %w", err)
+		}
+		switch m := msg.(type) {
+		case *pgproto3.CopyData:
+			if err := st.handleCopyData(ctx, m.Data); err != nil {
+				return err
+			}
+		case *pgproto3.ErrorResponse:
+			pgErr := pgconn.ErrorResponseToPgError(m)
+			if pgErr.Code == stateObjectNotInPrereqState || pgErr.Code == stateUndefinedObject {
+				return fmt.Errorf("%w: %v", ErrSlotLost, pgErr)
+			}
+			return fmt.Errorf("replication stream: %w", pgErr)
+		case *pgproto3.CopyDone:
+			return errors.New("replication stream: server ended the copy stream")
+		default:
+			// NoticeResponse and the like carry nothing for us.
+		}
+	}
+}
+
+func isNetTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+func (st *stream) handleCopyData(ctx context.Context, data []byte) error {
+	if len(data) == 0 {
+		return nil
+	}
+	switch data[0] {
+	case pglogrepl.PrimaryKeepaliveMessageByteID:
+		ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(data[1:])
+		if err != nil {
+			return fmt.Errorf("parse keepalive: %w", err)
+		}
+		if ka.ServerWALEnd > st.serverWALEnd {
+			st.serverWALEnd = ka.ServerWALEnd
+			st.src.received.Store(uint64(ka.ServerWALEnd))
+		}
+		if !st.dec.inTxn && ka.ServerWALEnd > 0 {
+			// The WAL end is confirmable only once everything handed over
+			// before it is acked; the relay decides, in order.
+			st.batch = append(st.batch, Change{Kind: KindWALEnd, LSN: ka.ServerWALEnd})
+			if err := st.flush(ctx); err != nil {
+				return err
+			}
+		}
+		if ka.ReplyRequested {
+			return st.sendStatus(false)
+		}
+		return nil
+	case pglogrepl.XLogDataByteID:
+		xld, err := pglogrepl.ParseXLogData(data[1:])
+		if err != nil {
+			return fmt.Errorf("parse XLogData: %w", err)
+		}
+		st.streamed = true
+		return st.handleWAL(ctx, xld)
+	}
+	return nil
+}
+
+func (st *stream) handleWAL(ctx context.Context, xld pglogrepl.XLogData) error {
+	d := xld.WALData
+	if len(d) == 0 {
+		return nil
+	}
+	switch pglogrepl.MessageType(d[0]) {
+	case pglogrepl.MessageTypeBegin:
+		var m pglogrepl.BeginMessage
+		if err := m.Decode(d[1:]); err != nil {
+			return fmt.Errorf("decode begin: %w", err)
+		}
+		st.dec.inTxn = true
+		st.dec.commitLSN = m.FinalLSN
+		st.dec.commitTime = m.CommitTime
+		st.dec.index = 0
+		st.batch = append(st.batch, Change{Kind: KindBegin, LSN: m.FinalLSN})
+	case pglogrepl.MessageTypeInsert:
+		st.batch = append(st.batch, Change{Kind: KindEvent})
+		ok, err := st.dec.insert(d, &st.batch[len(st.batch)-1].Event)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			st.batch = st.batch[:len(st.batch)-1]
+			return nil
+		}
+		if len(st.batch) >= st.src.cfg.BatchSize {
+			return st.flush(ctx)
+		}
+	case pglogrepl.MessageTypeCommit:
+		var m pglogrepl.CommitMessage
+		if err := m.Decode(d[1:]); err != nil {
+			return fmt.Errorf("decode commit: %w", err)
+		}
+		st.dec.inTxn = false
+		// Confirm TransactionEndLSN, never CommitLSN: confirming the commit
+		// record's start makes the server send the transaction again.
+		st.batch = append(st.batch, Change{Kind: KindCommit, LSN: m.TransactionEndLSN})
+		if xld.ServerWALEnd > st.serverWALEnd {
+			st.serverWALEnd = xld.ServerWALEnd
+			st.src.received.Store(uint64(xld.ServerWALEnd))
+		}
+		return st.flush(ctx)
+	case pglogrepl.MessageTypeRelation:
+		m, err := pglogrepl.Parse(d)
+		if err != nil {
+			return fmt.Errorf("decode relation: %w", err)
+		}
+		return st.dec.relation(m.(*pglogrepl.RelationMessage))
+	default:
+		// Type, Origin, Message (heartbeats) and anything else carry no
+		// outbox rows.
+	}
+	return nil
+}
+
+// flush hands the batch to the relay. While the relay is not taking batches
+// (NATS down, window full) status updates keep flowing, or the walsender
+// would drop the connection after wal_sender_timeout.
+func (st *stream) flush(ctx context.Context) error {
+	if len(st.batch) == 0 {
+		return nil
+	}
+	b := st.batch
+	st.batch = make([]Change, 0, cap(b))
+	for {
+		wait := time.Until(st.nextStatus)
+		if wait <= 0 {
+			if err := st.sendStatus(false); err != nil {
+				return err
+			}
+			st.nextStatus = time.Now().Add(st.src.cfg.StatusInterval)
+			continue
+		}
+		timer := time.NewTimer(wait)
+		select {
+		case st.out <- b:
+			timer.Stop()
+			return nil
+		case <-ctx.Done():
+			timer.Stop()
+			return ctx.Err()
+		case <-timer.C:
+		}
+	}
+}
+
+// sendStatus reports the relay's confirmed position. Write, Flush and Apply
+// are all set explicitly: pglogrepl copies Write into a zero Flush, and the
+// server advances confirmed_flush_lsn from Flush.
+func (st *stream) sendStatus(reply bool) error {
+	lsn := st.src.Confirmed()
+	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), st.conn, pglogrepl.StandbyStatusUpdate{
+		WALWritePosition: lsn,
+		WALFlushPosition: lsn,
+		WALApplyPosition: lsn,
+		ClientTime:       time.Now(),
+		ReplyRequested:   reply,
+	})
+	if err != nil {
+		return fmt.Errorf("send standby status: %w", err)
+	}
+	if lsn != st.lastSent {
+		st.src.log.Debug().Stringer("flush_lsn", lsn).Msg("confirmed")
+	}
+	st.lastSent = lsn
+	return nil
+}
+
+// finalStatus sends the last confirmed position before the connection closes,
+// so a clean shutdown leaves the slot exactly at what was acked.
+func (st *stream) finalStatus() {
+	if st.conn.IsClosed() {
+		return
+	}
+	_ = st.conn.Conn().SetWriteDeadline(time.Now().Add(2 * time.Second))
+	_ = st.sendStatus(false)
+}

@@ -1,0 +1,49 @@
+// Command walbox relays transactional-outbox rows from PostgreSQL's WAL to
+// NATS JetStream. This package only wires cdc and relay together and holds
+// the CLI; it has no logic of its own.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := newRootCmd().ExecuteContext(ctx)
+	stop()
+	if err != nil {
+		var ee exitError
+		if errors.As(err, &ee) {
+			os.Exit(ee.code)
+		}
+		fmt.Fprintln(os.Stderr, "walbox:", err)
+		os.Exit(1)
+	}
+}
+
+// exitError carries an exit code for a failure already reported.
+type exitError struct{ code int }
+
+func (e exitError) Error() string { return fmt.Sprintf("exit %d", e.code) }
+
+func newRootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "walbox",
+		Short:         "Transactional outbox relay: PostgreSQL WAL to NATS JetStream",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.PersistentFlags().String("config", "", "YAML config file (env WALBOX_CONFIG)")
+	root.PersistentFlags().String("postgres-url", "", "PostgreSQL URL (overrides postgres.url, env WALBOX_POSTGRES_URL)")
+	root.PersistentFlags().String("nats-url", "", "NATS URL (overrides nats.url, env WALBOX_NATS_URL)")
+	root.PersistentFlags().String("log-level", "", "log level: debug, info, warn, error (overrides log.level)")
+	root.AddCommand(newRunCmd(), newMigrateCmd(), newDevCmd())
+	return root
+}

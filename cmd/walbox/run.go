@@ -1,0 +1,24 @@
+package main
+
+import (
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/walbox/walbox/internal/app"
+)
+
+func newRunCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "run",
+		Short: "Stream committed outbox inserts to JetStream until SIGTERM",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := loadConfig(cmd)
+			if err != nil {
+				return err
+			}
+			log := newLogger(cfg.Log, os.Stderr)
+			return app.Run(cmd.Context(), cfg, log, app.Options{})
+		},
+	}
+}

@@ -1,0 +1,74 @@
+package main
+
+import (
+	"io"
+	"os"
+	"strings"
+
+	"github.com/mattn/go-isatty"
+	"github.com/rs/zerolog"
+	"github.com/spf13/cobra"
+
+	"github.com/walbox/walbox/cdc"
+	"github.com/walbox/walbox/internal/config"
+)
+
+// loadConfig reads the file, then WALBOX_* variables, then flags, and validates.
+func loadConfig(cmd *cobra.Command) (config.Config, error) {
+	path, _ := cmd.Flags().GetString("config")
+	if path == "" {
+		path = os.Getenv("WALBOX_CONFIG")
+	}
+	cfg, err := config.Load(path, os.Environ())
+	if err != nil {
+		return cfg, err
+	}
+	if v, _ := cmd.Flags().GetString("postgres-url"); v != "" {
+		cfg.Postgres.URL = v
+	}
+	if v, _ := cmd.Flags().GetString("nats-url"); v != "" {
+		cfg.NATS.URL = v
+	}
+	if v, _ := cmd.Flags().GetString("log-level"); v != "" {
+		cfg.Log.Level = v
+	}
+	return cfg, cfg.Validate()
+}
+
+// newLogger builds the zerolog logger: JSON, or console output on a terminal.
+func newLogger(c config.Log, w io.Writer) zerolog.Logger {
+	level, err := zerolog.ParseLevel(c.Level)
+	if err != nil {
+		level = zerolog.InfoLevel
+	}
+	console := c.Format == "console"
+	if c.Format == "auto" {
+		if f, ok := w.(*os.File); ok && isatty.IsTerminal(f.Fd()) {
+			console = true
+		}
+	}
+	if console {
+		w = zerolog.ConsoleWriter{Out: w, TimeFormat: "15:04:05.000"}
+	}
+	return zerolog.New(w).Level(level).With().Timestamp().Logger()
+}
+
+func tableOf(cfg config.Config) cdc.TableName {
+	t, _ := cdc.ParseTableName(cfg.Outbox.Table) // validated
+	return t
+}
+
+// redactURL hides the password of a connection URL for logs.
+func redactURL(u string) string {
+	at := strings.LastIndex(u, "@")
+	scheme := strings.Index(u, "://")
+	if at < 0 || scheme < 0 {
+		return u
+	}
+	userinfo := u[scheme+3 : at]
+	if user, _, ok := strings.Cut(userinfo, ":"); ok {
+		return u[:scheme+3] + user + ":xxxxx" + u[at:]
+	}
+	return u
+}
+

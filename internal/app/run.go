@@ -1,0 +1,218 @@
+// Package app wires walbox's parts from a Config: the cdc source, the
+// JetStream sink, the relay and the HTTP endpoints. The CLI and the dev
+// command call it; it holds no delivery logic of its own.
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/rs/zerolog"
+
+	"github.com/walbox/walbox/cdc"
+	"github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/relay"
+)
+
+// Options adjust Run for embedding (tests, walbox dev).
+type Options struct {
+	// Registry receives the metrics; nil makes a fresh one.
+	Registry *prometheus.Registry
+	// OnDelivered is passed to the relay (see relay.Config.OnDelivered).
+	OnDelivered func(relay.Delivered)
+	// Ready, if set, is closed once the relay has started streaming.
+	Ready chan<- struct{}
+}
+
+// Run relays until ctx is cancelled. It returns nil after a clean shutdown.
+func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Options) error {
+	table, err := cdc.ParseTableName(cfg.Outbox.Table)
+	if err != nil {
+		return &cdc.ConfigError{Key: "outbox.table", Msg: err.Error()}
+	}
+	cols, err := cdc.ColumnsFromMap(cfg.Outbox.Columns, true)
+	if err != nil {
+		return &cdc.ConfigError{Key: "outbox.columns", Msg: err.Error()}
+	}
+	pgcfg, err := pgconn.ParseConfig(cfg.Postgres.URL)
+	if err != nil {
+		return &cdc.ConfigError{Key: "postgres.url", Msg: err.Error()}
+	}
+	reg := opts.Registry
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	metrics := relay.NewMetrics(reg)
+
+	src, err := cdc.NewSource(cdc.Config{
+		ConnString:        cfg.Postgres.URL,
+		Slot:              cfg.Postgres.Slot,
+		Publication:       cfg.Postgres.Publication,
+		Table:             table,
+		Columns:           cols,
+		CreatePublication: cfg.Postgres.CreatePublication,
+		StatusInterval:    cfg.Postgres.StatusInterval,
+		BatchSize:         cfg.NATS.Window / 2,
+		BackoffInitial:    cfg.Retry.Initial,
+		BackoffMax:        cfg.Retry.Max,
+		Logger:            log,
+	})
+	if err != nil {
+		return err
+	}
+
+	nc, err := connectNATS(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	sink, err := relay.NewJetStreamSink(nc, cfg.NATS.AckTimeout, cfg.NATS.Window*2+64)
+	if err != nil {
+		return err
+	}
+
+	var srv *http.Server
+	health := &health{src: src, nc: nc}
+	if cfg.Metrics.Listen != "" {
+		srv, err = serveHTTP(cfg.Metrics.Listen, reg, health)
+		if err != nil {
+			return err
+		}
+		defer srv.Close()
+	}
+
+	routes, err := ensureStreams(ctx, sink, cfg, log)
+	if err != nil {
+		return err
+	}
+	if ctx.Err() != nil {
+		return nil
+	}
+	source := pgcfg.Database + "/" + cfg.Postgres.Slot
+	router := relay.NewRouter(cfg.NATS.SubjectPrefix, source, routes)
+	r := relay.New(relay.Config{
+		Window:         cfg.NATS.Window,
+		DLQPrefix:      cfg.NATS.DLQ.SubjectPrefix,
+		BackoffInitial: cfg.Retry.Initial,
+		BackoffMax:     cfg.Retry.Max,
+		OnDelivered:    opts.OnDelivered,
+		Metrics:        metrics,
+		Logger:         log,
+	}, sink, router)
+	health.started.Store(true)
+	if opts.Ready != nil {
+		go func() {
+			for !src.Connected() {
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(20 * time.Millisecond):
+				}
+			}
+			close(opts.Ready)
+		}()
+	}
+	log.Info().Str("postgres", redact(cfg.Postgres.URL)).Str("nats", cfg.NATS.URL).Str("slot", cfg.Postgres.Slot).
+		Str("table", table.String()).Int("window", cfg.NATS.Window).Msg("walbox relay starting")
+	err = r.Serve(ctx, src)
+	if err != nil {
+		return err
+	}
+	log.Info().Stringer("confirmed", src.Confirmed()).Msg("walbox relay stopped")
+	return nil
+}
+
+func redact(u string) string {
+	cfg, err := pgconn.ParseConfig(u)
+	if err != nil {
+		return "(unparsable url)"
+	}
+	return fmt.Sprintf("%s@%s:%d/%s", cfg.User, cfg.Host, cfg.Port, cfg.Database)
+}
+
+// connectNATS connects with unlimited reconnects. The reconnect buffer is off:
+// while disconnected a publish fails at once, and the relay backs off and
+// resends in order, instead of the library buffering behind its back.
+func connectNATS(ctx context.Context, cfg config.Config, log zerolog.Logger) (*nats.Conn, error) {
+	nlog := log.With().Str("component", "nats").Logger()
+	nc, err := nats.Connect(cfg.NATS.URL,
+		nats.Name("walbox"),
+		nats.RetryOnFailedConnect(true),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(time.Second),
+		nats.ReconnectJitter(200*time.Millisecond, time.Second),
+		nats.ReconnectBufSize(-1),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			nlog.Warn().Err(err).Msg("disconnected from NATS")
+		}),
+		nats.ReconnectHandler(func(c *nats.Conn) {
+			nlog.Info().Str("url", c.ConnectedUrlRedacted()).Msg("reconnected to NATS")
+		}),
+	)
+	if err != nil {
+		return nil, &cdc.ConfigError{Key: "nats.url", Msg: err.Error()}
+	}
+	return nc, nil
+}
+
+// ensureStreams creates or checks the configured streams, retrying while
+// NATS is unreachable: an outage at start is an outage like any other.
+func ensureStreams(ctx context.Context, sink *relay.JetStreamSink, cfg config.Config, log zerolog.Logger) ([]relay.Route, error) {
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval = cfg.Retry.Initial
+	bo.MaxInterval = cfg.Retry.Max
+	bo.MaxElapsedTime = 0
+	bo.Reset()
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		routes, err := relay.EnsureStreams(cctx, sink.JetStream(), cfg.StreamSpecs())
+		cancel()
+		if err == nil {
+			return routes, nil
+		}
+		if ctx.Err() != nil {
+			return nil, nil
+		}
+		if relay.ClassifyJetStream(err) == relay.Permanent && !errors.Is(err, context.DeadlineExceeded) {
+			return nil, fmt.Errorf("%w (fix nats.streams in the config, or the stream on the server)", err)
+		}
+		wait := bo.NextBackOff()
+		log.Warn().Err(err).Dur("retry_in", wait).Msg("JetStream not ready; retrying")
+		select {
+		case <-ctx.Done():
+			return nil, nil
+		case <-time.After(wait):
+		}
+	}
+}
+
+func serveHTTP(addr string, reg *prometheus.Registry, h *health) (*http.Server, error) {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if ok, why := h.ready(); !ok {
+			http.Error(w, why, http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, &cdc.ConfigError{Key: "metrics.listen", Msg: fmt.Sprintf("cannot listen on %s: %v (set metrics.listen to a free address, or \"\" to disable)", addr, err)}
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln)
+	return srv, nil
+}

@@ -1,0 +1,315 @@
+// Package config loads walbox's configuration: one YAML file, overridden by
+// WALBOX_* environment variables, overridden by flags (applied by the CLI).
+// Every error names the key and what to change.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/caarlos0/env/v11"
+	"gopkg.in/yaml.v3"
+
+	"github.com/walbox/walbox/cdc"
+	"github.com/walbox/walbox/relay"
+)
+
+// Config is the whole configuration. Defaults are set by Default.
+type Config struct {
+	Postgres Postgres `yaml:"postgres" envPrefix:"POSTGRES_"`
+	Outbox   Outbox   `yaml:"outbox" envPrefix:"OUTBOX_"`
+	NATS     NATS     `yaml:"nats" envPrefix:"NATS_"`
+	Retry    Retry    `yaml:"retry" envPrefix:"RETRY_"`
+	Metrics  Metrics  `yaml:"metrics" envPrefix:"METRICS_"`
+	Log      Log      `yaml:"log" envPrefix:"LOG_"`
+}
+
+// Postgres is the database side.
+type Postgres struct {
+	// URL of the database (postgres://user:pass@host:5432/db?sslmode=...).
+	URL string `yaml:"url" env:"URL"`
+	// Slot is the logical replication slot walbox owns.
+	Slot string `yaml:"slot" env:"SLOT"`
+	// Publication covers the outbox table.
+	Publication string `yaml:"publication" env:"PUBLICATION"`
+	// CreatePublication lets `walbox run` create a missing publication.
+	CreatePublication bool `yaml:"create_publication" env:"CREATE_PUBLICATION"`
+	// StatusInterval is the longest gap between status updates to the server.
+	StatusInterval time.Duration `yaml:"status_interval" env:"STATUS_INTERVAL"`
+}
+
+// Outbox describes the outbox table.
+type Outbox struct {
+	Table string `yaml:"table" env:"TABLE"`
+	// Columns maps roles (id, topic, payload, stream, event_type,
+	// aggregate_type, aggregate_id, partition_key, headers, created_at) to
+	// column names. Unlisted roles keep their default name.
+	Columns map[string]string `yaml:"columns" env:"COLUMNS"`
+}
+
+// NATS is the JetStream side.
+type NATS struct {
+	URL           string        `yaml:"url" env:"URL"`
+	SubjectPrefix string        `yaml:"subject_prefix" env:"SUBJECT_PREFIX"`
+	AckTimeout    time.Duration `yaml:"ack_timeout" env:"ACK_TIMEOUT"`
+	Window        int           `yaml:"window" env:"WINDOW"`
+	Streams       []Stream      `yaml:"streams"`
+	DLQ           DLQ           `yaml:"dlq" envPrefix:"DLQ_"`
+}
+
+// Stream is one JetStream stream.
+type Stream struct {
+	Name            string        `yaml:"name"`
+	Subjects        []string      `yaml:"subjects"`
+	Storage         string        `yaml:"storage"`
+	Replicas        int           `yaml:"replicas"`
+	DuplicateWindow time.Duration `yaml:"duplicate_window"`
+	MaxAge          time.Duration `yaml:"max_age"`
+	// Manage: create or update the stream at start (true), or only check it
+	// exists where the platform team owns streams (false).
+	Manage *bool `yaml:"manage"`
+}
+
+// DLQ is where undeliverable events go.
+type DLQ struct {
+	Stream        string `yaml:"stream" env:"STREAM"`
+	SubjectPrefix string `yaml:"subject_prefix" env:"SUBJECT_PREFIX"`
+}
+
+// Retry is the back-off after a transient failure.
+type Retry struct {
+	Initial time.Duration `yaml:"initial" env:"INITIAL"`
+	Max     time.Duration `yaml:"max" env:"MAX"`
+}
+
+// Metrics is the HTTP endpoint for /metrics, /healthz and /readyz.
+type Metrics struct {
+	Listen string `yaml:"listen" env:"LISTEN"`
+}
+
+// Log configures logging.
+type Log struct {
+	Level  string `yaml:"level" env:"LEVEL"`
+	Format string `yaml:"format" env:"FORMAT"` // auto, json, console
+}
+
+// Default returns the configuration with every default filled in.
+func Default() Config {
+	return Config{
+		Postgres: Postgres{Slot: "walbox", Publication: "walbox_outbox", CreatePublication: true, StatusInterval: 10 * time.Second},
+		Outbox:   Outbox{Table: "public.outbox_events"},
+		NATS: NATS{URL: "nats://127.0.0.1:4222", AckTimeout: 10 * time.Second, Window: 1024,
+			DLQ: DLQ{Stream: "WALBOX_DLQ", SubjectPrefix: "walbox.dlq."}},
+		Retry:   Retry{Initial: time.Second, Max: 60 * time.Second},
+		Metrics: Metrics{Listen: "127.0.0.1:9187"},
+		Log:     Log{Level: "info", Format: "auto"},
+	}
+}
+
+// Load reads path (may be empty: defaults only), then applies WALBOX_*
+// variables from environ (os.Environ() format), then validates.
+func Load(path string, environ []string) (Config, error) {
+	cfg := Default()
+	if path != "" {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return cfg, fmt.Errorf("read config file: %w", err)
+		}
+		if err := decodeYAML(data, &cfg); err != nil {
+			return cfg, fmt.Errorf("config file %s: %w", path, err)
+		}
+	}
+	if err := ApplyEnv(&cfg, environ); err != nil {
+		return cfg, err
+	}
+	return cfg, nil
+}
+
+var notFoundRe = regexp.MustCompile(`field (\S+) not found in type config\.(\w+)`)
+
+var sectionOf = map[string]string{
+	"Config": "", "Postgres": "postgres.", "Outbox": "outbox.", "NATS": "nats.", "Stream": "nats.streams[].",
+	"DLQ": "nats.dlq.", "Retry": "retry.", "Metrics": "metrics.", "Log": "log.",
+}
+
+func decodeYAML(data []byte, cfg *Config) error {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(cfg); err != nil {
+		if errors.Is(err, io.EOF) { // an empty file: defaults only
+			return nil
+		}
+		msg := notFoundRe.ReplaceAllStringFunc(err.Error(), func(s string) string {
+			m := notFoundRe.FindStringSubmatch(s)
+			return fmt.Sprintf("unknown key %s%s (check the spelling against testdata/walbox.yaml)", sectionOf[m[2]], m[1])
+		})
+		return errors.New(strings.TrimPrefix(msg, "yaml: "))
+	}
+	return nil
+}
+
+// ApplyEnv overrides cfg from WALBOX_* variables in environ.
+func ApplyEnv(cfg *Config, environ []string) error {
+	m := map[string]string{}
+	for _, kv := range environ {
+		k, v, ok := strings.Cut(kv, "=")
+		if ok && strings.HasPrefix(k, "WALBOX_") {
+			m[k] = v
+		}
+	}
+	if err := env.ParseWithOptions(cfg, env.Options{Prefix: "WALBOX_", Environment: m}); err != nil {
+		return fmt.Errorf("environment: %w", err)
+	}
+	return nil
+}
+
+// Validate checks every key and returns an error naming the first bad one.
+func (c *Config) Validate() error {
+	var errs []string
+	bad := func(key, format string, args ...any) {
+		errs = append(errs, fmt.Sprintf("%s: %s", key, fmt.Sprintf(format, args...)))
+	}
+	if c.Postgres.URL == "" {
+		bad("postgres.url", "is required (or set WALBOX_POSTGRES_URL, or pass --postgres-url)")
+	}
+	if !validIdent(c.Postgres.Slot) {
+		bad("postgres.slot", "%q is not a valid slot name: use lower-case letters, digits and _ (at most 63)", c.Postgres.Slot)
+	}
+	if c.Postgres.Publication == "" {
+		bad("postgres.publication", "is required")
+	}
+	if c.Postgres.StatusInterval <= 0 || c.Postgres.StatusInterval > 30*time.Second {
+		bad("postgres.status_interval", "%s: must be between 1ms and 30s (the server drops replication after wal_sender_timeout, 60s by default)", c.Postgres.StatusInterval)
+	}
+	if _, err := cdc.ParseTableName(c.Outbox.Table); err != nil {
+		bad("outbox.table", "%v", err)
+	}
+	if _, err := cdc.ColumnsFromMap(c.Outbox.Columns, true); err != nil {
+		bad("outbox.columns", "%v", err)
+	}
+	if c.NATS.URL == "" {
+		bad("nats.url", "is required (or set WALBOX_NATS_URL, or pass --nats-url)")
+	}
+	if c.NATS.Window < 1 || c.NATS.Window > 65536 {
+		bad("nats.window", "%d: must be between 1 and 65536", c.NATS.Window)
+	}
+	if c.NATS.AckTimeout <= 0 {
+		bad("nats.ack_timeout", "must be positive")
+	}
+	if c.NATS.SubjectPrefix != "" && !strings.HasSuffix(c.NATS.SubjectPrefix, ".") {
+		bad("nats.subject_prefix", "%q must end with '.'", c.NATS.SubjectPrefix)
+	}
+	if len(c.NATS.Streams) == 0 {
+		bad("nats.streams", "declare at least one stream with its subjects, e.g. {name: ORDERS, subjects: [\"orders.>\"]}")
+	}
+	seen := map[string]bool{}
+	type subj struct{ stream, subject string }
+	var all []subj
+	for i, s := range c.NATS.Streams {
+		key := fmt.Sprintf("nats.streams[%d]", i)
+		if s.Name == "" || strings.ContainsAny(s.Name, " .*>\t") {
+			bad(key+".name", "%q is not a valid stream name", s.Name)
+		}
+		if seen[s.Name] {
+			bad(key+".name", "stream %q is declared twice", s.Name)
+		}
+		seen[s.Name] = true
+		if len(s.Subjects) == 0 {
+			bad(key+".subjects", "stream %q needs at least one subject", s.Name)
+		}
+		for _, sub := range s.Subjects {
+			if sub == "" || strings.ContainsAny(sub, " \t") {
+				bad(key+".subjects", "%q is not a valid subject", sub)
+			}
+			all = append(all, subj{s.Name, sub})
+		}
+		switch s.Storage {
+		case "", "file", "memory":
+		default:
+			bad(key+".storage", "%q: use file or memory", s.Storage)
+		}
+		if s.Replicas < 0 || s.Replicas > 5 {
+			bad(key+".replicas", "%d: must be between 1 and 5", s.Replicas)
+		}
+		if s.DuplicateWindow < 0 {
+			bad(key+".duplicate_window", "must not be negative")
+		}
+	}
+	for i := range all {
+		for j := i + 1; j < len(all); j++ {
+			if all[i].stream != all[j].stream && subjectsOverlap(all[i].subject, all[j].subject) {
+				bad("nats.streams", "subjects %q (stream %s) and %q (stream %s) overlap; a subject must belong to one stream",
+					all[i].subject, all[i].stream, all[j].subject, all[j].stream)
+			}
+		}
+	}
+	if c.NATS.DLQ.Stream == "" || !strings.HasSuffix(c.NATS.DLQ.SubjectPrefix, ".") {
+		bad("nats.dlq", "stream must be set and subject_prefix must end with '.'")
+	}
+	if c.Retry.Initial <= 0 || c.Retry.Max < c.Retry.Initial {
+		bad("retry", "initial must be positive and max at least initial")
+	}
+	switch c.Log.Format {
+	case "auto", "json", "console":
+	default:
+		bad("log.format", "%q: use auto, json or console", c.Log.Format)
+	}
+	switch c.Log.Level {
+	case "trace", "debug", "info", "warn", "error":
+	default:
+		bad("log.level", "%q: use debug, info, warn or error", c.Log.Level)
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("invalid configuration:\n  %s", strings.Join(errs, "\n  "))
+	}
+	return nil
+}
+
+func validIdent(s string) bool {
+	if s == "" || len(s) > 63 {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// subjectsOverlap reports whether some subject matches both filters.
+func subjectsOverlap(a, b string) bool {
+	at, bt := strings.Split(a, "."), strings.Split(b, ".")
+	for i := 0; i < len(at) && i < len(bt); i++ {
+		if at[i] == ">" || bt[i] == ">" {
+			return true
+		}
+		if at[i] != "*" && bt[i] != "*" && at[i] != bt[i] {
+			return false
+		}
+	}
+	return len(at) == len(bt)
+}
+
+// Streams converts the stream config for the relay.
+func (c *Config) StreamSpecs() []relay.StreamSpec {
+	var out []relay.StreamSpec
+	for _, s := range c.NATS.Streams {
+		manage := s.Manage == nil || *s.Manage
+		dw := s.DuplicateWindow
+		if dw == 0 {
+			dw = 2 * time.Minute
+		}
+		out = append(out, relay.StreamSpec{Name: s.Name, Subjects: s.Subjects, Storage: s.Storage, Replicas: s.Replicas,
+			DuplicateWindow: dw, MaxAge: s.MaxAge, Manage: manage})
+	}
+	out = append(out, relay.StreamSpec{Name: c.NATS.DLQ.Stream, Subjects: []string{c.NATS.DLQ.SubjectPrefix + ">"},
+		Storage: "file", Replicas: 1, DuplicateWindow: 2 * time.Minute, Manage: true})
+	return out
+}

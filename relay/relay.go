@@ -1,0 +1,438 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+	"github.com/walbox/walbox/cdc"
+)
+
+// Confirmer receives the LSN that is safe to confirm to the slot. cdc.Source
+// implements it; the relay never reaches into cdc's connection.
+type Confirmer interface {
+	Confirm(lsn cdc.LSN)
+}
+
+// Source is the producer side of the pipeline (cdc.Source).
+type Source interface {
+	Confirmer
+	Run(ctx context.Context, out chan<- []cdc.Change) error
+}
+
+// Delivered describes one event that left the window: acked by JetStream
+// (Stream, Seq) or dead-lettered (Reason). The sweeper marks rows from it.
+type Delivered struct {
+	ID         string
+	CreatedAt  string
+	Pos        cdc.Position
+	Stream     string
+	Seq        uint64
+	AckedAt    time.Time
+	DeadLetter bool
+	Reason     string
+}
+
+// Config configures the relay's publisher.
+type Config struct {
+	// Window bounds the events published and not yet acked (default 1024).
+	// Memory is bounded by it, not by transaction size.
+	Window int
+	// DLQPrefix is the subject prefix of dead letters (default "walbox.dlq.").
+	DLQPrefix string
+	// BackoffInitial and BackoffMax bound the pause after a transient publish
+	// error: 1 s doubling to 60 s with jitter by default.
+	BackoffInitial time.Duration
+	BackoffMax     time.Duration
+	// DrainTimeout bounds how long a shutdown waits for in-flight acks (default 10 s).
+	DrainTimeout time.Duration
+	// OnDelivered, if set, is called from the publisher goroutine for every
+	// event that left the window. It must not block.
+	OnDelivered func(Delivered)
+	Metrics     *Metrics
+	Logger      zerolog.Logger
+}
+
+// Relay publishes the changes of a Source to a Sink, in order, and confirms
+// LSNs through the Checkpoint. One goroutine (run) owns the window.
+type Relay struct {
+	cfg    Config
+	sink   Sink
+	router *Router
+	log    zerolog.Logger
+	m      *Metrics
+}
+
+// New returns a relay.
+func New(cfg Config, sink Sink, router *Router) *Relay {
+	if cfg.Window <= 0 {
+		cfg.Window = 1024
+	}
+	if cfg.DLQPrefix == "" {
+		cfg.DLQPrefix = "walbox.dlq."
+	}
+	if cfg.BackoffInitial <= 0 {
+		cfg.BackoffInitial = time.Second
+	}
+	if cfg.BackoffMax <= 0 {
+		cfg.BackoffMax = 60 * time.Second
+	}
+	if cfg.DrainTimeout <= 0 {
+		cfg.DrainTimeout = 10 * time.Second
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = NewMetrics(nil)
+	}
+	router.SetMaxPayload(sink.MaxPayload())
+	return &Relay{cfg: cfg, sink: sink, router: router, log: cfg.Logger.With().Str("component", "relay").Logger(), m: cfg.Metrics}
+}
+
+// Serve runs src and the relay until ctx is cancelled or src fails for good.
+// On cancellation it stops reading, drains the in-flight acks, confirms what
+// was acked, and only then lets the source send its final status update.
+func (r *Relay) Serve(ctx context.Context, src Source) error {
+	srcCtx, cancelSrc := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelSrc()
+	changes := make(chan []cdc.Change, 4)
+	srcDone := make(chan error, 1)
+	go func() { srcDone <- src.Run(srcCtx, changes) }()
+
+	relayCtx, cancelRelay := context.WithCancel(ctx)
+	defer cancelRelay()
+	var srcErr error
+	srcExited := make(chan struct{})
+	go func() {
+		select {
+		case srcErr = <-srcDone:
+			close(srcExited)
+			cancelRelay()
+		case <-relayCtx.Done():
+		}
+	}()
+
+	err := r.run(relayCtx, changes, src)
+	cancelSrc()
+	select {
+	case <-srcExited:
+	default:
+		srcErr = <-srcDone
+	}
+	if srcErr != nil {
+		return fmt.Errorf("replication source: %w", srcErr)
+	}
+	return err
+}
+
+// pending is one published message waiting for its ack.
+type pending struct {
+	seq    uint64
+	ev     cdc.Event
+	msg    *nats.Msg
+	stream string
+	dlq    bool
+	reason string
+	sentAt time.Time
+	fut    jetstream.PubAckFuture
+	okCh   <-chan *jetstream.PubAck
+	errCh  <-chan error
+}
+
+// loop is the state of the publisher goroutine.
+type loop struct {
+	r       *Relay
+	conf    Confirmer
+	ckpt    *Checkpoint
+	window  []*pending // in publish order
+	retry   []*pending // to resend after a transient failure, sorted by seq
+	failing bool       // a transient error happened: publish nothing until the window settles
+	resume  time.Time  // when failing ended: resend at this time
+	backing bool       // backed off; the next ack resets the back-off
+	bo      *backoff.ExponentialBackOff
+
+	cur    []cdc.Change
+	curPos int
+}
+
+func (r *Relay) run(ctx context.Context, in <-chan []cdc.Change, conf Confirmer) error {
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval = r.cfg.BackoffInitial
+	bo.MaxInterval = r.cfg.BackoffMax
+	bo.Multiplier = 2
+	bo.RandomizationFactor = 0.2
+	bo.MaxElapsedTime = 0
+	bo.Reset()
+	l := &loop{r: r, conf: conf, ckpt: NewCheckpoint(), bo: bo}
+	defer func() { r.m.InFlight.Set(0) }()
+
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		if ctx.Err() != nil {
+			return l.drain()
+		}
+		l.fill()
+
+		var okCh <-chan *jetstream.PubAck
+		var errCh <-chan error
+		if len(l.window) > 0 {
+			okCh, errCh = l.window[0].okCh, l.window[0].errCh
+		}
+		var inCh <-chan []cdc.Change
+		if l.canRead() {
+			inCh = in
+		}
+		var timerCh <-chan time.Time
+		if !l.failing && !l.resume.IsZero() {
+			timer.Reset(time.Until(l.resume))
+			timerCh = timer.C
+		}
+		select {
+		case <-ctx.Done():
+			return l.drain()
+		case ack := <-okCh:
+			l.acked(ack, nil)
+			l.drainResolved()
+		case err := <-errCh:
+			l.acked(nil, err)
+			l.drainResolved()
+		case b := <-inCh:
+			l.cur, l.curPos = b, 0
+		case <-timerCh:
+			l.resume = time.Time{}
+		}
+		if timerCh != nil && !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+	}
+}
+
+// canRead: a new batch is taken only when the current one is done, nothing
+// waits to be resent, and the publisher is not failing.
+func (l *loop) canRead() bool {
+	return l.curPos >= len(l.cur) && len(l.retry) == 0 && !l.failing && l.resume.IsZero() && len(l.window) < l.r.cfg.Window
+}
+
+// fill publishes resends first, then the current batch, while the window has room.
+func (l *loop) fill() {
+	if l.failing || !l.resume.IsZero() {
+		return
+	}
+	for len(l.retry) > 0 && len(l.window) < l.r.cfg.Window && !l.failing {
+		p := l.retry[0]
+		l.retry = l.retry[1:]
+		l.send(p)
+	}
+	for len(l.retry) == 0 && l.curPos < len(l.cur) && len(l.window) < l.r.cfg.Window && !l.failing {
+		c := &l.cur[l.curPos]
+		if c.Kind == cdc.KindReset && len(l.window) > 0 {
+			return // the window must settle before the stream starts over
+		}
+		l.curPos++
+		l.change(c)
+	}
+	if l.curPos >= len(l.cur) {
+		l.cur, l.curPos = nil, 0
+	}
+}
+
+func (l *loop) change(c *cdc.Change) {
+	switch c.Kind {
+	case cdc.KindBegin:
+		l.ckpt.Begin()
+	case cdc.KindEvent:
+		p := &pending{seq: l.ckpt.NextSeq(), ev: c.Event}
+		msg, stream, err := l.r.router.Message(&p.ev)
+		if err != nil {
+			l.deadLetter(p, err.Error())
+		} else {
+			p.msg, p.stream = msg, stream
+		}
+		l.send(p)
+	case cdc.KindCommit:
+		l.confirm(l.ckpt.Commit(c.LSN))
+	case cdc.KindWALEnd:
+		l.confirm(l.ckpt.WALEnd(c.LSN))
+	case cdc.KindReset:
+		l.ckpt.Reset()
+		l.retry = l.retry[:0]
+	}
+}
+
+func (l *loop) deadLetter(p *pending, reason string) {
+	p.dlq = true
+	p.reason = reason
+	p.msg = l.r.router.DeadLetter(&p.ev, l.r.cfg.DLQPrefix, reason)
+	p.stream = ""
+	l.r.log.Error().Str("id", p.ev.ID).Str("topic", p.ev.Topic).Stringer("pos", p.ev.Pos).Str("reason", reason).Msg("dead-lettering event")
+}
+
+// send publishes p and appends it to the window.
+func (l *loop) send(p *pending) {
+	p.sentAt = time.Now()
+	fut, err := l.r.sink.PublishAsync(p.msg)
+	if err != nil {
+		l.publishFailed(p, err)
+		return
+	}
+	p.fut = fut
+	p.okCh, p.errCh = fut.Ok(), fut.Err()
+	l.window = append(l.window, p)
+	l.r.m.InFlight.Set(float64(len(l.window)))
+}
+
+// publishFailed handles an error for p, either from PublishAsync or its ack.
+func (l *loop) publishFailed(p *pending, err error) {
+	class := l.r.sink.Classify(err)
+	if l.failing {
+		class = Transient // everything after the first failure is resent in order
+	}
+	switch {
+	case class == Permanent && !p.dlq:
+		l.r.m.PublishErrors.WithLabelValues("permanent").Inc()
+		l.deadLetter(p, err.Error())
+		l.send(p) // lands behind its successors; the checkpoint takes the late ack
+	case class == Permanent && p.dlq:
+		// Even the dead-letter stream refused it. The row still gets its
+		// error from the sweeper; the relay must not stop for one event.
+		l.r.m.PublishErrors.WithLabelValues("permanent").Inc()
+		l.r.log.Error().Err(err).Str("id", p.ev.ID).Str("reason", p.reason).Msg("dead-letter publish failed; recording the error on the row only")
+		l.done(p, nil)
+	default:
+		l.r.m.PublishErrors.WithLabelValues("transient").Inc()
+		if !l.failing {
+			l.r.log.Warn().Err(err).Int("inflight", len(l.window)).Msg("publish failed; waiting for in-flight acks, then resending in order")
+			l.r.m.Backoffs.Inc()
+		}
+		l.failing = true
+		i, _ := slices.BinarySearchFunc(l.retry, p.seq, func(a *pending, s uint64) int { return cmpU64(a.seq, s) })
+		l.retry = slices.Insert(l.retry, i, p)
+	}
+	l.settle()
+}
+
+func cmpU64(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// settle ends the failing state once the window is empty and schedules the
+// resend after the back-off.
+func (l *loop) settle() {
+	if l.failing && len(l.window) == 0 {
+		l.failing = false
+		wait := l.bo.NextBackOff()
+		l.resume = time.Now().Add(wait)
+		l.backing = true
+		l.r.log.Warn().Dur("retry_in", wait).Int("to_resend", len(l.retry)).Msg("publisher backing off")
+	}
+}
+
+// acked handles the head of the window resolving.
+func (l *loop) acked(ack *jetstream.PubAck, err error) {
+	p := l.window[0]
+	l.window[0] = nil
+	l.window = l.window[1:]
+	l.r.m.InFlight.Set(float64(len(l.window)))
+	if err != nil {
+		l.publishFailed(p, err)
+		return
+	}
+	if l.failing {
+		// Stored, but an earlier event failed: resend it too so the
+		// checkpoint only ever sees acks in order (JetStream drops the
+		// duplicate by Nats-Msg-Id).
+		l.publishFailed(p, errors.New("resent after an earlier failure"))
+		return
+	}
+	l.done(p, ack)
+}
+
+// done records a finished event.
+func (l *loop) done(p *pending, ack *jetstream.PubAck) {
+	now := time.Now()
+	if ack != nil {
+		if l.backing {
+			l.bo.Reset()
+			l.backing = false
+		}
+		if p.dlq {
+			l.r.m.DeadLettered.Inc()
+		} else {
+			l.r.m.Published.WithLabelValues(ack.Stream).Inc()
+			l.r.m.CommitToAck.Observe(now.Sub(p.ev.CommitTime).Seconds())
+			l.r.m.PublishToAck.Observe(now.Sub(p.sentAt).Seconds())
+		}
+	}
+	if l.r.cfg.OnDelivered != nil {
+		d := Delivered{ID: p.ev.ID, CreatedAt: p.ev.CreatedAt, Pos: p.ev.Pos, AckedAt: now, DeadLetter: p.dlq, Reason: p.reason}
+		if ack != nil {
+			d.Stream, d.Seq = ack.Stream, ack.Sequence
+		}
+		l.r.cfg.OnDelivered(d)
+	}
+	l.confirm(l.ckpt.Ack(p.seq))
+}
+
+// drainResolved takes every already-resolved ack at the head without going
+// back through the select: acks come in bursts.
+func (l *loop) drainResolved() {
+	for len(l.window) > 0 {
+		select {
+		case ack := <-l.window[0].okCh:
+			l.acked(ack, nil)
+		case err := <-l.window[0].errCh:
+			l.acked(nil, err)
+		default:
+			return
+		}
+	}
+}
+
+func (l *loop) confirm(lsn cdc.LSN, moved bool) {
+	if moved {
+		l.conf.Confirm(lsn)
+		l.r.m.ConfirmedLSN.Set(float64(lsn))
+	}
+}
+
+// drain waits for the in-flight acks on shutdown so that what JetStream
+// stored gets confirmed, then returns.
+func (l *loop) drain() error {
+	deadline := time.NewTimer(l.r.cfg.DrainTimeout)
+	defer deadline.Stop()
+	// Nothing new is published. Once one ack fails, later ones cannot be
+	// confirmed (acks count only in order); they are resent on next start.
+	for len(l.window) > 0 {
+		select {
+		case ack := <-l.window[0].okCh:
+			p := l.window[0]
+			l.window = l.window[1:]
+			if len(l.retry) == 0 {
+				l.done(p, ack)
+			}
+		case <-l.window[0].errCh:
+			p := l.window[0]
+			l.window = l.window[1:]
+			l.retry = append(l.retry, p)
+		case <-deadline.C:
+			l.r.log.Warn().Int("inflight", len(l.window)).Msg("shutdown: acks still outstanding; they will be resent on next start")
+			return nil
+		}
+	}
+	l.r.log.Info().Stringer("confirmed", l.ckpt.Confirmed()).Msg("publisher drained")
+	return nil
+}

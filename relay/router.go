@@ -1,0 +1,257 @@
+package relay
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/walbox/walbox/cdc"
+)
+
+// Header names walbox sets on every message. The position headers let a
+// restarted relay read back the last position it stored in each stream.
+const (
+	HeaderMsgID         = "Nats-Msg-Id"
+	HeaderCommitLSN     = "Walbox-Commit-Lsn"
+	HeaderIndex         = "Walbox-Txn-Index"
+	HeaderSource        = "Walbox-Source"
+	HeaderCommitTime    = "Walbox-Commit-Time"
+	HeaderEventType     = "Walbox-Event-Type"
+	HeaderAggregateType = "Walbox-Aggregate-Type"
+	HeaderAggregateID   = "Walbox-Aggregate-Id"
+	HeaderPartitionKey  = "Walbox-Partition-Key"
+	HeaderCreatedAt     = "Walbox-Created-At"
+
+	HeaderDLQReason          = "Walbox-Dlq-Reason"
+	HeaderDLQOriginalSubject = "Walbox-Dlq-Original-Subject"
+)
+
+// PoisonError marks an event that can never be published as it is. It is
+// dead-lettered with Reason; it never stops the others.
+type PoisonError struct{ Reason string }
+
+func (e *PoisonError) Error() string { return "undeliverable event: " + e.Reason }
+
+func poison(format string, args ...any) error {
+	return &PoisonError{Reason: fmt.Sprintf(format, args...)}
+}
+
+// Route is where one stream's subjects go.
+type Route struct {
+	Stream   string
+	Subjects []string
+}
+
+// Router maps events to JetStream messages: subject, stream check, headers.
+type Router struct {
+	prefix   string
+	source   string
+	routes   []Route
+	maxBytes int
+	// cache remembers subject -> stream: topics repeat, wildcard matching
+	// splits strings. Bounded so a flood of distinct topics cannot grow it.
+	cache map[string]string
+}
+
+// NewRouter builds a router. source identifies this relay's database and slot
+// in the position headers.
+func NewRouter(prefix, source string, routes []Route) *Router {
+	return &Router{prefix: prefix, source: source, routes: routes, cache: make(map[string]string)}
+}
+
+// SetMaxPayload sets the largest message the server accepts (0: unchecked).
+func (r *Router) SetMaxPayload(n int) { r.maxBytes = n }
+
+// StreamFor returns the stream whose subjects capture subject.
+func (r *Router) StreamFor(subject string) (string, bool) {
+	if s, ok := r.cache[subject]; ok {
+		return s, s != ""
+	}
+	stream := ""
+	for _, rt := range r.routes {
+		for _, f := range rt.Subjects {
+			if stream == "" && SubjectMatches(f, subject) {
+				stream = rt.Stream
+			}
+		}
+	}
+	if len(r.cache) >= 10000 {
+		clear(r.cache)
+	}
+	r.cache[subject] = stream
+	return stream, stream != ""
+}
+
+// Message builds the JetStream message for ev, or a *PoisonError.
+func (r *Router) Message(ev *cdc.Event) (*nats.Msg, string, error) {
+	if ev.TopicNull || strings.TrimSpace(ev.Topic) == "" {
+		return nil, "", poison("topic is NULL or empty")
+	}
+	if ev.ID == "" {
+		return nil, "", poison("id is NULL or empty")
+	}
+	subject := r.prefix + ev.Topic
+	if err := ValidSubject(subject); err != nil {
+		return nil, "", poison("invalid subject %q: %v", subject, err)
+	}
+	stream, ok := r.StreamFor(subject)
+	if !ok {
+		return nil, "", poison("no configured stream captures subject %q", subject)
+	}
+	if ev.Stream != "" && ev.Stream != stream {
+		return nil, "", poison("row names stream %q but subject %q is captured by stream %q", ev.Stream, subject, stream)
+	}
+	if ev.PayloadNull {
+		return nil, "", poison("payload is NULL")
+	}
+	if !ev.PayloadIsJSON && !json.Valid(ev.Payload) {
+		return nil, "", poison("payload is not valid JSON")
+	}
+	h := nats.Header{
+		HeaderMsgID:      {ev.ID},
+		HeaderCommitLSN:  {ev.Pos.CommitLSN.String()},
+		HeaderIndex:      {strconv.FormatUint(uint64(ev.Pos.Index), 10)},
+		HeaderCommitTime: {ev.CommitTime.UTC().Format(time.RFC3339Nano)},
+	}
+	if r.source != "" {
+		h[HeaderSource] = []string{r.source}
+	}
+	if ev.EventType != "" {
+		h[HeaderEventType] = []string{ev.EventType}
+	}
+	if ev.AggregateType != "" {
+		h[HeaderAggregateType] = []string{ev.AggregateType}
+	}
+	if ev.AggregateID != "" {
+		h[HeaderAggregateID] = []string{ev.AggregateID}
+	}
+	if ev.PartitionKey != "" {
+		h[HeaderPartitionKey] = []string{ev.PartitionKey}
+	}
+	if len(ev.Headers) > 0 {
+		if err := addJSONHeaders(h, ev.Headers); err != nil {
+			return nil, "", poison("headers column: %v", err)
+		}
+	}
+	m := &nats.Msg{Subject: subject, Data: ev.Payload, Header: h}
+	if r.maxBytes > 0 && len(ev.Payload)+headerSize(h) > r.maxBytes {
+		return nil, "", poison("message of %d bytes exceeds the server's max_payload of %d", len(ev.Payload)+headerSize(h), r.maxBytes)
+	}
+	return m, stream, nil
+}
+
+func headerSize(h nats.Header) int {
+	n := 12
+	for k, vs := range h {
+		for _, v := range vs {
+			n += len(k) + len(v) + 4
+		}
+	}
+	return n
+}
+
+// addJSONHeaders copies a JSON object's keys into message headers. Values
+// that are not strings are kept as their JSON text.
+func addJSONHeaders(h nats.Header, raw []byte) error {
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &obj); err != nil {
+		return fmt.Errorf("want a JSON object: %w", err)
+	}
+	for k, v := range obj {
+		if k == "" || strings.ContainsAny(k, " :\r\n") || strings.EqualFold(k, HeaderMsgID) {
+			continue
+		}
+		var s string
+		if err := json.Unmarshal(v, &s); err != nil {
+			s = string(v)
+		}
+		if strings.ContainsAny(s, "\r\n") {
+			continue
+		}
+		h[k] = []string{s}
+	}
+	return nil
+}
+
+// DeadLetter builds the dead-letter message for an event that cannot be
+// published: the original payload (dropped if it alone is too large) and
+// headers naming the original subject and the reason.
+func (r *Router) DeadLetter(ev *cdc.Event, dlqPrefix, reason string) *nats.Msg {
+	orig := r.prefix + ev.Topic
+	suffix := orig
+	if ev.TopicNull || ValidSubject(orig) != nil {
+		suffix = "invalid"
+	}
+	h := nats.Header{
+		HeaderDLQReason:          {reason},
+		HeaderDLQOriginalSubject: {sanitizeHeader(orig)},
+		HeaderCommitLSN:          {ev.Pos.CommitLSN.String()},
+		HeaderIndex:              {strconv.FormatUint(uint64(ev.Pos.Index), 10)},
+		HeaderCommitTime:         {ev.CommitTime.UTC().Format(time.RFC3339Nano)},
+	}
+	if ev.ID != "" {
+		h[HeaderMsgID] = []string{ev.ID}
+		h["Walbox-Event-Id"] = []string{ev.ID}
+	}
+	if r.source != "" {
+		h[HeaderSource] = []string{r.source}
+	}
+	data := ev.Payload
+	if r.maxBytes > 0 && len(data)+headerSize(h) > r.maxBytes {
+		data = nil
+		h["Walbox-Dlq-Payload-Dropped"] = []string{strconv.Itoa(len(ev.Payload))}
+	}
+	return &nats.Msg{Subject: dlqPrefix + suffix, Data: data, Header: h}
+}
+
+func sanitizeHeader(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r == '\r' || r == '\n' {
+			return ' '
+		}
+		return r
+	}, s)
+}
+
+// ValidSubject checks a publish subject: non-empty tokens, no wildcards, no
+// white space.
+func ValidSubject(s string) error {
+	if s == "" {
+		return errors.New("empty subject")
+	}
+	if strings.ContainsAny(s, " \t\r\n") {
+		return errors.New("contains white space")
+	}
+	for _, tok := range strings.Split(s, ".") {
+		switch tok {
+		case "":
+			return errors.New("empty token")
+		case "*", ">":
+			return errors.New("wildcards are not allowed in a publish subject")
+		}
+	}
+	return nil
+}
+
+// SubjectMatches reports whether subject is captured by filter, which may use
+// the NATS wildcards * (one token) and > (one or more trailing tokens).
+func SubjectMatches(filter, subject string) bool {
+	ft := strings.Split(filter, ".")
+	st := strings.Split(subject, ".")
+	for i, f := range ft {
+		if f == ">" {
+			return len(st) > i
+		}
+		if i >= len(st) {
+			return false
+		}
+		if f != "*" && f != st[i] {
+			return false
+		}
+	}
+	return len(ft) == len(st)
+}

@@ -1,0 +1,35 @@
+-- The default outbox table: a superset of the common outbox layouts,
+-- partitioned by created_at. An existing table of this name is left as it is
+-- (walbox reads columns by role, mapped in outbox.columns).
+CREATE TABLE IF NOT EXISTS {{.Table}} (
+    id             uuid        NOT NULL DEFAULT gen_random_uuid(),
+    created_at     timestamptz NOT NULL DEFAULT now(),
+    topic          text        NOT NULL,
+    stream         text,
+    aggregate_type text,
+    aggregate_id   text,
+    event_type     text,
+    partition_key  text,
+    payload        jsonb       NOT NULL,
+    headers        jsonb,
+    processed      boolean     NOT NULL DEFAULT false,
+    processed_at   timestamptz,
+    attempts       int         NOT NULL DEFAULT 0,
+    error          text,
+    PRIMARY KEY (id, created_at)
+) PARTITION BY RANGE (created_at);
+
+-- The default partition catches rows outside every dated partition, so an
+-- insert never fails for lack of a partition.
+DO $$
+BEGIN
+    IF (SELECT relkind FROM pg_class WHERE oid = {{.TableLiteral}}::regclass) = 'p'
+       AND to_regclass({{.DefaultPartitionLiteral}}) IS NULL THEN
+        EXECUTE 'CREATE TABLE {{.DefaultPartition}} PARTITION OF {{.Table}} DEFAULT';
+    END IF;
+END $$;
+
+SELECT walbox.ensure_partitions({{.TableLiteral}}::regclass, 7, 'day');
+
+-- Unprocessed rows are what the sweeper and a re-backfill look for.
+CREATE INDEX IF NOT EXISTS {{.UnprocessedIndex}} ON {{.Table}} (created_at) WHERE NOT processed;

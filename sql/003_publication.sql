@@ -1,0 +1,8 @@
+-- Inserts only; rows of every partition published under the root table's
+-- name, which is what walbox's column mapping looks up.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = {{.PublicationLiteral}}) THEN
+        EXECUTE 'CREATE PUBLICATION {{.Publication}} FOR TABLE {{.Table}} WITH (publish = ''insert'', publish_via_partition_root = true)';
+    END IF;
+END $$;
