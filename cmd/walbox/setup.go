@@ -71,4 +71,3 @@ func redactURL(u string) string {
 	}
 	return u
 }
-

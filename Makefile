@@ -1,0 +1,33 @@
+# walbox: `make demo` for a first look, `make test` for the whole suite.
+GO      ?= go
+BIN     := bin/walbox
+PKGS    := ./...
+
+.PHONY: build test test-short lint bench bench-quick demo chaos clean
+
+build:
+	$(GO) build -o $(BIN) ./cmd/walbox
+
+# The whole suite, race detector on, against real PostgreSQL and NATS.
+test:
+	$(GO) vet $(PKGS)
+	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || (echo "gofmt needed:"; gofmt -l .; exit 1)
+	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+
+lint:
+	$(GO) vet $(PKGS)
+	@out=$$(gofmt -l .); test -z "$$out" || (echo "gofmt needed: $$out"; exit 1)
+
+bench:
+	$(GO) run ./bench
+
+bench-quick:
+	$(GO) run ./bench -quick
+
+# A throwaway PostgreSQL, an embedded JetStream, the relay and a sample producer.
+demo: build
+	@bash scripts/ensure-postgres.sh
+	./$(BIN) dev
+
+clean:
+	rm -rf bin .walbox-dev
