@@ -192,7 +192,6 @@ func ReadStream(ctx context.Context, js jetstream.JetStream, stream string) ([]s
 	}
 }
 
-
 // ReadStreams reads several streams.
 func ReadStreams(ctx context.Context, js jetstream.JetStream, names ...string) (map[string][]string, error) {
 	out := map[string][]string{}
