@@ -25,9 +25,11 @@ bench-quick:
 	$(GO) run ./bench -quick
 
 # A throwaway PostgreSQL, an embedded JetStream, the relay and a sample producer.
+# Flags for walbox dev go in DEMO_ARGS, e.g. make demo DEMO_ARGS="--rate 50 --duration 30s".
+DEMO_ARGS ?=
 demo: build
 	@bash scripts/ensure-postgres.sh
-	./$(BIN) dev
+	./$(BIN) dev $(DEMO_ARGS)
 
 clean:
 	rm -rf bin .walbox-dev

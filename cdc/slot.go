@@ -126,31 +126,32 @@ func LookupSlot(ctx context.Context, conn *pgconn.PgConn, slot string) (SlotInfo
 }
 
 // ensureSlot creates the logical slot with pgoutput when it does not exist and
-// verifies an existing one. It reports whether the slot was created now.
-func ensureSlot(ctx context.Context, conn *pgconn.PgConn, slot string) (bool, error) {
+// verifies an existing one. When it creates the slot it exports a snapshot
+// (valid until the connection's next command) for the backfill.
+func ensureSlot(ctx context.Context, conn *pgconn.PgConn, slot string) (*pglogrepl.CreateReplicationSlotResult, error) {
 	info, err := LookupSlot(ctx, conn, slot)
 	if err != nil {
-		return false, err
+		return nil, err
 	}
 	if info.Exists {
 		if info.Plugin != "pgoutput" {
-			return false, &PreconditionError{What: fmt.Sprintf("replication slot %q uses plugin %q, not pgoutput", slot, info.Plugin),
+			return nil, &PreconditionError{What: fmt.Sprintf("replication slot %q uses plugin %q, not pgoutput", slot, info.Plugin),
 				Fix: fmt.Sprintf("choose another postgres.slot, or drop it (SELECT pg_drop_replication_slot('%s')) if nothing else uses it", slot)}
 		}
 		if info.WALStatus == "lost" {
-			return false, fmt.Errorf("%w: slot %q has wal_status 'lost' (WAL it needed was removed, max_slot_wal_keep_size exceeded)", ErrSlotLost, slot)
+			return nil, fmt.Errorf("%w: slot %q has wal_status 'lost' (WAL it needed was removed, max_slot_wal_keep_size exceeded)", ErrSlotLost, slot)
 		}
-		return false, nil
+		return nil, nil
 	}
-	_, err = pglogrepl.CreateReplicationSlot(ctx, conn, slot, "pgoutput",
-		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "NOEXPORT_SNAPSHOT"})
+	res, err := pglogrepl.CreateReplicationSlot(ctx, conn, slot, "pgoutput",
+		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "EXPORT_SNAPSHOT"})
 	if err != nil {
 		if sqlState(err) == "42710" { // created concurrently by another relay
-			return false, nil
+			return nil, nil
 		}
-		return false, classifyConnectError(fmt.Errorf("create replication slot %s: %w", slot, err))
+		return nil, classifyConnectError(fmt.Errorf("create replication slot %s: %w", slot, err))
 	}
-	return true, nil
+	return &res, nil
 }
 
 // classifyConnectError turns the server errors people hit on first start

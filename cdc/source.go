@@ -181,12 +181,26 @@ func (s *Source) session(ctx context.Context, out chan<- []Change) (streamed boo
 	if err := ensurePublication(ctx, conn, s.cfg.Publication, s.cfg.Table, s.cfg.CreatePublication); err != nil {
 		return false, err
 	}
+	// After a reconnect the server resends from confirmed_flush_lsn: the
+	// relay must forget what it had not finished before anything new arrives.
+	var prefix []Change
+	if s.sessions.Load() > 0 {
+		prefix = []Change{{Kind: KindReset}}
+	}
 	created, err := ensureSlot(ctx, conn, s.cfg.Slot)
 	if err != nil {
 		return false, err
 	}
-	if created {
-		s.log.Info().Str("slot", s.cfg.Slot).Msg("created replication slot")
+	if created != nil {
+		consistent, err := pglogrepl.ParseLSN(created.ConsistentPoint)
+		if err != nil {
+			return false, fmt.Errorf("parse consistent point %q: %w", created.ConsistentPoint, err)
+		}
+		s.log.Info().Str("slot", s.cfg.Slot).Stringer("consistent_point", consistent).Msg("created replication slot; backfilling unprocessed rows from its snapshot")
+		if err := s.backfill(ctx, created.SnapshotName, consistent, out, prefix); err != nil {
+			return false, err
+		}
+		prefix = nil
 	}
 
 	// Start at LSN 0: on an existing slot the server resumes at
@@ -212,10 +226,7 @@ func (s *Source) session(ctx context.Context, out chan<- []Change) (streamed boo
 	session := s.sessions.Add(1)
 	s.log.Info().Str("slot", s.cfg.Slot).Int64("session", session).Stringer("confirmed", s.Confirmed()).Msg("replication started")
 
-	st := &stream{src: s, conn: conn, out: out, dec: newDecoder(s.cfg.Table, s.cfg.Columns)}
-	if session > 1 {
-		st.batch = append(st.batch, Change{Kind: KindReset})
-	}
+	st := &stream{src: s, conn: conn, out: out, dec: newDecoder(s.cfg.Table, s.cfg.Columns), batch: prefix}
 	err = st.run(ctx)
 	return st.streamed, err
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -155,14 +156,22 @@ func headerSize(h nats.Header) int {
 }
 
 // addJSONHeaders copies a JSON object's keys into message headers. Values
-// that are not strings are kept as their JSON text.
+// that are not strings are kept as their JSON text. A key never overrides a
+// header walbox set itself (Nats-Msg-Id, the position headers, ...), and keys
+// the NATS client would refuse are skipped: one bad key fails the whole
+// publish with nats.ErrBadHeaderMsg, which is not a per-event error.
 func addJSONHeaders(h nats.Header, raw []byte) error {
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &obj); err != nil {
 		return fmt.Errorf("want a JSON object: %w", err)
 	}
+	own := make([]string, 0, len(h))
+	for k := range h {
+		own = append(own, k)
+	}
 	for k, v := range obj {
-		if k == "" || strings.ContainsAny(k, " :\r\n") || strings.EqualFold(k, HeaderMsgID) {
+		if !validHeaderKey(k) || strings.EqualFold(k, HeaderMsgID) ||
+			slices.ContainsFunc(own, func(o string) bool { return strings.EqualFold(o, k) }) {
 			continue
 		}
 		var s string
@@ -175,6 +184,21 @@ func addJSONHeaders(h nats.Header, raw []byte) error {
 		h[k] = []string{s}
 	}
 	return nil
+}
+
+// validHeaderKey reports whether the NATS client accepts k as a header key:
+// printable ASCII without the separators it forbids (ADR-4, nats.go).
+func validHeaderKey(k string) bool {
+	if k == "" {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		c := k[i]
+		if c < 33 || c > 126 || strings.IndexByte(`"()/,:;<=>?@[\]{}`, c) >= 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // DeadLetter builds the dead-letter message for an event that cannot be

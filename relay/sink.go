@@ -79,7 +79,7 @@ func ClassifyJetStream(err error) ErrorClass {
 	}
 	switch {
 	case errors.Is(err, nats.ErrMaxPayload), errors.Is(err, nats.ErrBadSubject),
-		errors.Is(err, nats.ErrHeadersNotSupported):
+		errors.Is(err, nats.ErrHeadersNotSupported), errors.Is(err, nats.ErrBadHeaderMsg):
 		return Permanent
 	}
 	var apiErr *jetstream.APIError

@@ -113,7 +113,8 @@ func Default() Config {
 }
 
 // Load reads path (may be empty: defaults only), then applies WALBOX_*
-// variables from environ (os.Environ() format), then validates.
+// variables from environ (os.Environ() format). The caller applies flags and
+// then calls Validate.
 func Load(path string, environ []string) (Config, error) {
 	cfg := Default()
 	if path != "" {
@@ -219,6 +220,9 @@ func (c *Config) Validate() error {
 		if seen[s.Name] {
 			bad(key+".name", "stream %q is declared twice", s.Name)
 		}
+		if s.Name == c.NATS.DLQ.Stream {
+			bad(key+".name", "%q is the dead-letter stream (nats.dlq.stream): give one of them another name", s.Name)
+		}
 		seen[s.Name] = true
 		if len(s.Subjects) == 0 {
 			bad(key+".subjects", "stream %q needs at least one subject", s.Name)
@@ -226,6 +230,9 @@ func (c *Config) Validate() error {
 		for _, sub := range s.Subjects {
 			if sub == "" || strings.ContainsAny(sub, " \t") {
 				bad(key+".subjects", "%q is not a valid subject", sub)
+			}
+			if dlq := c.NATS.DLQ.SubjectPrefix + ">"; strings.HasSuffix(c.NATS.DLQ.SubjectPrefix, ".") && subjectsOverlap(sub, dlq) {
+				bad(key+".subjects", "%q overlaps the dead-letter subjects %q (nats.dlq.subject_prefix)", sub, dlq)
 			}
 			all = append(all, subj{s.Name, sub})
 		}

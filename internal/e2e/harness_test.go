@@ -134,6 +134,17 @@ func (e *env) migrate() {
 	}
 }
 
+// conn opens a connection closed at the end of the test.
+func (e *env) conn() *pgx.Conn {
+	e.t.Helper()
+	c, err := pgx.Connect(context.Background(), e.dbURL)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { c.Close(context.Background()) })
+	return c
+}
+
 // witness creates the independent commit-order witness slot.
 func (e *env) witness(table string) *outboxtest.Witness {
 	e.t.Helper()
@@ -223,6 +234,7 @@ func (e *env) spawnRelay() *proc {
 		e.t.Fatal(err)
 	}
 	go func() { p.cmd.Wait(); close(p.done) }()
+	e.waitSlotActive(p)
 	e.t.Cleanup(func() {
 		p.cmd.Process.Kill()
 		<-p.done
@@ -231,6 +243,25 @@ func (e *env) spawnRelay() *proc {
 		}
 	})
 	return p
+}
+
+// waitSlotActive waits until the relay holds the slot, i.e. streams.
+func (e *env) waitSlotActive(p *proc) {
+	e.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		var active bool
+		_ = e.pool.QueryRow(context.Background(), "SELECT coalesce(bool_or(active), false) FROM pg_replication_slots WHERE slot_name = $1", e.cfg.Postgres.Slot).Scan(&active)
+		if active {
+			return
+		}
+		select {
+		case <-p.done:
+			e.t.Fatalf("relay exited at start:\n%s", p.output())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	e.t.Fatalf("relay did not start streaming within 30s:\n%s", p.output())
 }
 
 type lockedWriter struct{ p *proc }

@@ -7,69 +7,40 @@
 // interesting failures (lost acks on restart, leader changes mid-publish,
 // client reconnects) only appear with the real storage and clustering code.
 //
+// The servers live in internal/natsembed (the walbox binary uses it for
+// `walbox dev` and must not link package testing); this package adds the
+// test-friendly constructors New and NewCluster.
+//
 // The package keeps no package-level mutable state, so tests using it may run
 // in parallel.
 package natstest
 
 import (
-	"errors"
-	"fmt"
-	"net"
-	"os"
-	"strings"
-	"sync"
 	"testing"
-	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
-)
-
-const (
-	// readyTimeout bounds how long a single server may take to open its
-	// listeners; JetStream recovery of a small test store is far quicker.
-	readyTimeout = 10 * time.Second
-	// metaLeaderTimeout bounds the wait for the JetStream meta group of a
-	// fresh cluster to elect a leader; elections take a few seconds.
-	metaLeaderTimeout = 30 * time.Second
-	// clusterName is shared by all nodes so that routes are accepted.
-	clusterName = "walbox-test"
-	// globalAccount is the account clients land in when no auth is set up.
-	globalAccount = "$G"
+	"github.com/walbox/walbox/internal/natsembed"
 )
 
 // Option adjusts the server options before a server is started, e.g. to set
-// SyncInterval or MaxPayload for a specific fault scenario. Options run after
-// natstest's defaults, so they can override anything, and they are applied
-// once: restarts reuse the resulting options unchanged.
-type Option func(*server.Options)
+// SyncInterval or MaxPayload for a specific fault scenario (see
+// natsembed.Option).
+type Option = natsembed.Option
 
-// Server is one embedded nats-server with JetStream. It remembers its options
-// (including its port and store directory) so that it can be stopped and
-// restarted in place, which is what a crash/restart fault looks like to a
-// client: same address, same persisted streams.
-type Server struct {
-	opts     *server.Options // template; cloned for every start
-	storeDir string
+// Server is one embedded nats-server with JetStream, restartable in place
+// (see natsembed.Server).
+type Server = natsembed.Server
 
-	mu      sync.Mutex
-	ns      *server.Server
-	running bool
-	closed  bool
-}
+// Cluster is a JetStream cluster of embedded servers (see natsembed.Cluster).
+type Cluster = natsembed.Cluster
 
-// Start launches a standalone JetStream server on 127.0.0.1. The client port
-// is picked up front (rather than letting the server choose) so that Restart
-// can listen on the same address and reconnecting clients find it again. The
-// JetStream store lives in a fresh temporary directory that survives Stop and
-// Restart and is removed by Close.
-func Start(opts ...Option) (*Server, error) {
-	ports, err := freePorts(1)
-	if err != nil {
-		return nil, err
-	}
-	o := baseOptions(ports[0])
-	return startServer(o, opts)
-}
+// Start launches a standalone JetStream server on 127.0.0.1 with its store
+// in a fresh temporary directory (see natsembed.Start).
+func Start(opts ...Option) (*Server, error) { return natsembed.Start(opts...) }
+
+// StartCluster starts n JetStream nodes and waits until the JetStream meta
+// group has elected a leader that knows all n peers (see
+// natsembed.StartCluster).
+func StartCluster(n int, opts ...Option) (*Cluster, error) { return natsembed.StartCluster(n, opts...) }
 
 // New is the test-friendly form of Start: it fails the test on error and
 // registers Close as cleanup so that no server or temp directory leaks.
@@ -83,195 +54,6 @@ func New(t testing.TB, opts ...Option) *Server {
 	return s
 }
 
-// baseOptions returns the defaults shared by standalone and cluster nodes.
-func baseOptions(port int) *server.Options {
-	return &server.Options{
-		Host:      "127.0.0.1",
-		Port:      port,
-		JetStream: true,
-		NoLog:     true,
-		NoSigs:    true, // the test process owns signal handling
-	}
-}
-
-// startServer creates the store dir, applies the caller's options and starts
-// the first server instance.
-func startServer(o *server.Options, opts []Option) (*Server, error) {
-	dir, err := os.MkdirTemp("", "natstest-js-*")
-	if err != nil {
-		return nil, fmt.Errorf("natstest: create store dir: %w", err)
-	}
-	o.StoreDir = dir
-	for _, opt := range opts {
-		if opt != nil {
-			opt(o)
-		}
-	}
-	s := &Server{opts: o, storeDir: o.StoreDir}
-	if err := s.Restart(); err != nil {
-		s.Close()
-		return nil, err
-	}
-	return s, nil
-}
-
-// URL returns the client URL (nats://127.0.0.1:PORT). It stays valid across
-// restarts because the port is fixed.
-func (s *Server) URL() string {
-	return fmt.Sprintf("nats://%s:%d", s.opts.Host, s.opts.Port)
-}
-
-// Port returns the fixed client port.
-func (s *Server) Port() int { return s.opts.Port }
-
-// StoreDir returns the JetStream store directory, e.g. for tests that want to
-// corrupt or inspect files while the server is stopped.
-func (s *Server) StoreDir() string { return s.storeDir }
-
-// Stop shuts the server down and waits until it is fully gone, simulating a
-// crash/stop of the broker. The store directory is kept so Restart can recover
-// the streams. Calling Stop on a stopped server is a no-op.
-func (s *Server) Stop() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.stopLocked()
-}
-
-func (s *Server) stopLocked() {
-	if s.ns == nil || !s.running {
-		return
-	}
-	s.ns.Shutdown()
-	s.ns.WaitForShutdown()
-	s.running = false
-}
-
-// Restart stops the server if it is running and starts a brand-new
-// server.Server with the same options: same port, same store directory and,
-// for cluster nodes, the same name and routes, so it recovers its streams
-// and rejoins its cluster. A new instance is needed because a shut-down
-// server.Server cannot be started again.
-func (s *Server) Restart() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return errors.New("natstest: server is closed")
-	}
-	s.stopLocked()
-
-	// NewServer fills in defaults on the options it is given; clone so that
-	// every instance starts from the same template and instances never share
-	// mutable option state.
-	ns, err := server.NewServer(s.opts.Clone())
-	if err != nil {
-		return fmt.Errorf("natstest: new server: %w", err)
-	}
-	// Start runs in the background like the server tests do: for cluster
-	// nodes JetStream setup can wait on peers, and all nodes of a cluster
-	// must be starting at the same time for that to complete.
-	go ns.Start()
-	if !ns.ReadyForConnections(readyTimeout) {
-		ns.Shutdown()
-		ns.WaitForShutdown()
-		return fmt.Errorf("natstest: server on port %d not ready within %s", s.opts.Port, readyTimeout)
-	}
-	s.ns = ns
-	s.running = true
-	return nil
-}
-
-// Running reports whether the server is currently up (started and neither
-// stopped by us nor shut down on its own).
-func (s *Server) Running() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.running && s.ns != nil && s.ns.Running()
-}
-
-// Close stops the server and deletes its store directory. It is idempotent so
-// it can be used both explicitly and as a t.Cleanup.
-func (s *Server) Close() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.stopLocked()
-	if s.closed {
-		return
-	}
-	s.closed = true
-	_ = os.RemoveAll(s.storeDir)
-}
-
-// NS returns the current underlying server.Server, for assertions that need
-// server internals (e.g. JetStreamIsStreamLeader). It changes on Restart, so
-// do not hold on to it across restarts. It is nil only if the first start
-// failed.
-func (s *Server) NS() *server.Server {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.ns
-}
-
-// Cluster is a JetStream cluster of embedded servers connected by explicit
-// routes, for tests that need replicated streams and leader elections.
-type Cluster struct {
-	// Servers are the nodes; index i has server_name "n<i+1>". Individual
-	// nodes can be stopped and restarted and will rejoin the cluster.
-	Servers []*Server
-}
-
-// StartCluster starts n JetStream nodes (3 is typical: the smallest size
-// that survives losing one node) and waits until the JetStream meta group has
-// elected a leader that knows all n peers, so that creating a stream with up
-// to n replicas works right away. All client and
-// cluster ports are picked up front so every node can list every other node
-// as an explicit route; explicit routes are retried forever, which is what
-// lets a restarted node rejoin.
-func StartCluster(n int, opts ...Option) (*Cluster, error) {
-	if n < 1 {
-		return nil, fmt.Errorf("natstest: cluster size must be >= 1, got %d", n)
-	}
-	ports, err := freePorts(2 * n)
-	if err != nil {
-		return nil, err
-	}
-	clientPorts, routePorts := ports[:n], ports[n:]
-
-	c := &Cluster{Servers: make([]*Server, n)}
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for i := range n {
-		o := baseOptions(clientPorts[i])
-		o.ServerName = fmt.Sprintf("n%d", i+1)
-		o.Cluster = server.ClusterOpts{
-			Name: clusterName,
-			Host: "127.0.0.1",
-			Port: routePorts[i],
-		}
-		var routes []string
-		for j := range n {
-			if j != i {
-				routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", routePorts[j]))
-			}
-		}
-		o.Routes = server.RoutesFromStr(strings.Join(routes, ","))
-		// Start nodes concurrently: clustered JetStream startup makes
-		// progress only once peers are reachable.
-		wg.Go(func() {
-			c.Servers[i], errs[i] = startServer(o, opts)
-		})
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		c.Close()
-		return nil, err
-	}
-	if err := c.waitMetaLeader(metaLeaderTimeout); err != nil {
-		c.Close()
-		return nil, err
-	}
-	return c, nil
-}
-
 // NewCluster is the test-friendly form of StartCluster: it fails the test on
 // error and registers Close as cleanup.
 func NewCluster(t testing.TB, n int, opts ...Option) *Cluster {
@@ -282,105 +64,4 @@ func NewCluster(t testing.TB, n int, opts ...Option) *Cluster {
 	}
 	t.Cleanup(c.Close)
 	return c
-}
-
-// waitMetaLeader polls until some node is the JetStream meta leader, that
-// leader sees every node as an online JetStream peer with current stats, and
-// every node considers itself current with the meta group. A leader alone is
-// not enough: until it has received stats from all peers, creating an R3
-// stream fails with "no suitable peers for placement".
-func (c *Cluster) waitMetaLeader(timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		var leader *server.Server
-		current := true
-		for _, s := range c.Servers {
-			ns := s.NS()
-			if ns == nil || !ns.JetStreamEnabled() {
-				current = false
-				continue
-			}
-			if ns.JetStreamIsLeader() {
-				leader = ns
-			}
-			if !ns.JetStreamIsCurrent() {
-				current = false
-			}
-		}
-		if leader != nil && current && len(leader.JetStreamClusterPeers()) == len(c.Servers) {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			if leader == nil {
-				return fmt.Errorf("natstest: no JetStream meta leader within %s", timeout)
-			}
-			return fmt.Errorf("natstest: JetStream meta leader %s sees %d of %d peers (all current: %v) after %s",
-				leader.Name(), len(leader.JetStreamClusterPeers()), len(c.Servers), current, timeout)
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
-}
-
-// URLs returns the comma-separated client URLs of all nodes, the form
-// nats.Connect accepts, so clients can fail over between nodes.
-func (c *Cluster) URLs() string {
-	urls := make([]string, len(c.Servers))
-	for i, s := range c.Servers {
-		urls[i] = s.URL()
-	}
-	return strings.Join(urls, ",")
-}
-
-// StreamLeader returns the index in Servers of the node currently leading
-// the given stream, or -1 if no running node is leader (e.g. mid-election).
-// Tests use it to stop exactly the leader. An empty account means the
-// global account "$G", where clients without auth live.
-func (c *Cluster) StreamLeader(account, stream string) int {
-	if account == "" {
-		account = globalAccount
-	}
-	for i, s := range c.Servers {
-		if !s.Running() {
-			continue
-		}
-		if ns := s.NS(); ns != nil && ns.JetStreamIsStreamLeader(account, stream) {
-			return i
-		}
-	}
-	return -1
-}
-
-// Close stops all nodes and removes their store directories. It is
-// idempotent and tolerates nodes that failed to start.
-func (c *Cluster) Close() {
-	var wg sync.WaitGroup
-	for _, s := range c.Servers {
-		if s != nil {
-			wg.Go(s.Close)
-		}
-	}
-	wg.Wait()
-}
-
-// freePorts reserves n distinct free TCP ports on 127.0.0.1 by listening on
-// :0 and closing the listeners. Holding all listeners until the end keeps the
-// kernel from handing out the same port twice. There is an unavoidable small
-// window in which another process could grab a port before the server binds.
-func freePorts(n int) ([]int, error) {
-	ports := make([]int, 0, n)
-	lns := make([]net.Listener, 0, n)
-	defer func() {
-		for _, ln := range lns {
-			_ = ln.Close()
-		}
-	}()
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("natstest: pick free port: %w", err)
-		}
-		lns = append(lns, ln)
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }

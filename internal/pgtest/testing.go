@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/walbox/walbox/internal/pgcluster"
 )
 
 // Main starts one cluster for a whole test package, stores it in *cluster,
@@ -127,7 +129,7 @@ func dbName(testName string, n int64) string {
 	}
 	slug := strings.Trim(b.String(), "_")
 	suffix := "_" + strconv.FormatInt(n, 10)
-	if max := maxIdentLen - len(dbPrefix) - len(suffix); len(slug) > max {
+	if max := pgcluster.MaxIdentLen - len(dbPrefix) - len(suffix); len(slug) > max {
 		slug = strings.TrimRight(slug[:max], "_")
 	}
 	return dbPrefix + slug + suffix

@@ -1,0 +1,170 @@
+package cdc
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// backfill publishes every unprocessed row visible in the snapshot exported
+// when the slot was created. Rows committed before the slot existed are in
+// the snapshot and not in the slot's stream; rows committed after are in the
+// stream and not in the snapshot: no gap, no overlap.
+//
+// The snapshot stays valid only until the replication connection runs its
+// next command, so this must finish before START_REPLICATION.
+func (s *Source) backfill(ctx context.Context, snapshot string, consistent LSN, out chan<- []Change, first []Change) error {
+	conn, err := pgx.Connect(ctx, s.cfg.ConnString)
+	if err != nil {
+		return fmt.Errorf("backfill: connect: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return fmt.Errorf("backfill: begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT "+QuoteLiteral(snapshot)); err != nil {
+		return fmt.Errorf("backfill: set snapshot %s: %w", snapshot, err)
+	}
+
+	// Which mapped columns exist, and is the payload JSON?
+	rows, err := tx.Query(ctx, `SELECT a.attname, a.atttypid::int FROM pg_attribute a
+		WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped`, s.cfg.Table.Quoted())
+	if err != nil {
+		return fmt.Errorf("backfill: read columns of %s: %w", s.cfg.Table, err)
+	}
+	types := map[string]int{}
+	for rows.Next() {
+		var name string
+		var typ int
+		if err := rows.Scan(&name, &typ); err != nil {
+			return err
+		}
+		types[name] = typ
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("backfill: read columns: %w", err)
+	}
+	var sel []string
+	var roles []Role
+	for r, col := range s.cfg.Columns {
+		if _, ok := types[col]; col != "" && ok {
+			sel = append(sel, QuoteIdent(col)+"::text")
+			roles = append(roles, Role(r))
+		}
+	}
+	payloadIsJSON := types[s.cfg.Columns[RolePayload]] == oidJSON || types[s.cfg.Columns[RolePayload]] == oidJSONB
+	where := ""
+	if _, ok := types["processed"]; ok {
+		where = " WHERE NOT processed"
+	}
+	order := []string{}
+	if c := s.cfg.Columns[RoleCreatedAt]; c != "" && types[c] != 0 {
+		order = append(order, QuoteIdent(c))
+	}
+	order = append(order, QuoteIdent(s.cfg.Columns[RoleID]))
+	q := fmt.Sprintf("DECLARE walbox_backfill NO SCROLL CURSOR FOR SELECT %s FROM %s%s ORDER BY %s",
+		strings.Join(sel, ", "), s.cfg.Table.Quoted(), where, strings.Join(order, ", "))
+	if _, err := tx.Exec(ctx, q); err != nil {
+		return fmt.Errorf("backfill: %w", err)
+	}
+
+	// The backfill is one synthetic transaction that ends at the slot's
+	// consistent point: confirming it is what the slot already has.
+	batch := append(first, Change{Kind: KindBegin, LSN: 0})
+	now := time.Now()
+	var n uint32
+	started := time.Now()
+	lastLog := started
+	for {
+		rows, err := tx.Query(ctx, fmt.Sprintf("FETCH %d FROM walbox_backfill", s.cfg.BatchSize))
+		if err != nil {
+			return fmt.Errorf("backfill: fetch: %w", err)
+		}
+		got := 0
+		for rows.Next() {
+			vals := make([]*string, len(roles))
+			ptrs := make([]any, len(roles))
+			for i := range vals {
+				ptrs[i] = &vals[i]
+			}
+			if err := rows.Scan(ptrs...); err != nil {
+				rows.Close()
+				return fmt.Errorf("backfill: scan: %w", err)
+			}
+			ev := Event{Pos: Position{CommitLSN: 0, Index: n}, CommitTime: now, PayloadIsJSON: payloadIsJSON, TopicNull: true}
+			for i, r := range roles {
+				setRole(&ev, r, vals[i])
+			}
+			batch = append(batch, Change{Kind: KindEvent, Event: ev})
+			n++
+			got++
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("backfill: fetch: %w", err)
+		}
+		if got == 0 {
+			break
+		}
+		if err := send(ctx, out, batch); err != nil {
+			return err
+		}
+		batch = nil
+		if time.Since(lastLog) > 5*time.Second {
+			lastLog = time.Now()
+			s.log.Info().Uint32("rows", n).Dur("elapsed", time.Since(started)).Msg("backfill in progress")
+		}
+	}
+	batch = append(batch, Change{Kind: KindCommit, LSN: consistent})
+	if err := send(ctx, out, batch); err != nil {
+		return err
+	}
+	s.log.Info().Uint32("rows", n).Dur("elapsed", time.Since(started)).Stringer("consistent_point", consistent).Msg("backfill done: unprocessed rows from before the slot existed handed to the relay")
+	return nil
+}
+
+func setRole(ev *Event, r Role, v *string) {
+	if v == nil {
+		switch r {
+		case RolePayload:
+			ev.PayloadNull = true
+		}
+		return
+	}
+	switch r {
+	case RoleID:
+		ev.ID = *v
+	case RoleTopic:
+		ev.Topic, ev.TopicNull = *v, false
+	case RolePayload:
+		ev.Payload = []byte(*v)
+	case RoleStream:
+		ev.Stream = *v
+	case RoleEventType:
+		ev.EventType = *v
+	case RoleAggregateType:
+		ev.AggregateType = *v
+	case RoleAggregateID:
+		ev.AggregateID = *v
+	case RolePartitionKey:
+		ev.PartitionKey = *v
+	case RoleHeaders:
+		ev.Headers = []byte(*v)
+	case RoleCreatedAt:
+		ev.CreatedAt = *v
+	}
+}
+
+func send(ctx context.Context, out chan<- []Change, b []Change) error {
+	select {
+	case out <- b:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

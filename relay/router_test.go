@@ -1,0 +1,643 @@
+package relay
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/walbox/walbox/cdc"
+)
+
+func TestSubjectMatches(t *testing.T) {
+	tests := []struct {
+		filter, subject string
+		want            bool
+	}{
+		// exact
+		{"orders.created", "orders.created", true},
+		{"orders.created", "orders.paid", false},
+		{"orders.created", "orders", false},
+		{"orders.created", "orders.created.v2", false},
+		{"orders", "orders", true},
+		{"orders", "Orders", false},
+		// * is exactly one token
+		{"orders.*", "orders.created", true},
+		{"orders.*", "orders", false},
+		{"orders.*", "orders.created.v2", false},
+		{"*.created", "orders.created", true},
+		{"*.created", "orders.paid", false},
+		{"*", "orders", true},
+		{"*", "orders.created", false},
+		{"orders.*.v2", "orders.created.v2", true},
+		{"orders.*.v2", "orders.created.v3", false},
+		{"*.*", "a.b", true},
+		{"*.*", "a", false},
+		// > is one or more trailing tokens
+		{"orders.>", "orders.created", true},
+		{"orders.>", "orders.created.v2", true},
+		{"orders.>", "orders", false},
+		{"orders.>", "payments.settled", false},
+		{">", "orders", true},
+		{">", "orders.created.v2", true},
+		{"*.>", "orders.created", true},
+		{"*.>", "orders", false},
+		{"orders.*.>", "orders.created.v2", true},
+		{"orders.*.>", "orders.created", false},
+		// a token that merely contains * or > is a literal
+		{"orders.a*", "orders.ab", false},
+		{"orders.a*", "orders.a*", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.filter+"~"+tt.subject, func(t *testing.T) {
+			if got := SubjectMatches(tt.filter, tt.subject); got != tt.want {
+				t.Fatalf("SubjectMatches(%q, %q) = %v, want %v", tt.filter, tt.subject, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestValidSubject(t *testing.T) {
+	tests := []struct {
+		subject string
+		wantErr string // "" means valid
+	}{
+		{"orders", ""},
+		{"orders.created", ""},
+		{"orders.created.v2", ""},
+		{"orders-eu_1.created", ""},
+		{"orders.a*b", ""}, // not a wildcard token
+		{"orders.ä", ""},
+		{"", "empty subject"},
+		{"orders created", "white space"},
+		{"orders.created ", "white space"},
+		{" orders", "white space"},
+		{"orders\tcreated", "white space"},
+		{"orders\ncreated", "white space"},
+		{"orders\r.created", "white space"},
+		{".orders", "empty token"},
+		{"orders.", "empty token"},
+		{"orders..created", "empty token"},
+		{".", "empty token"},
+		{"orders.*", "wildcards"},
+		{"*", "wildcards"},
+		{"orders.>", "wildcards"},
+		{">", "wildcards"},
+		{"orders.*.created", "wildcards"},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("%q", tt.subject), func(t *testing.T) {
+			err := ValidSubject(tt.subject)
+			switch {
+			case tt.wantErr == "" && err != nil:
+				t.Fatalf("ValidSubject(%q) = %v, want nil", tt.subject, err)
+			case tt.wantErr != "" && err == nil:
+				t.Fatalf("ValidSubject(%q) = nil, want an error about %q", tt.subject, tt.wantErr)
+			case tt.wantErr != "" && !strings.Contains(err.Error(), tt.wantErr):
+				t.Fatalf("ValidSubject(%q) = %v, want an error about %q", tt.subject, err, tt.wantErr)
+			}
+		})
+	}
+}
+
+var testRoutes = []Route{
+	{Stream: "ORDERS", Subjects: []string{"orders.>"}},
+	{Stream: "PAYMENTS", Subjects: []string{"payments.*", "refunds.*.done"}},
+	{Stream: "AUDIT", Subjects: []string{"audit"}},
+}
+
+func TestStreamFor(t *testing.T) {
+	tests := []struct {
+		subject    string
+		wantStream string
+		wantOK     bool
+	}{
+		{"orders.created", "ORDERS", true},
+		{"orders.created.v2", "ORDERS", true},
+		{"payments.settled", "PAYMENTS", true},
+		{"refunds.42.done", "PAYMENTS", true},
+		{"audit", "AUDIT", true},
+		{"orders", "", false},
+		{"payments.settled.v2", "", false},
+		{"refunds.42.started", "", false},
+		{"audit.x", "", false},
+		{"inventory.reserved", "", false},
+	}
+	r := NewRouter("", "src", testRoutes)
+	// Twice: the second round answers from the cache and must agree.
+	for round := 0; round < 2; round++ {
+		for _, tt := range tests {
+			got, ok := r.StreamFor(tt.subject)
+			if got != tt.wantStream || ok != tt.wantOK {
+				t.Fatalf("round %d: StreamFor(%q) = (%q, %v), want (%q, %v)", round, tt.subject, got, ok, tt.wantStream, tt.wantOK)
+			}
+		}
+	}
+	if len(r.cache) != len(tests) {
+		t.Fatalf("cache holds %d subjects, want %d (hits and misses are both cached)", len(r.cache), len(tests))
+	}
+}
+
+func TestStreamForFirstMatchingRouteWins(t *testing.T) {
+	r := NewRouter("", "", []Route{
+		{Stream: "A", Subjects: []string{"x.y"}},
+		{Stream: "B", Subjects: []string{"x.>"}},
+	})
+	if got, _ := r.StreamFor("x.y"); got != "A" {
+		t.Fatalf("StreamFor(x.y) = %q, want A", got)
+	}
+	if got, _ := r.StreamFor("x.z"); got != "B" {
+		t.Fatalf("StreamFor(x.z) = %q, want B", got)
+	}
+}
+
+func TestStreamForCacheIsBounded(t *testing.T) {
+	r := NewRouter("", "", testRoutes)
+	for i := 0; i < 25000; i++ {
+		subject := fmt.Sprintf("orders.%d", i)
+		if i%2 == 1 {
+			subject = fmt.Sprintf("unrouted.%d", i)
+		}
+		got, ok := r.StreamFor(subject)
+		if want := i%2 == 0; ok != want || (ok && got != "ORDERS") {
+			t.Fatalf("StreamFor(%q) = (%q, %v)", subject, got, ok)
+		}
+		if len(r.cache) > 10000 {
+			t.Fatalf("cache grew to %d entries after %d distinct subjects", len(r.cache), i+1)
+		}
+	}
+	// Answers after the cache was cleared are still right.
+	if got, ok := r.StreamFor("orders.0"); !ok || got != "ORDERS" {
+		t.Fatalf("StreamFor(orders.0) after cache turnover = (%q, %v)", got, ok)
+	}
+	if _, ok := r.StreamFor("unrouted.1"); ok {
+		t.Fatal("StreamFor(unrouted.1) after cache turnover found a stream")
+	}
+}
+
+var commitTime = time.Date(2025, 3, 4, 5, 6, 7, 890123456, time.FixedZone("CET", 3600))
+
+func goodEvent() *cdc.Event {
+	return &cdc.Event{
+		Pos:           cdc.Position{CommitLSN: 0x16B374D848, Index: 7},
+		CommitTime:    commitTime,
+		ID:            "0195b7a4-1b2c-7d3e-8f90-a1b2c3d4e5f6",
+		Topic:         "orders.created",
+		EventType:     "OrderCreated",
+		AggregateType: "order",
+		AggregateID:   "o-42",
+		PartitionKey:  "customer-7",
+		Payload:       []byte(`{"order":42}`),
+		PayloadIsJSON: true,
+	}
+}
+
+func TestMessageSetsSubjectDataAndHeaders(t *testing.T) {
+	r := NewRouter("", "db1/walbox", testRoutes)
+	ev := goodEvent()
+	m, stream, err := r.Message(ev)
+	if err != nil {
+		t.Fatalf("Message: %v", err)
+	}
+	if stream != "ORDERS" {
+		t.Fatalf("stream = %q, want ORDERS", stream)
+	}
+	if m.Subject != "orders.created" {
+		t.Fatalf("subject = %q, want orders.created", m.Subject)
+	}
+	if string(m.Data) != `{"order":42}` {
+		t.Fatalf("data = %q, want the raw payload", m.Data)
+	}
+	want := map[string]string{
+		HeaderMsgID:         ev.ID,
+		HeaderCommitLSN:     "16/B374D848",
+		HeaderIndex:         "7",
+		HeaderSource:        "db1/walbox",
+		HeaderCommitTime:    "2025-03-04T04:06:07.890123456Z",
+		HeaderEventType:     "OrderCreated",
+		HeaderAggregateType: "order",
+		HeaderAggregateID:   "o-42",
+		HeaderPartitionKey:  "customer-7",
+	}
+	for k, v := range want {
+		if got := m.Header.Values(k); len(got) != 1 || got[0] != v {
+			t.Errorf("header %s = %q, want [%q]", k, got, v)
+		}
+	}
+	if len(m.Header) != len(want) {
+		t.Errorf("headers = %v, want exactly %v", m.Header, want)
+	}
+}
+
+func TestMessageCommitLSNHeaderParsesBack(t *testing.T) {
+	r := NewRouter("", "", testRoutes)
+	for _, lsn := range []cdc.LSN{0, 1, 0x16B374D848, 0xFFFFFFFF00000001} {
+		ev := goodEvent()
+		ev.Pos = cdc.Position{CommitLSN: lsn, Index: 4294967295}
+		m, _, err := r.Message(ev)
+		if err != nil {
+			t.Fatalf("Message: %v", err)
+		}
+		var hi, lo uint32
+		if _, err := fmt.Sscanf(m.Header.Get(HeaderCommitLSN), "%X/%X", &hi, &lo); err != nil {
+			t.Fatalf("%s = %q does not parse: %v", HeaderCommitLSN, m.Header.Get(HeaderCommitLSN), err)
+		}
+		if got := cdc.LSN(uint64(hi)<<32 | uint64(lo)); got != lsn {
+			t.Fatalf("%s round trip = %d, want %d", HeaderCommitLSN, got, lsn)
+		}
+		if got := m.Header.Get(HeaderIndex); got != "4294967295" {
+			t.Fatalf("%s = %q", HeaderIndex, got)
+		}
+	}
+}
+
+func TestMessageOmitsEmptyOptionalHeaders(t *testing.T) {
+	r := NewRouter("", "", testRoutes) // no source
+	ev := goodEvent()
+	ev.EventType, ev.AggregateType, ev.AggregateID, ev.PartitionKey = "", "", "", ""
+	m, _, err := r.Message(ev)
+	if err != nil {
+		t.Fatalf("Message: %v", err)
+	}
+	for _, k := range []string{HeaderSource, HeaderEventType, HeaderAggregateType, HeaderAggregateID, HeaderPartitionKey} {
+		if _, ok := m.Header[k]; ok {
+			t.Errorf("header %s set to %q for an empty value", k, m.Header.Get(k))
+		}
+	}
+	for _, k := range []string{HeaderMsgID, HeaderCommitLSN, HeaderIndex, HeaderCommitTime} {
+		if m.Header.Get(k) == "" {
+			t.Errorf("header %s missing", k)
+		}
+	}
+}
+
+func TestMessageSubjectPrefix(t *testing.T) {
+	r := NewRouter("app.", "", []Route{{Stream: "APP", Subjects: []string{"app.orders.>"}}})
+	m, stream, err := r.Message(goodEvent())
+	if err != nil {
+		t.Fatalf("Message: %v", err)
+	}
+	if m.Subject != "app.orders.created" || stream != "APP" {
+		t.Fatalf("subject, stream = %q, %q; want app.orders.created, APP", m.Subject, stream)
+	}
+	// The prefix is part of the subject the streams must capture.
+	r = NewRouter("app.", "", testRoutes)
+	if _, _, err := r.Message(goodEvent()); !isPoison(err) {
+		t.Fatalf("Message with prefix no stream captures: err = %v, want a PoisonError", err)
+	}
+}
+
+func TestMessageHeadersColumn(t *testing.T) {
+	tests := []struct {
+		name    string
+		headers string
+		want    map[string]string // header -> value; "" value means absent
+	}{
+		{"string values", `{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01","correlation_id":"c-1"}`,
+			map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "correlation_id": "c-1"}},
+		{"number", `{"retries":3,"ratio":1.5e3}`, map[string]string{"retries": "3", "ratio": "1.5e3"}},
+		{"bool", `{"replay":true}`, map[string]string{"replay": "true"}},
+		{"object and array kept as JSON text", `{"meta":{"a":1},"tags":["x","y"]}`,
+			map[string]string{"meta": `{"a":1}`, "tags": `["x","y"]`}},
+		{"escaped string is unescaped", `{"note":"a\"b\u00e9"}`, map[string]string{"note": `a"bé`}},
+		{"cannot override Nats-Msg-Id", `{"Nats-Msg-Id":"forged","x":"1"}`,
+			map[string]string{HeaderMsgID: "0195b7a4-1b2c-7d3e-8f90-a1b2c3d4e5f6", "x": "1"}},
+		{"cannot override Nats-Msg-Id in another case", `{"nats-msg-id":"forged","NATS-MSG-ID":"forged"}`,
+			map[string]string{HeaderMsgID: "0195b7a4-1b2c-7d3e-8f90-a1b2c3d4e5f6", "nats-msg-id": "", "NATS-MSG-ID": ""}},
+		{"cannot override position headers", `{"Walbox-Commit-Lsn":"FF/0","walbox-txn-index":"9","Walbox-Source":"other"}`,
+			map[string]string{HeaderCommitLSN: "16/B374D848", HeaderIndex: "7", HeaderSource: "src", "walbox-txn-index": ""}},
+		{"cannot override event headers walbox set", `{"Walbox-Event-Type":"Forged"}`,
+			map[string]string{HeaderEventType: "OrderCreated"}},
+		{"keys the NATS client refuses are skipped", `{"a b":"1","a:b":"1","a\nb":"1","":"1","a(b)":"1","a/b":"1","ä":"1","ok-key_1.x":"2"}`,
+			map[string]string{"a b": "", "a:b": "", "a\nb": "", "a(b)": "", "a/b": "", "ä": "", "ok-key_1.x": "2"}},
+		{"values with line breaks are skipped", `{"evil":"a\r\nNats-Msg-Id: forged","good":"g"}`,
+			map[string]string{"evil": "", "good": "g", HeaderMsgID: "0195b7a4-1b2c-7d3e-8f90-a1b2c3d4e5f6"}},
+		{"empty object", `{}`, map[string]string{HeaderMsgID: "0195b7a4-1b2c-7d3e-8f90-a1b2c3d4e5f6"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := NewRouter("", "src", testRoutes)
+			ev := goodEvent()
+			ev.Headers = []byte(tt.headers)
+			m, _, err := r.Message(ev)
+			if err != nil {
+				t.Fatalf("Message: %v", err)
+			}
+			for k, v := range tt.want {
+				got, present := m.Header[k]
+				switch {
+				case v == "" && present:
+					t.Errorf("header %q = %q, want it absent", k, got)
+				case v != "" && (len(got) != 1 || got[0] != v):
+					t.Errorf("header %q = %q, want [%q]", k, got, v)
+				}
+			}
+			if got := m.Header.Values(HeaderMsgID); len(got) != 1 || got[0] != ev.ID {
+				t.Errorf("Nats-Msg-Id = %q, want [%q]", got, ev.ID)
+			}
+			assertNATSAccepts(t, m)
+		})
+	}
+}
+
+func TestMessageHeadersColumnNotAnObjectIsPoison(t *testing.T) {
+	for _, h := range []string{`[1,2]`, `"traceparent"`, `42`, `{"a":`, `not json`} {
+		t.Run(h, func(t *testing.T) {
+			r := NewRouter("", "", testRoutes)
+			ev := goodEvent()
+			ev.Headers = []byte(h)
+			_, _, err := r.Message(ev)
+			if !isPoison(err) || !strings.Contains(err.Error(), "headers column") {
+				t.Fatalf("Message with headers %s: err = %v, want a PoisonError about the headers column", h, err)
+			}
+		})
+	}
+}
+
+// assertNATSAccepts checks that the NATS client would encode m: a zero
+// Conn runs the client's subject and header checks first, then refuses
+// because it has no server that supports headers.
+func assertNATSAccepts(t *testing.T, m *nats.Msg) {
+	t.Helper()
+	err := (&nats.Conn{}).PublishMsg(m)
+	if !errors.Is(err, nats.ErrHeadersNotSupported) {
+		t.Fatalf("the NATS client refuses the message (%v): headers %v", err, m.Header)
+	}
+}
+
+func isPoison(err error) bool {
+	var pe *PoisonError
+	return errors.As(err, &pe) && pe.Reason != ""
+}
+
+func TestMessagePoison(t *testing.T) {
+	tests := []struct {
+		name   string
+		prefix string
+		max    int
+		edit   func(ev *cdc.Event)
+		reason string // substring of the poison reason
+	}{
+		{"NULL topic", "", 0, func(ev *cdc.Event) { ev.Topic, ev.TopicNull = "", true }, "topic is NULL or empty"},
+		{"empty topic", "", 0, func(ev *cdc.Event) { ev.Topic = "" }, "topic is NULL or empty"},
+		{"blank topic", "", 0, func(ev *cdc.Event) { ev.Topic = "  " }, "topic is NULL or empty"},
+		{"empty topic with a prefix", "app.", 0, func(ev *cdc.Event) { ev.Topic = "" }, "topic is NULL or empty"},
+		{"empty id", "", 0, func(ev *cdc.Event) { ev.ID = "" }, "id is NULL or empty"},
+		{"subject with a space", "", 0, func(ev *cdc.Event) { ev.Topic = "orders.created now" }, "invalid subject"},
+		{"subject with a tab", "", 0, func(ev *cdc.Event) { ev.Topic = "orders.\tcreated" }, "invalid subject"},
+		{"subject with a * wildcard", "", 0, func(ev *cdc.Event) { ev.Topic = "orders.*" }, "invalid subject"},
+		{"subject with a > wildcard", "", 0, func(ev *cdc.Event) { ev.Topic = "orders.>" }, "invalid subject"},
+		{"subject with an empty token", "", 0, func(ev *cdc.Event) { ev.Topic = "orders..created" }, "invalid subject"},
+		{"subject ending in a dot", "", 0, func(ev *cdc.Event) { ev.Topic = "orders." }, "invalid subject"},
+		{"no stream captures the subject", "", 0, func(ev *cdc.Event) { ev.Topic = "inventory.reserved" }, `no configured stream captures subject "inventory.reserved"`},
+		{"no stream captures the bare token", "", 0, func(ev *cdc.Event) { ev.Topic = "orders" }, "no configured stream captures"},
+		{"row names another stream", "", 0, func(ev *cdc.Event) { ev.Stream = "PAYMENTS" },
+			`row names stream "PAYMENTS" but subject "orders.created" is captured by stream "ORDERS"`},
+		{"row names an unknown stream", "", 0, func(ev *cdc.Event) { ev.Stream = "NOPE" }, `row names stream "NOPE"`},
+		{"row names the stream in another case", "", 0, func(ev *cdc.Event) { ev.Stream = "orders" }, `row names stream "orders"`},
+		{"NULL payload", "", 0, func(ev *cdc.Event) { ev.Payload, ev.PayloadNull = nil, true }, "payload is NULL"},
+		{"invalid JSON in a text payload", "", 0, func(ev *cdc.Event) { ev.Payload, ev.PayloadIsJSON = []byte(`{"order":`), false }, "not valid JSON"},
+		{"plain text in a text payload", "", 0, func(ev *cdc.Event) { ev.Payload, ev.PayloadIsJSON = []byte(`hello`), false }, "not valid JSON"},
+		{"empty text payload", "", 0, func(ev *cdc.Event) { ev.Payload, ev.PayloadIsJSON = []byte{}, false }, "not valid JSON"},
+		{"too large for max payload", "", 1024, func(ev *cdc.Event) { ev.Payload = []byte(`"` + strings.Repeat("x", 2000) + `"`) }, "exceeds the server's max_payload of 1024"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := NewRouter(tt.prefix, "src", testRoutes)
+			r.SetMaxPayload(tt.max)
+			ev := goodEvent()
+			tt.edit(ev)
+			m, stream, err := r.Message(ev)
+			if err == nil {
+				t.Fatalf("Message = %v (stream %q), want a PoisonError about %q", m.Subject, stream, tt.reason)
+			}
+			var pe *PoisonError
+			if !errors.As(err, &pe) {
+				t.Fatalf("err = %T %v, want a *PoisonError", err, err)
+			}
+			if !strings.Contains(pe.Reason, tt.reason) {
+				t.Fatalf("reason = %q, want it to contain %q", pe.Reason, tt.reason)
+			}
+			if m != nil || stream != "" {
+				t.Fatalf("poison returned a message (%v) or stream (%q)", m, stream)
+			}
+			if ClassifyJetStream(err) != Permanent {
+				t.Fatal("a PoisonError must classify as Permanent")
+			}
+		})
+	}
+}
+
+func TestMessageNotPoison(t *testing.T) {
+	tests := []struct {
+		name string
+		edit func(ev *cdc.Event)
+	}{
+		{"row names the capturing stream", func(ev *cdc.Event) { ev.Stream = "ORDERS" }},
+		{"valid JSON in a text payload", func(ev *cdc.Event) { ev.Payload, ev.PayloadIsJSON = []byte(` [1, "two"] `), false }},
+		{"JSON scalar in a text payload", func(ev *cdc.Event) { ev.Payload, ev.PayloadIsJSON = []byte(`"s"`), false }},
+		{"json column is trusted as is", func(ev *cdc.Event) { ev.Payload, ev.PayloadIsJSON = []byte(`not json but jsonb said so`), true }},
+		{"empty JSON object", func(ev *cdc.Event) { ev.Payload = []byte(`{}`) }},
+		{"deep subject", func(ev *cdc.Event) { ev.Topic = "orders.eu.created.v2" }},
+		{"wildcard filter with more tokens", func(ev *cdc.Event) { ev.Topic, ev.Stream = "refunds.42.done", "PAYMENTS" }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := NewRouter("", "src", testRoutes)
+			ev := goodEvent()
+			tt.edit(ev)
+			m, _, err := r.Message(ev)
+			if err != nil {
+				t.Fatalf("Message: %v", err)
+			}
+			if string(m.Data) != string(ev.Payload) {
+				t.Fatalf("data = %q, want %q", m.Data, ev.Payload)
+			}
+			assertNATSAccepts(t, m)
+		})
+	}
+}
+
+// wireSize is what the server compares with max_payload: headers plus data.
+func wireSize(m *nats.Msg) int { return m.Size() - len(m.Subject) - len(m.Reply) }
+
+func TestMessageMaxPayloadCountsHeadersAndData(t *testing.T) {
+	r := NewRouter("", "src", testRoutes)
+	ev := goodEvent()
+	ev.Headers = []byte(`{"traceparent":"00-abc-def-01"}`)
+	ev.Payload = []byte(`"` + strings.Repeat("p", 500) + `"`)
+	m, _, err := r.Message(ev)
+	if err != nil {
+		t.Fatalf("Message unchecked: %v", err)
+	}
+	size := wireSize(m)
+	if size <= len(ev.Payload) {
+		t.Fatalf("wire size %d does not count the headers", size)
+	}
+	tests := []struct {
+		max    int
+		poison bool
+	}{
+		{0, false}, // unchecked
+		{size, false},
+		{size + 1, false},
+		{size - 1, true},
+		{len(ev.Payload), true}, // the payload alone fits, the headers do not
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprint(tt.max), func(t *testing.T) {
+			r.SetMaxPayload(tt.max)
+			_, _, err := r.Message(ev)
+			if tt.poison != isPoison(err) {
+				t.Fatalf("max %d (message is %d bytes): err = %v, want poison %v", tt.max, size, err, tt.poison)
+			}
+		})
+	}
+}
+
+func TestDeadLetter(t *testing.T) {
+	tests := []struct {
+		name        string
+		prefix      string
+		edit        func(ev *cdc.Event)
+		wantSubject string
+		wantOrig    string
+	}{
+		{"valid subject without a stream", "", func(ev *cdc.Event) { ev.Topic = "inventory.reserved" },
+			"walbox.dlq.inventory.reserved", "inventory.reserved"},
+		{"valid subject, routed (e.g. refused by the server)", "", func(ev *cdc.Event) {},
+			"walbox.dlq.orders.created", "orders.created"},
+		{"with a subject prefix", "app.", func(ev *cdc.Event) {},
+			"walbox.dlq.app.orders.created", "app.orders.created"},
+		{"NULL topic", "", func(ev *cdc.Event) { ev.Topic, ev.TopicNull = "", true }, "walbox.dlq.invalid", ""},
+		{"NULL topic with a prefix", "app.", func(ev *cdc.Event) { ev.Topic, ev.TopicNull = "", true }, "walbox.dlq.invalid", "app."},
+		{"empty topic", "", func(ev *cdc.Event) { ev.Topic = "" }, "walbox.dlq.invalid", ""},
+		{"subject with a space", "", func(ev *cdc.Event) { ev.Topic = "orders created" }, "walbox.dlq.invalid", "orders created"},
+		{"subject with a wildcard", "", func(ev *cdc.Event) { ev.Topic = "orders.*" }, "walbox.dlq.invalid", "orders.*"},
+		{"subject with a line break", "", func(ev *cdc.Event) { ev.Topic = "orders\r\nX: y" }, "walbox.dlq.invalid", "orders  X: y"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := NewRouter(tt.prefix, "db1/walbox", testRoutes)
+			ev := goodEvent()
+			tt.edit(ev)
+			m := r.DeadLetter(ev, "walbox.dlq.", "the reason")
+			if m.Subject != tt.wantSubject {
+				t.Fatalf("subject = %q, want %q", m.Subject, tt.wantSubject)
+			}
+			if err := ValidSubject(m.Subject); err != nil {
+				t.Fatalf("dead-letter subject %q is itself invalid: %v", m.Subject, err)
+			}
+			want := map[string]string{
+				HeaderDLQReason:          "the reason",
+				HeaderDLQOriginalSubject: tt.wantOrig,
+				HeaderMsgID:              ev.ID,
+				"Walbox-Event-Id":        ev.ID,
+				HeaderCommitLSN:          "16/B374D848",
+				HeaderIndex:              "7",
+				HeaderCommitTime:         "2025-03-04T04:06:07.890123456Z",
+				HeaderSource:             "db1/walbox",
+			}
+			for k, v := range want {
+				if got := m.Header.Values(k); len(got) != 1 || got[0] != v {
+					t.Errorf("header %s = %q, want [%q]", k, got, v)
+				}
+			}
+			if string(m.Data) != string(ev.Payload) {
+				t.Errorf("data = %q, want the original payload", m.Data)
+			}
+			if _, ok := m.Header["Walbox-Dlq-Payload-Dropped"]; ok {
+				t.Error("payload marked dropped without a size limit")
+			}
+			assertNATSAccepts(t, m)
+		})
+	}
+}
+
+func TestDeadLetterWithoutID(t *testing.T) {
+	r := NewRouter("", "", testRoutes)
+	ev := goodEvent()
+	ev.ID = ""
+	m := r.DeadLetter(ev, "walbox.dlq.", "id is NULL or empty")
+	for _, k := range []string{HeaderMsgID, "Walbox-Event-Id", HeaderSource} {
+		if _, ok := m.Header[k]; ok {
+			t.Errorf("header %s set: %q", k, m.Header.Get(k))
+		}
+	}
+	if m.Subject != "walbox.dlq.orders.created" {
+		t.Fatalf("subject = %q", m.Subject)
+	}
+}
+
+func TestDeadLetterCarriesThePoisonReason(t *testing.T) {
+	r := NewRouter("", "", testRoutes)
+	ev := goodEvent()
+	ev.Stream = "PAYMENTS"
+	_, _, err := r.Message(ev)
+	var pe *PoisonError
+	if !errors.As(err, &pe) {
+		t.Fatalf("err = %v, want a PoisonError", err)
+	}
+	m := r.DeadLetter(ev, "walbox.dlq.", pe.Reason)
+	if got := m.Header.Get(HeaderDLQReason); got != pe.Reason {
+		t.Fatalf("reason header = %q, want %q", got, pe.Reason)
+	}
+	// Ordinary headers of the event are not carried over.
+	if _, ok := m.Header[HeaderEventType]; ok {
+		t.Errorf("dead letter carries %s", HeaderEventType)
+	}
+}
+
+func TestDeadLetterDropsPayloadWhenTooLarge(t *testing.T) {
+	r := NewRouter("", "src", testRoutes)
+	ev := goodEvent()
+	ev.Payload = []byte(`"` + strings.Repeat("x", 5000) + `"`)
+	r.SetMaxPayload(0)
+	full := r.DeadLetter(ev, "walbox.dlq.", "too large")
+	size := wireSize(full)
+	tests := []struct {
+		name    string
+		max     int
+		dropped bool
+	}{
+		{"unchecked", 0, false},
+		{"fits exactly", size, false},
+		{"room to spare", size * 2, false},
+		{"one byte over", size - 1, true},
+		{"far over", 1024, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r.SetMaxPayload(tt.max)
+			m := r.DeadLetter(ev, "walbox.dlq.", "too large")
+			_, marked := m.Header["Walbox-Dlq-Payload-Dropped"]
+			if tt.dropped {
+				if len(m.Data) != 0 {
+					t.Fatalf("payload of %d bytes kept with max %d", len(m.Data), tt.max)
+				}
+				if got := m.Header.Get("Walbox-Dlq-Payload-Dropped"); got != fmt.Sprint(len(ev.Payload)) {
+					t.Fatalf("Walbox-Dlq-Payload-Dropped = %q, want %d", got, len(ev.Payload))
+				}
+				if wireSize(m) > tt.max {
+					t.Fatalf("dead letter is %d bytes, still over max %d", wireSize(m), tt.max)
+				}
+			} else {
+				if marked || string(m.Data) != string(ev.Payload) {
+					t.Fatalf("payload dropped (marked %v, %d bytes) with max %d for a %d-byte message", marked, len(m.Data), tt.max, size)
+				}
+			}
+			if m.Header.Get(HeaderDLQReason) != "too large" || m.Header.Get(HeaderMsgID) != ev.ID {
+				t.Fatalf("headers lost: %v", m.Header)
+			}
+		})
+	}
+}
+
+func TestPoisonErrorMessage(t *testing.T) {
+	err := poison("payload is %s", "NULL")
+	if got := err.Error(); got != "undeliverable event: payload is NULL" {
+		t.Fatalf("Error() = %q", got)
+	}
+}
