@@ -191,8 +191,11 @@ func (c *console) totals() Summary {
 
 func (c *console) final(s Summary) {
 	var b strings.Builder
-	fmt.Fprintf(&b, "\nwalbox dev: stopped after %s: %d sample events committed, %d acked by JetStream, %d printed",
-		s.Elapsed.Round(100*time.Millisecond), s.Produced, s.Acked, s.Printed)
+	fmt.Fprintf(&b, "\nwalbox dev: stopped after %s: %d events acked by JetStream, %d printed",
+		s.Elapsed.Round(100*time.Millisecond), s.Acked, s.Printed)
+	if s.Produced > 0 {
+		fmt.Fprintf(&b, " (%d sample events committed)", s.Produced)
+	}
 	if s.DeadLettered > 0 {
 		fmt.Fprintf(&b, ", %d dead-lettered", s.DeadLettered)
 	}

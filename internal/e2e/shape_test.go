@@ -1,0 +1,264 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/walbox/walbox/cdc"
+	"github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/internal/outboxtest"
+	"github.com/walbox/walbox/internal/pgtest"
+)
+
+func freeAddr(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// metric scrapes one unlabelled value from /metrics.
+func metric(addr, name string) (float64, bool) {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return 0, false
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, name+" ") {
+			v, err := strconv.ParseFloat(strings.TrimSpace(strings.TrimPrefix(line, name)), 64)
+			return v, err == nil
+		}
+	}
+	return 0, false
+}
+
+// vmHWM reads a process's peak resident set size in bytes.
+func vmHWM(pid int) int64 {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if strings.HasPrefix(line, "VmHWM:") {
+			f := strings.Fields(line)
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			return kb * 1024
+		}
+	}
+	return 0
+}
+
+func TestLargeTransactionStreamsWithBoundedHeap(t *testing.T) {
+	const rows = 200_000
+	addr := freeAddr(t)
+	e := newEnv(t, func(c *config.Config) { c.Metrics.Listen = addr })
+	e.migrate()
+	p := e.spawnRelay()
+
+	// Sample the relay's heap while one transaction of 200,000 rows goes
+	// through: it must stay bounded by the window, not the transaction.
+	var peakHeap float64
+	stopSampling := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for {
+			if v, ok := metric(addr, "go_memstats_heap_inuse_bytes"); ok && v > peakHeap {
+				peakHeap = v
+			}
+			select {
+			case <-stopSampling:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}()
+	start := time.Now()
+	_, err := e.pool.Exec(context.Background(), fmt.Sprintf(`INSERT INTO outbox_events (topic, payload)
+		SELECT 'orders.bulk', jsonb_build_object('n', g, 'pad', repeat('x', 200)) FROM generate_series(1, %d) g`, rows))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.waitDelivered(rows, 3*time.Minute)
+	elapsed := time.Since(start)
+	close(stopSampling)
+	<-sampled
+	rss := vmHWM(p.cmd.Process.Pid)
+	t.Logf("200,000-row transaction: delivered in %v (%.0f events/s incl. commit); relay heap in use peak %.1f MB, peak RSS %.1f MB",
+		elapsed.Round(time.Millisecond), rows/elapsed.Seconds(), peakHeap/1e6, float64(rss)/1e6)
+	if peakHeap == 0 {
+		t.Fatal("could not sample the relay's heap")
+	}
+	// 200,000 events of ~250 bytes are ~50 MB of payload alone, before any
+	// per-event overhead: a relay that buffered the transaction would pass
+	// this bound several times over.
+	if peakHeap > 48e6 {
+		t.Fatalf("relay heap peaked at %.1f MB: not bounded by the window", peakHeap/1e6)
+	}
+	ids, err := outboxtest.ReadStream(context.Background(), e.js, "ORDERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, id := range ids {
+		if seen[id] {
+			t.Fatalf("duplicate %s", id)
+		}
+		seen[id] = true
+	}
+	if len(seen) != rows {
+		t.Fatalf("stream holds %d distinct events, want %d", len(seen), rows)
+	}
+}
+
+func TestIdleOutboxInBusyDatabaseDoesNotHoldWAL(t *testing.T) {
+	e := newEnv(t)
+	e.migrate()
+	e.startRelay()
+	ctx := context.Background()
+	if _, err := e.pool.Exec(ctx, "CREATE TABLE busy (id bigserial primary key, pad text)"); err != nil {
+		t.Fatal(err)
+	}
+	start := e.slot().Confirmed
+	// Writes to another table only, for a while.
+	deadline := time.Now().Add(8 * time.Second)
+	for time.Now().Before(deadline) {
+		if _, err := e.pool.Exec(ctx, "INSERT INTO busy (pad) SELECT repeat('x', 500) FROM generate_series(1, 200)"); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	var cur string
+	if err := e.pool.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&cur); err != nil {
+		t.Fatal(err)
+	}
+	// Within a few status intervals confirmed_flush_lsn catches up with
+	// the WAL written meanwhile: the slot retains (almost) nothing.
+	var retained int64
+	waitUntil := time.Now().Add(15 * time.Second)
+	for time.Now().Before(waitUntil) {
+		if err := e.pool.QueryRow(ctx, "SELECT pg_wal_lsn_diff($1::pg_lsn, confirmed_flush_lsn)::bigint FROM pg_replication_slots WHERE slot_name = $2",
+			cur, e.cfg.Postgres.Slot).Scan(&retained); err != nil {
+			t.Fatal(err)
+		}
+		if retained <= 0 {
+			break
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	end := e.slot().Confirmed
+	t.Logf("confirmed_flush_lsn moved %s -> %s while only another table was written; behind the WAL by %d bytes", start, end, max(retained, 0))
+	if end <= start || retained > 0 {
+		t.Fatalf("idle outbox holds WAL back: confirmed_flush_lsn %s, %d bytes behind %s", end, retained, cur)
+	}
+}
+
+func TestDAARIONLayoutWorksThroughColumnMappingAlone(t *testing.T) {
+	e := newEnv(t, func(c *config.Config) {
+		c.Outbox.Table = "public.daarion_outbox"
+		c.Outbox.Columns = map[string]string{"id": "id", "topic": "topic", "payload": "payload", "stream": "stream",
+			"event_type": "", "aggregate_type": "", "aggregate_id": "", "partition_key": "", "headers": "", "created_at": "created_at"}
+		c.NATS.Streams = []config.Stream{{Name: "STREAM_PAYOUT", Subjects: []string{"payout.>"}}, {Name: "STREAM_RWA", Subjects: []string{"rwa.>"}}}
+	})
+	ctx := context.Background()
+	// The table exactly as the DAARION outbox design defines it, with
+	// snowflake-like text ids; columns in another order than walbox's own.
+	if _, err := e.pool.Exec(ctx, `create table daarion_outbox (
+		id text primary key, stream text not null, topic text not null, payload jsonb not null,
+		created_at timestamptz default now(), processed bool default false, processed_at timestamptz, error text)`); err != nil {
+		t.Fatal(err)
+	}
+	e.startRelay()
+	for i := 0; i < 50; i++ {
+		stream, topic := "STREAM_PAYOUT", "payout.generated"
+		if i%2 == 1 {
+			stream, topic = "STREAM_RWA", "rwa.inventory.updated"
+		}
+		if _, err := e.pool.Exec(ctx, "INSERT INTO daarion_outbox (id, stream, topic, payload) VALUES ($1, $2, $3, $4)",
+			fmt.Sprintf("%d", 1790000000000000000+i), stream, topic, fmt.Sprintf(`{"payout_id":"p_%03d"}`, i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.waitDelivered(50, 30*time.Second)
+	st, _ := e.js.Stream(ctx, "STREAM_PAYOUT")
+	msg, err := st.GetMsg(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := msg.Header.Get("Nats-Msg-Id"); got != "1790000000000000000" {
+		t.Fatalf("Nats-Msg-Id = %q, want the text id", got)
+	}
+	if string(msg.Data) != `{"payout_id": "p_000"}` {
+		t.Fatalf("data = %s, want the payload as Postgres outputs it", msg.Data)
+	}
+	for _, name := range []string{"STREAM_PAYOUT", "STREAM_RWA"} {
+		st, _ := e.js.Stream(ctx, name)
+		info, _ := st.Info(ctx)
+		if info.State.Msgs != 25 {
+			t.Fatalf("%s holds %d, want 25", name, info.State.Msgs)
+		}
+	}
+	_ = jetstream.ErrMsgNotFound
+}
+
+func TestWrongWALLevelNamesTheFix(t *testing.T) {
+	ctx := context.Background()
+	cl, err := pgtest.Start(ctx, pgtest.WithSetting("wal_level", "replica"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	src, err := cdc.NewSource(cdc.Config{ConnString: cl.URL("postgres"), Slot: "walbox", Publication: "walbox_outbox",
+		Table: cdc.TableName{Schema: "public", Name: "outbox_events"}, Columns: cdc.DefaultColumns()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	err = src.Run(runCtx, make(chan []cdc.Change, 1))
+	if err == nil || !strings.Contains(err.Error(), "wal_level = logical") || !strings.Contains(err.Error(), "restart") {
+		t.Fatalf("error %v does not name the fix (set wal_level = logical and restart)", err)
+	}
+	if !cdc.IsPermanent(err) {
+		t.Fatalf("wrong wal_level should stop the relay, not be retried: %v", err)
+	}
+}
+
+func TestMissingReplicationPrivilegeNamesTheFix(t *testing.T) {
+	e := newEnv(t)
+	e.migrate()
+	ctx := context.Background()
+	if _, err := e.pool.Exec(ctx, "DROP ROLE IF EXISTS app_noreplication; CREATE ROLE app_noreplication LOGIN"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.pool.Exec(context.Background(), "DROP ROLE IF EXISTS app_noreplication") })
+	cfg, _ := pgx.ParseConfig(e.dbURL)
+	url := fmt.Sprintf("postgres://app_noreplication@127.0.0.1:%d/%s?sslmode=disable", cfg.Port, cfg.Database)
+	src, err := cdc.NewSource(cdc.Config{ConnString: url, Slot: "walbox", Publication: "walbox_outbox",
+		Table: cdc.TableName{Schema: "public", Name: "outbox_events"}, Columns: cdc.DefaultColumns()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	err = src.Run(runCtx, make(chan []cdc.Change, 1))
+	if err == nil || !strings.Contains(err.Error(), "REPLICATION") {
+		t.Fatalf("error %v does not name the fix (ALTER ROLE ... WITH REPLICATION)", err)
+	}
+}
