@@ -44,7 +44,7 @@ and a summary every 5 seconds. Ctrl-C stops everything and removes the data
 	}
 	f := cmd.Flags()
 	f.Float64Var(&cfg.Rate, "rate", cfg.Rate, "sample events committed per second (0: none, e.g. to watch your own)")
-	f.DurationVar(&cfg.Duration, "duration", 0, "stop after this long (0: until Ctrl-C)")
+	f.DurationVar(&cfg.Duration, "duration", 0, "stop after running this long, counted once everything is up (0: until Ctrl-C)")
 	f.StringVar(&cfg.Dir, "dir", cfg.Dir, "folder for the run's data (each run gets a fresh subfolder)")
 	f.BoolVar(&cfg.Keep, "keep", false, "keep the run's data (and the walbox_dev slot of --postgres-url) at exit")
 	return cmd

@@ -65,7 +65,9 @@ type Config struct {
 	// Rate is the sample events committed per second; 0 commits none, e.g.
 	// to watch a service's own events (the CLI's default is DefaultRate).
 	Rate float64
-	// Duration stops everything after this long; 0 runs until ctx ends.
+	// Duration stops everything after it has run this long, counted from
+	// when everything is up (start-up takes a few seconds more); 0 runs
+	// until ctx ends.
 	Duration time.Duration
 	// Dir is where a run's files go (default .walbox-dev in the current
 	// directory): each run gets a fresh folder in it. If the PostgreSQL
@@ -122,11 +124,6 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 	cfg = withDefaults(cfg)
 	start := time.Now()
 	r := &run{cfg: cfg, start: start, con: newConsole(cfg.Out, start, cfg.SummaryEvery)}
-	if cfg.Duration > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, cfg.Duration)
-		defer cancel()
-	}
 	err := r.serve(ctx)
 	if err != nil && ctx.Err() != nil && !errors.As(err, new(*MissingPostgresError)) {
 		// Interrupted while starting: a clean stop, not a failure.
@@ -279,10 +276,19 @@ func (r *run) serve(ctx context.Context) error {
 	}
 	summaries := r.con.summaries(ctx)
 
-	<-ctx.Done()
-	failure := context.Cause(ctx)
-	if errors.Is(failure, context.Canceled) || errors.Is(failure, context.DeadlineExceeded) {
-		failure = nil
+	runCtx := ctx
+	if r.cfg.Duration > 0 {
+		var cancelRun context.CancelFunc
+		runCtx, cancelRun = context.WithTimeout(ctx, r.cfg.Duration)
+		defer cancelRun()
+	}
+	<-runCtx.Done()
+	var failure error
+	if ctx.Err() != nil {
+		failure = context.Cause(ctx)
+		if errors.Is(failure, context.Canceled) || errors.Is(failure, context.DeadlineExceeded) {
+			failure = nil // Ctrl-C or the caller's deadline: a clean stop
+		}
 	}
 
 	// Shutdown: producer first, then let the relay deliver what was

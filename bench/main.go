@@ -1,0 +1,243 @@
+// Command bench measures walbox end to end on this machine (issue 7): catch-up
+// throughput against the decoding and publishing ceilings, live
+// commit-to-ack latency at fixed rates, and the relay's CPU and memory.
+//
+//	go run ./bench          # make bench: the full run (~5-10 min)
+//	go run ./bench -quick   # make bench-quick: smaller figures (< 2 min)
+//
+// It needs nothing but the PostgreSQL server binaries: it starts a throwaway
+// cluster (internal/pgtest, wal_level=logical), an in-process nats-server
+// with a file store (internal/natstest), builds cmd/walbox and runs the relay
+// as a subprocess, so the relay's CPU and peak RSS are its own. The table is
+// printed and written to bench/results/latest.md (latest-quick.md for
+// -quick). Every process and temporary directory is removed at the end, also
+// on error and Ctrl-C.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// params are the sizes of one run.
+type params struct {
+	Quick        bool
+	Events       int           // catch-up backlog
+	TxnRows      int           // rows per backlog transaction
+	Loaders      int           // parallel backlog connections
+	PayloadBytes int           // JSON payload size
+	Rates        []int         // live rates, events/s
+	LiveFor      time.Duration // per rate
+	BigRows      int           // rows of the single large transaction
+	Window       int           // publishing ceiling: in-flight bound
+	Stall        time.Duration // a phase without progress this long aborts
+	SyncCommit   string        // synchronous_commit of the live producer sessions
+	Out          string        // results file ("" = default)
+}
+
+func parseFlags() (params, error) {
+	quick := flag.Bool("quick", false, "small run (50,000-event backlog, 5 s per live rate, 200,000-row transaction)")
+	events := flag.Int("events", 0, "catch-up backlog size (default 300000; -quick 50000)")
+	big := flag.Int("big", 0, "rows of the single large transaction (default 1000000; -quick 200000)")
+	rates := flag.String("rates", "", "live rates in events/s, comma separated (default 1000,2000,5000; -quick 1000,2000)")
+	liveFor := flag.Duration("live", 0, "duration of each live rate (default 20s; -quick 5s)")
+	stall := flag.Duration("stall", 60*time.Second, "abort a phase that makes no progress for this long")
+	sync := flag.String("producer-sync-commit", "on", "synchronous_commit of the live producer sessions (the cluster default is off)")
+	out := flag.String("out", "", "results file (default bench/results/latest.md, or latest-quick.md with -quick)")
+	flag.Parse()
+	p := params{
+		Quick: *quick, Events: 300_000, TxnRows: 10, Loaders: 4, PayloadBytes: 200,
+		Rates: []int{1000, 2000, 5000}, LiveFor: 20 * time.Second, BigRows: 1_000_000,
+		Window: 1024, Stall: *stall, SyncCommit: *sync, Out: *out,
+	}
+	if p.Quick {
+		p.Events, p.Rates, p.LiveFor, p.BigRows = 50_000, []int{1000, 2000}, 5*time.Second, 200_000
+	}
+	if *events > 0 {
+		p.Events = *events
+	}
+	if *big > 0 {
+		p.BigRows = *big
+	}
+	if *liveFor > 0 {
+		p.LiveFor = *liveFor
+	}
+	if *rates != "" {
+		p.Rates = nil
+		for _, f := range strings.Split(*rates, ",") {
+			r, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || r <= 0 {
+				return p, fmt.Errorf("-rates: %q is not a positive number", f)
+			}
+			p.Rates = append(p.Rates, r)
+		}
+	}
+	if p.Events < p.TxnRows {
+		return p, fmt.Errorf("-events must be at least %d", p.TxnRows)
+	}
+	if p.Stall < 5*time.Second {
+		return p, errors.New("-stall must be at least 5s")
+	}
+	return p, nil
+}
+
+func main() {
+	p, err := parseFlags()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	b := &bench{p: p, start: time.Now()}
+	err = b.run(ctx)
+	interrupted := ctx.Err() != nil
+	stop()
+	b.logf("cleanup: stopping the relay, PostgreSQL and nats-server, removing temp dirs")
+	b.cleanup()
+	if err != nil {
+		if interrupted {
+			fmt.Fprintln(os.Stderr, "bench: interrupted")
+			os.Exit(130)
+		}
+		fmt.Fprintln(os.Stderr, "bench: FAILED:", err)
+		os.Exit(1)
+	}
+}
+
+// bench is one run: its servers, the relay binary and the results.
+type bench struct {
+	p     params
+	start time.Time
+
+	mu       sync.Mutex
+	cleanups []func()
+
+	env *environment
+	res results
+}
+
+// onCleanup registers f to run at the end, in reverse order of registration.
+func (b *bench) onCleanup(f func()) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.cleanups = append(b.cleanups, f)
+}
+
+func (b *bench) cleanup() {
+	b.mu.Lock()
+	fs := b.cleanups
+	b.cleanups = nil
+	b.mu.Unlock()
+	for i := len(fs) - 1; i >= 0; i-- {
+		fs[i]()
+	}
+}
+
+// logf prints one progress line with the time since the start.
+func (b *bench) logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "[%6.1fs] %s\n", time.Since(b.start).Seconds(), fmt.Sprintf(format, args...))
+}
+
+func (b *bench) run(ctx context.Context) error {
+	mode := "full"
+	if b.p.Quick {
+		mode = "quick"
+	}
+	b.logf("walbox bench (%s): backlog %d events, live %v for %v each, one %d-row transaction",
+		mode, b.p.Events, b.p.Rates, b.p.LiveFor, b.p.BigRows)
+	env, err := b.setup(ctx)
+	if err != nil {
+		return fmt.Errorf("setup: %w", err)
+	}
+	b.env = env
+	b.res.env = env.info
+	if err := b.catchUp(ctx); err != nil {
+		return fmt.Errorf("catch-up: %w", err)
+	}
+	if err := b.decodeCeiling(ctx); err != nil {
+		return fmt.Errorf("decoding ceiling: %w", err)
+	}
+	if err := b.publishCeiling(ctx); err != nil {
+		return fmt.Errorf("publishing ceiling: %w", err)
+	}
+	if err := b.live(ctx); err != nil {
+		return fmt.Errorf("live latency: %w", err)
+	}
+	if err := b.bigTxn(ctx); err != nil {
+		return fmt.Errorf("large transaction: %w", err)
+	}
+	b.res.params = b.p
+	b.res.finished = time.Now()
+	b.res.took = time.Since(b.start)
+	table := b.res.render()
+	fmt.Println()
+	fmt.Print(table.text())
+	out := b.p.Out
+	if out == "" {
+		name := "latest.md"
+		if b.p.Quick {
+			name = "latest-quick.md"
+		}
+		out = filepath.Join(env.moduleDir, "bench", "results", name)
+	}
+	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(out, []byte(b.res.markdown(table)), 0o644); err != nil {
+		return err
+	}
+	b.logf("done: results written to %s", out)
+	return nil
+}
+
+// watch returns a context that is cancelled, with a clear cause, when
+// progress() has returned the same value for the stall limit. progress must
+// be cheap and bounded; it is called once a second. It also prints a
+// progress line every 10 s for long phases.
+func (b *bench) watch(ctx context.Context, what string, progress func() int64, show func(int64) string) (context.Context, func()) {
+	wctx, cancel := context.WithCancelCause(ctx)
+	go func() {
+		last, lastChange, lastShown := progress(), time.Now(), time.Now()
+		tk := time.NewTicker(time.Second)
+		defer tk.Stop()
+		for {
+			select {
+			case <-wctx.Done():
+				return
+			case <-tk.C:
+			}
+			v := progress()
+			if show != nil && time.Since(lastShown) >= 10*time.Second {
+				b.logf("  ... %s: %s", what, show(v))
+				lastShown = time.Now()
+			}
+			if v != last {
+				last, lastChange = v, time.Now()
+				continue
+			}
+			if time.Since(lastChange) >= b.p.Stall {
+				cancel(fmt.Errorf("%s made no progress for %s (stuck at %d); aborting", what, b.p.Stall, v))
+				return
+			}
+		}
+	}()
+	return wctx, func() { cancel(nil) }
+}
+
+// cause returns why ctx ended: the watchdog's reason when it fired.
+func cause(ctx context.Context, err error) error {
+	if c := context.Cause(ctx); c != nil && ctx.Err() != nil {
+		return c
+	}
+	return err
+}
