@@ -154,6 +154,9 @@ func connectNATS(ctx context.Context, cfg config.Config, log zerolog.Logger) (*n
 		nats.ReconnectJitter(200*time.Millisecond, time.Second),
 		nats.ReconnectBufSize(-1),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err == nil {
+				return // our own Close at shutdown
+			}
 			nlog.Warn().Err(err).Msg("disconnected from NATS")
 		}),
 		nats.ReconnectHandler(func(c *nats.Conn) {

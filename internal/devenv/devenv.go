@@ -127,6 +127,7 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 	err := r.serve(ctx)
 	if err != nil && ctx.Err() != nil && !errors.As(err, new(*MissingPostgresError)) {
 		// Interrupted while starting: a clean stop, not a failure.
+		r.con.progress("interrupted while starting; stopping")
 		err = nil
 	}
 	if cerr := r.cleanup(); cerr != nil {
@@ -233,6 +234,10 @@ func (r *run) serve(ctx context.Context) error {
 
 	relayCtx, stopRelay := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopRelay()
+	if r.pg == nil {
+		// The relay creates the slot; the cleanup runs after it stopped.
+		r.onCleanup(r.dropExternalSlot)
+	}
 	ready := make(chan struct{})
 	relayDone := make(chan error, 1)
 	r.con.progress("starting the relay (slot %s, publication %s, table %s)", rcfg.Postgres.Slot, rcfg.Postgres.Publication, rcfg.Outbox.Table)
@@ -326,28 +331,30 @@ func (r *run) binSearch() pgcluster.BinSearch {
 // makeRunDir creates this run's folder in cfg.Dir, or in a temporary
 // folder when the PostgreSQL server could not reach cfg.Dir.
 func (r *run) makeRunDir() error {
-	parent := r.cfg.Dir
+	parent, prefix := r.cfg.Dir, "run-*"
 	created := false
 	if _, err := os.Stat(parent); errors.Is(err, os.ErrNotExist) {
 		created = true
 	}
+	var unusable error
 	if err := os.MkdirAll(parent, 0o755); err != nil {
-		return fmt.Errorf("create %s: %w", parent, err)
+		unusable = fmt.Errorf("cannot create %s: %w", parent, err)
+	} else if r.cfg.PostgresURL == "" {
+		unusable = pgcluster.CheckReachable(parent)
 	}
-	if r.cfg.PostgresURL == "" {
-		if err := pgcluster.CheckReachable(parent); err != nil {
-			if created {
-				_ = os.Remove(parent)
-			}
-			r.con.progress("note: %v; using a temporary folder instead", err)
-			parent = os.TempDir()
-			if pgcluster.CheckReachable(parent) != nil {
-				parent = "/tmp"
-			}
-			created = false
+	if unusable != nil {
+		if created {
+			_ = os.Remove(parent)
 		}
+		r.con.progress("note: %v; using a temporary folder instead", unusable)
+		parent = os.TempDir()
+		if r.cfg.PostgresURL == "" && pgcluster.CheckReachable(parent) != nil {
+			parent = "/tmp"
+		}
+		created = false
+		prefix = "walbox-dev-*"
 	}
-	dir, err := os.MkdirTemp(parent, "run-*")
+	dir, err := os.MkdirTemp(parent, prefix)
 	if err != nil {
 		return fmt.Errorf("create a run folder in %s: %w", parent, err)
 	}
@@ -378,7 +385,6 @@ func (r *run) startPostgres(ctx context.Context) error {
 	if r.cfg.PostgresURL != "" {
 		r.dbURL = r.cfg.PostgresURL
 		r.slot = externalSlot
-		r.onCleanup(r.dropExternalSlot)
 		return nil
 	}
 	t0 := time.Now()
