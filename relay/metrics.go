@@ -13,6 +13,7 @@ type Metrics struct {
 	PublishToAck  prometheus.Histogram
 	ConfirmedLSN  prometheus.Gauge
 	Backoffs      prometheus.Counter
+	Skipped       prometheus.Counter
 }
 
 // NewMetrics creates the relay metrics and registers them on reg (nil: unregistered).
@@ -44,9 +45,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Backoffs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "walbox_publish_backoffs_total", Help: "Times the publisher stopped and backed off after a transient error.",
 		}),
+		Skipped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "walbox_resume_skipped_total", Help: "Events not republished because the stream already held them (resume check).",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Published, m.PublishErrors, m.DeadLettered, m.InFlight, m.CommitToAck, m.PublishToAck, m.ConfirmedLSN, m.Backoffs)
+		reg.MustRegister(m.Published, m.PublishErrors, m.DeadLettered, m.InFlight, m.CommitToAck, m.PublishToAck, m.ConfirmedLSN, m.Backoffs, m.Skipped)
 	}
 	return m
 }

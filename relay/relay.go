@@ -157,6 +157,8 @@ type loop struct {
 
 	cur    []cdc.Change
 	curPos int
+
+	resumeAt map[string]cdc.Position // last position this source stored per stream
 }
 
 func (r *Relay) run(ctx context.Context, in <-chan []cdc.Change, conf Confirmer) error {
@@ -169,6 +171,7 @@ func (r *Relay) run(ctx context.Context, in <-chan []cdc.Change, conf Confirmer)
 	bo.Reset()
 	l := &loop{r: r, conf: conf, ckpt: NewCheckpoint(), bo: bo}
 	defer func() { r.m.InFlight.Set(0) }()
+	l.refreshResume()
 
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
@@ -205,6 +208,10 @@ func (r *Relay) run(ctx context.Context, in <-chan []cdc.Change, conf Confirmer)
 			l.cur, l.curPos = b, 0
 		case <-timerCh:
 			l.resume = time.Time{}
+			// Acks lost in the outage may hide stored events; after an
+			// outage longer than the duplicate window only the read-back
+			// keeps them from being stored twice.
+			l.refreshResume()
 		}
 		if timerCh != nil && !timer.Stop() {
 			select {
@@ -264,6 +271,7 @@ func (l *loop) change(c *cdc.Change) {
 	case cdc.KindReset:
 		l.ckpt.Reset()
 		l.retry = l.retry[:0]
+		l.refreshResume()
 	}
 }
 
@@ -277,6 +285,11 @@ func (l *loop) deadLetter(p *pending, reason string) {
 
 // send publishes p and appends it to the window.
 func (l *loop) send(p *pending) {
+	if l.alreadyStored(p) {
+		l.r.m.Skipped.Inc()
+		l.done(p, &jetstream.PubAck{Stream: p.stream, Duplicate: true})
+		return
+	}
 	p.sentAt = time.Now()
 	fut, err := l.r.sink.PublishAsync(p.msg)
 	if err != nil {
@@ -364,7 +377,7 @@ func (l *loop) acked(ack *jetstream.PubAck, err error) {
 // done records a finished event.
 func (l *loop) done(p *pending, ack *jetstream.PubAck) {
 	now := time.Now()
-	if ack != nil {
+	if ack != nil && !p.sentAt.IsZero() { // zero: skipped by the resume check
 		if l.backing {
 			l.bo.Reset()
 			l.backing = false
