@@ -127,20 +127,42 @@ func LookupSlot(ctx context.Context, conn *pgconn.PgConn, slot string) (SlotInfo
 
 // ensureSlot creates the logical slot with pgoutput when it does not exist and
 // verifies an existing one. When it creates the slot it exports a snapshot
-// (valid until the connection's next command) for the backfill.
-func ensureSlot(ctx context.Context, conn *pgconn.PgConn, slot string) (*pglogrepl.CreateReplicationSlotResult, error) {
+// (valid until the connection's next command) for the backfill. A slot that
+// was lost (dropped while walbox used it, or invalidated with wal_status
+// 'lost') is reported loudly and, unless FailOnSlotLost, recreated.
+func (s *Source) ensureSlot(ctx context.Context, conn *pgconn.PgConn) (*pglogrepl.CreateReplicationSlotResult, error) {
+	slot := s.cfg.Slot
 	info, err := LookupSlot(ctx, conn, slot)
 	if err != nil {
 		return nil, err
 	}
-	if info.Exists {
-		if info.Plugin != "pgoutput" {
-			return nil, &PreconditionError{What: fmt.Sprintf("replication slot %q uses plugin %q, not pgoutput", slot, info.Plugin),
-				Fix: fmt.Sprintf("choose another postgres.slot, or drop it (SELECT pg_drop_replication_slot('%s')) if nothing else uses it", slot)}
+	if info.Exists && info.Plugin != "pgoutput" {
+		return nil, &PreconditionError{What: fmt.Sprintf("replication slot %q uses plugin %q, not pgoutput", slot, info.Plugin),
+			Fix: fmt.Sprintf("choose another postgres.slot, or drop it (SELECT pg_drop_replication_slot('%s')) if nothing else uses it", slot)}
+	}
+	lost := ""
+	switch {
+	case info.Exists && info.WALStatus == "lost":
+		lost = fmt.Sprintf("replication slot %q was invalidated (wal_status 'lost'): the WAL it needed was removed, probably because max_slot_wal_keep_size was exceeded while walbox was behind or away", slot)
+	case !info.Exists && s.hadSlot.Load():
+		lost = fmt.Sprintf("replication slot %q disappeared while walbox was using it (dropped by someone)", slot)
+	}
+	if lost != "" {
+		s.log.Error().Str("slot", slot).Msg(lost)
+		if s.cfg.OnSlotLost != nil {
+			s.cfg.OnSlotLost(lost)
 		}
-		if info.WALStatus == "lost" {
-			return nil, fmt.Errorf("%w: slot %q has wal_status 'lost' (WAL it needed was removed, max_slot_wal_keep_size exceeded)", ErrSlotLost, slot)
+		if s.cfg.FailOnSlotLost {
+			return nil, &PreconditionError{What: lost, Fix: "postgres.on_slot_lost is fail: drop the slot and restart walbox to republish unprocessed rows, or set on_slot_lost: recreate"}
 		}
+		if info.Exists {
+			if err := pglogrepl.DropReplicationSlot(ctx, conn, slot, pglogrepl.DropReplicationSlotOptions{}); err != nil {
+				return nil, fmt.Errorf("drop lost replication slot %s: %w", slot, err)
+			}
+		}
+		s.log.Warn().Str("slot", slot).Msg("recreating the slot and republishing every unprocessed row (duplicates inside the duplicate window are dropped by JetStream, older ones by the resume check)")
+	} else if info.Exists {
+		s.hadSlot.Store(true)
 		return nil, nil
 	}
 	res, err := pglogrepl.CreateReplicationSlot(ctx, conn, slot, "pgoutput",
@@ -151,6 +173,7 @@ func ensureSlot(ctx context.Context, conn *pgconn.PgConn, slot string) (*pglogre
 		}
 		return nil, classifyConnectError(fmt.Errorf("create replication slot %s: %w", slot, err))
 	}
+	s.hadSlot.Store(true)
 	return &res, nil
 }
 

@@ -36,7 +36,17 @@ type Config struct {
 	// to 60 s, with jitter, by default).
 	BackoffInitial time.Duration
 	BackoffMax     time.Duration
-	Logger         zerolog.Logger
+	// FailOnSlotLost makes a dropped or invalidated slot a fatal error. By
+	// default walbox recreates the slot from a snapshot and republishes the
+	// unprocessed rows (the processed flag is the durable index for that).
+	FailOnSlotLost bool
+	// OnSlotLost, if set, is told each time the slot was found lost.
+	OnSlotLost func(reason string)
+	// HeartbeatInterval: when the confirmed position has not moved for this
+	// long, emit pg_logical_emit_message(false, 'walbox.heartbeat', ...) so an
+	// idle outbox in a busy cluster holds no WAL back. 0 turns it off.
+	HeartbeatInterval time.Duration
+	Logger            zerolog.Logger
 }
 
 func (c *Config) setDefaults() {
@@ -63,6 +73,7 @@ type Source struct {
 	sessions  atomic.Int64
 	received  atomic.Uint64 // last WAL position received, for lag
 	connected atomic.Bool
+	hadSlot   atomic.Bool // the slot existed during this process: its absence is a loss
 }
 
 // NewSource validates cfg and returns a Source.
@@ -110,6 +121,11 @@ func (s *Source) Connected() bool { return s.connected.Load() }
 // handed over in commit order; after a reconnect a KindReset change comes
 // first, because the server resends from the slot's confirmed position.
 func (s *Source) Run(ctx context.Context, out chan<- []Change) error {
+	if s.cfg.HeartbeatInterval > 0 {
+		hbCtx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		go s.heartbeat(hbCtx)
+	}
 	bo := backoff.NewExponentialBackOff()
 	bo.InitialInterval = s.cfg.BackoffInitial
 	bo.MaxInterval = s.cfg.BackoffMax
@@ -187,7 +203,7 @@ func (s *Source) session(ctx context.Context, out chan<- []Change) (streamed boo
 	if s.sessions.Load() > 0 {
 		prefix = []Change{{Kind: KindReset}}
 	}
-	created, err := ensureSlot(ctx, conn, s.cfg.Slot)
+	created, err := s.ensureSlot(ctx, conn)
 	if err != nil {
 		return false, err
 	}
@@ -394,9 +410,28 @@ func (st *stream) handleWAL(ctx context.Context, xld pglogrepl.XLogData) error {
 			return fmt.Errorf("decode relation: %w", err)
 		}
 		return st.dec.relation(m.(*pglogrepl.RelationMessage))
+	case pglogrepl.MessageTypeMessage:
+		var m pglogrepl.LogicalDecodingMessage
+		if err := m.Decode(d[1:]); err != nil {
+			return fmt.Errorf("decode logical message: %w", err)
+		}
+		if m.Transactional && m.Prefix == MessagePrefix && st.dec.inTxn {
+			st.batch = append(st.batch, Change{Kind: KindEvent})
+			if err := st.dec.message(m.Content, &st.batch[len(st.batch)-1].Event); err != nil {
+				// A malformed message is still an event: the relay
+				// dead-letters it with the reason.
+				st.src.log.Error().Err(err).Stringer("lsn", m.LSN).Msg("table-less event with a malformed body")
+			}
+			if len(st.batch) >= st.src.cfg.BatchSize {
+				return st.flush(ctx)
+			}
+		} else if !m.Transactional && !st.dec.inTxn {
+			// A heartbeat: everything before it was handed over already.
+			st.batch = append(st.batch, Change{Kind: KindWALEnd, LSN: m.LSN})
+			return st.flush(ctx)
+		}
 	default:
-		// Type, Origin, Message (heartbeats) and anything else carry no
-		// outbox rows.
+		// Type, Origin and anything else carry no outbox rows.
 	}
 	return nil
 }

@@ -14,6 +14,7 @@ type Metrics struct {
 	ConfirmedLSN  prometheus.Gauge
 	Backoffs      prometheus.Counter
 	Skipped       prometheus.Counter
+	SlotLost      prometheus.Counter
 }
 
 // NewMetrics creates the relay metrics and registers them on reg (nil: unregistered).
@@ -48,9 +49,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Skipped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "walbox_resume_skipped_total", Help: "Events not republished because the stream already held them (resume check).",
 		}),
+		SlotLost: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "walbox_slot_lost_total", Help: "Times the replication slot was found dropped or invalidated.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Published, m.PublishErrors, m.DeadLettered, m.InFlight, m.CommitToAck, m.PublishToAck, m.ConfirmedLSN, m.Backoffs, m.Skipped)
+		reg.MustRegister(m.Published, m.PublishErrors, m.DeadLettered, m.InFlight, m.CommitToAck, m.PublishToAck, m.ConfirmedLSN, m.Backoffs, m.Skipped, m.SlotLost)
 	}
 	return m
 }

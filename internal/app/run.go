@@ -66,6 +66,9 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 		BatchSize:         cfg.NATS.Window / 2,
 		BackoffInitial:    cfg.Retry.Initial,
 		BackoffMax:        cfg.Retry.Max,
+		FailOnSlotLost:    cfg.Postgres.OnSlotLost == "fail",
+		OnSlotLost:        func(string) { metrics.SlotLost.Inc() },
+		HeartbeatInterval: cfg.Postgres.HeartbeatInterval,
 		Logger:            log,
 	})
 	if err != nil {

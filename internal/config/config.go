@@ -42,6 +42,12 @@ type Postgres struct {
 	CreatePublication bool `yaml:"create_publication" env:"CREATE_PUBLICATION"`
 	// StatusInterval is the longest gap between status updates to the server.
 	StatusInterval time.Duration `yaml:"status_interval" env:"STATUS_INTERVAL"`
+	// OnSlotLost is what to do when the slot was dropped or invalidated:
+	// recreate it and republish unprocessed rows, or fail.
+	OnSlotLost string `yaml:"on_slot_lost" env:"ON_SLOT_LOST"`
+	// HeartbeatInterval: when the slot has not advanced for this long, emit a
+	// logical message so an idle outbox in a busy cluster holds no WAL (0: off).
+	HeartbeatInterval time.Duration `yaml:"heartbeat_interval" env:"HEARTBEAT_INTERVAL"`
 }
 
 // Outbox describes the outbox table.
@@ -102,7 +108,8 @@ type Log struct {
 // Default returns the configuration with every default filled in.
 func Default() Config {
 	return Config{
-		Postgres: Postgres{Slot: "walbox", Publication: "walbox_outbox", CreatePublication: true, StatusInterval: 10 * time.Second},
+		Postgres: Postgres{Slot: "walbox", Publication: "walbox_outbox", CreatePublication: true, StatusInterval: 10 * time.Second,
+			OnSlotLost: "recreate", HeartbeatInterval: 30 * time.Second},
 		Outbox:   Outbox{Table: "public.outbox_events"},
 		NATS: NATS{URL: "nats://127.0.0.1:4222", AckTimeout: 10 * time.Second, Window: 1024,
 			DLQ: DLQ{Stream: "WALBOX_DLQ", SubjectPrefix: "walbox.dlq."}},
@@ -187,6 +194,12 @@ func (c *Config) Validate() error {
 	}
 	if c.Postgres.StatusInterval <= 0 || c.Postgres.StatusInterval > 30*time.Second {
 		bad("postgres.status_interval", "%s: must be between 1ms and 30s (the server drops replication after wal_sender_timeout, 60s by default)", c.Postgres.StatusInterval)
+	}
+	if c.Postgres.OnSlotLost != "recreate" && c.Postgres.OnSlotLost != "fail" {
+		bad("postgres.on_slot_lost", "%q: use recreate (republish unprocessed rows) or fail", c.Postgres.OnSlotLost)
+	}
+	if c.Postgres.HeartbeatInterval < 0 {
+		bad("postgres.heartbeat_interval", "must not be negative (0 turns the heartbeat off)")
 	}
 	if _, err := cdc.ParseTableName(c.Outbox.Table); err != nil {
 		bad("outbox.table", "%v", err)

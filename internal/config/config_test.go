@@ -116,21 +116,21 @@ log:
 		t.Fatalf("full config: %v", err)
 	}
 	f := false
-	want := Config{
-		Postgres: Postgres{URL: "postgres://u:p@db:5432/app?sslmode=require", Slot: "orders_relay", Publication: "orders_pub",
-			CreatePublication: false, StatusInterval: 5 * time.Second},
-		Outbox: Outbox{Table: "app.events", Columns: map[string]string{"id": "event_id", "topic": "subject"}},
-		NATS: NATS{URL: "nats://nats:4222", SubjectPrefix: "app.", AckTimeout: 3 * time.Second, Window: 256,
-			Streams: []Stream{
-				{Name: "ORDERS", Subjects: []string{"app.orders.>"}, Storage: "memory", Replicas: 3,
-					DuplicateWindow: 10 * time.Minute, MaxAge: 72 * time.Hour, Manage: &f},
-				{Name: "PAYMENTS", Subjects: []string{"app.payments.*", "app.refunds.*"}},
-			},
-			DLQ: DLQ{Stream: "DEAD", SubjectPrefix: "app.dead."}},
-		Retry:   Retry{Initial: 500 * time.Millisecond, Max: 30 * time.Second},
-		Metrics: Metrics{Listen: "0.0.0.0:9187"},
-		Log:     Log{Level: "debug", Format: "json"},
-	}
+	// Keys the file leaves out keep their defaults.
+	want := Default()
+	want.Postgres.URL, want.Postgres.Slot, want.Postgres.Publication = "postgres://u:p@db:5432/app?sslmode=require", "orders_relay", "orders_pub"
+	want.Postgres.CreatePublication, want.Postgres.StatusInterval = false, 5*time.Second
+	want.Outbox = Outbox{Table: "app.events", Columns: map[string]string{"id": "event_id", "topic": "subject"}}
+	want.NATS = NATS{URL: "nats://nats:4222", SubjectPrefix: "app.", AckTimeout: 3 * time.Second, Window: 256,
+		Streams: []Stream{
+			{Name: "ORDERS", Subjects: []string{"app.orders.>"}, Storage: "memory", Replicas: 3,
+				DuplicateWindow: 10 * time.Minute, MaxAge: 72 * time.Hour, Manage: &f},
+			{Name: "PAYMENTS", Subjects: []string{"app.payments.*", "app.refunds.*"}},
+		},
+		DLQ: DLQ{Stream: "DEAD", SubjectPrefix: "app.dead."}}
+	want.Retry = Retry{Initial: 500 * time.Millisecond, Max: 30 * time.Second}
+	want.Metrics = Metrics{Listen: "0.0.0.0:9187"}
+	want.Log = Log{Level: "debug", Format: "json"}
 	if !reflect.DeepEqual(cfg, want) {
 		t.Fatalf("loaded\n%+v\nwant\n%+v", cfg, want)
 	}

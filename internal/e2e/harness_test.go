@@ -165,6 +165,7 @@ func (e *env) witness(table string) *outboxtest.Witness {
 type inproc struct {
 	cancel context.CancelFunc
 	done   chan error
+	once   sync.Once
 }
 
 func (e *env) startRelay() *inproc {
@@ -186,6 +187,10 @@ func (e *env) startRelay() *inproc {
 }
 
 func (r *inproc) stop(t *testing.T) {
+	r.once.Do(func() { r.stopOnce(t) })
+}
+
+func (r *inproc) stopOnce(t *testing.T) {
 	r.cancel()
 	select {
 	case err, ok := <-r.done:
