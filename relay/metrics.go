@@ -15,6 +15,7 @@ type Metrics struct {
 	Backoffs      prometheus.Counter
 	Skipped       prometheus.Counter
 	SlotLost      prometheus.Counter
+	Leader        prometheus.Gauge
 }
 
 // NewMetrics creates the relay metrics and registers them on reg (nil: unregistered).
@@ -52,9 +53,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		SlotLost: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "walbox_slot_lost_total", Help: "Times the replication slot was found dropped or invalidated.",
 		}),
+		Leader: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "walbox_leader", Help: "1 while this relay holds the leader lock and streams, 0 while standby.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Published, m.PublishErrors, m.DeadLettered, m.InFlight, m.CommitToAck, m.PublishToAck, m.ConfirmedLSN, m.Backoffs, m.Skipped, m.SlotLost)
+		reg.MustRegister(m.Published, m.PublishErrors, m.DeadLettered, m.InFlight, m.CommitToAck, m.PublishToAck, m.ConfirmedLSN, m.Backoffs, m.Skipped, m.SlotLost, m.Leader)
 	}
 	return m
 }

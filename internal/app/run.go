@@ -128,12 +128,43 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 	}
 	log.Info().Str("postgres", redact(cfg.Postgres.URL)).Str("nats", cfg.NATS.URL).Str("slot", cfg.Postgres.Slot).
 		Str("table", table.String()).Int("window", cfg.NATS.Window).Msg("walbox relay starting")
-	err = r.Serve(ctx, src)
-	if err != nil {
-		return err
+	for {
+		// Several relays may run for one database: one holds the leader
+		// lock and streams, the others wait here and take over when it dies.
+		lead, err := cdc.AcquireLeadership(ctx, cfg.Postgres.URL, cfg.Postgres.Slot, time.Second, func() {
+			health.standby.Store(true)
+			log.Info().Str("slot", cfg.Postgres.Slot).Msg("standby: another walbox holds the leader lock for this slot; waiting to take over")
+		})
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("take leader lock: %w", err)
+		}
+		health.standby.Store(false)
+		metrics.Leader.Set(1)
+		log.Info().Str("slot", cfg.Postgres.Slot).Msg("leader: streaming")
+		runCtx, cancel := context.WithCancel(ctx)
+		go func() {
+			select {
+			case <-lead.Lost():
+				log.Warn().Msg("leader lock session lost; stopping to let a live relay lead")
+				cancel()
+			case <-runCtx.Done():
+			}
+		}()
+		err = r.Serve(runCtx, src)
+		cancel()
+		lead.Release()
+		metrics.Leader.Set(0)
+		if err != nil {
+			return err
+		}
+		if ctx.Err() != nil {
+			log.Info().Stringer("confirmed", src.Confirmed()).Msg("walbox relay stopped")
+			return nil
+		}
 	}
-	log.Info().Stringer("confirmed", src.Confirmed()).Msg("walbox relay stopped")
-	return nil
 }
 
 func redact(u string) string {

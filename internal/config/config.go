@@ -110,7 +110,7 @@ func Default() Config {
 	return Config{
 		Postgres: Postgres{Slot: "walbox", Publication: "walbox_outbox", CreatePublication: true, StatusInterval: 10 * time.Second,
 			OnSlotLost: "recreate", HeartbeatInterval: 30 * time.Second},
-		Outbox:   Outbox{Table: "public.outbox_events"},
+		Outbox: Outbox{Table: "public.outbox_events"},
 		NATS: NATS{URL: "nats://127.0.0.1:4222", AckTimeout: 10 * time.Second, Window: 1024,
 			DLQ: DLQ{Stream: "WALBOX_DLQ", SubjectPrefix: "walbox.dlq."}},
 		Retry:   Retry{Initial: time.Second, Max: 60 * time.Second},

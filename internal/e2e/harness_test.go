@@ -230,16 +230,25 @@ type proc struct {
 
 func (e *env) spawnRelay() *proc {
 	e.t.Helper()
+	p := e.startProc()
+	e.waitSlotActive(p)
+	return p
+}
+
+// startProc starts `walbox run` with extra environment (WALBOX_* overrides)
+// and returns at once.
+func (e *env) startProc(environ ...string) *proc {
+	e.t.Helper()
 	cfgFile := e.writeConfig()
 	p := &proc{done: make(chan struct{})}
 	p.cmd = exec.Command(s.binary, "run", "--config", cfgFile)
+	p.cmd.Env = append(os.Environ(), environ...)
 	p.cmd.Stdout = &lockedWriter{p}
 	p.cmd.Stderr = &lockedWriter{p}
 	if err := p.cmd.Start(); err != nil {
 		e.t.Fatal(err)
 	}
 	go func() { p.cmd.Wait(); close(p.done) }()
-	e.waitSlotActive(p)
 	e.t.Cleanup(func() {
 		p.cmd.Process.Kill()
 		<-p.done

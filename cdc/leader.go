@@ -1,0 +1,116 @@
+package cdc
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Leadership is a session-level advisory lock, derived from the slot name,
+// held on a connection of its own. With several relays per database one
+// holds it and streams; the others wait. When the holder dies its session
+// ends, PostgreSQL releases the lock, and a waiting relay takes over.
+// The slot itself admits one reader at a time, so the lock only coordinates:
+// correctness does not depend on it.
+type Leadership struct {
+	conn    *pgx.Conn
+	lost    chan struct{}
+	stop    chan struct{}
+	once    sync.Once
+	stopped sync.WaitGroup
+}
+
+// LockKeySQL is the advisory lock key expression for a slot.
+const lockKeySQL = "hashtextextended('walbox:' || $1, 0)"
+
+// AcquireLeadership blocks until this process holds the lock for slot, or ctx
+// ends. waiting is called once when another relay holds it.
+func AcquireLeadership(ctx context.Context, connString, slot string, poll time.Duration, waiting func()) (*Leadership, error) {
+	var conn *pgx.Conn
+	told := false
+	for {
+		if conn == nil || conn.IsClosed() {
+			c, err := pgx.Connect(ctx, connString)
+			if err != nil {
+				if ctx.Err() != nil {
+					return nil, ctx.Err()
+				}
+				if !sleepCtx(ctx, poll) {
+					return nil, ctx.Err()
+				}
+				continue
+			}
+			conn = c
+		}
+		var got bool
+		if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock("+lockKeySQL+")", slot).Scan(&got); err != nil {
+			conn.Close(context.WithoutCancel(ctx))
+			conn = nil
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+		} else if got {
+			l := &Leadership{conn: conn, lost: make(chan struct{}), stop: make(chan struct{})}
+			l.stopped.Add(1)
+			go l.watch(poll)
+			return l, nil
+		} else if !told && waiting != nil {
+			told = true
+			waiting()
+		}
+		if !sleepCtx(ctx, poll) {
+			if conn != nil {
+				conn.Close(context.WithoutCancel(ctx))
+			}
+			return nil, ctx.Err()
+		}
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// watch pings the lock's session; when it is gone, so is the lock.
+func (l *Leadership) watch(poll time.Duration) {
+	defer l.stopped.Done()
+	t := time.NewTicker(poll)
+	defer t.Stop()
+	for {
+		select {
+		case <-l.stop:
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), poll+5*time.Second)
+		err := l.conn.Ping(ctx)
+		cancel()
+		if err != nil {
+			close(l.lost)
+			return
+		}
+	}
+}
+
+// Lost is closed when the lock's session ended: stop streaming.
+func (l *Leadership) Lost() <-chan struct{} { return l.lost }
+
+// Release gives the lock up (closing its session).
+func (l *Leadership) Release() {
+	l.once.Do(func() {
+		close(l.stop)
+		l.stopped.Wait()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = l.conn.Close(ctx) // the session's end releases the lock either way
+	})
+}
