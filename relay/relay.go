@@ -158,7 +158,7 @@ type loop struct {
 	cur    []cdc.Change
 	curPos int
 
-	resumeAt map[string]cdc.Position // last position this source stored per stream
+	tails map[string]StoredTail // what each stream holds of this source, for the resume check
 }
 
 func (r *Relay) run(ctx context.Context, in <-chan []cdc.Change, conf Confirmer) error {
