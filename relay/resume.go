@@ -154,4 +154,3 @@ func (l *loop) alreadyStored(p *pending) bool {
 	// Backfilled events (commit LSN 0) have no WAL position to compare.
 	return p.ev.Pos.CommitLSN > 0 && p.ev.Pos.Less(tail.Oldest)
 }
-
