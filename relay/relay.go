@@ -305,6 +305,11 @@ func (l *loop) send(p *pending) {
 // publishFailed handles an error for p, either from PublishAsync or its ack.
 func (l *loop) publishFailed(p *pending, err error) {
 	class := l.r.sink.Classify(err)
+	if p.dlq && (errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse)) {
+		// The dead-letter stream was verified at start; if nothing answers
+		// for it now, someone removed it. Waiting would stall every event.
+		class = Permanent
+	}
 	if l.failing {
 		class = Transient // everything after the first failure is resent in order
 	}

@@ -2,9 +2,12 @@ package e2e
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/outboxtest"
 )
 
@@ -70,4 +73,77 @@ func TestPoisonEventsAreDeadLetteredAndNeverStopTheOthers(t *testing.T) {
 		}
 		t.Logf("dead letter %s on %s: %s", m.Header.Get("Nats-Msg-Id"), m.Subject, m.Header.Get("Walbox-Dlq-Reason"))
 	}
+}
+
+func TestTooLargeAndInvalidJSONPayloadsAreDeadLettered(t *testing.T) {
+	e := newEnv(t, func(c *config.Config) {
+		c.Outbox.Table = "public.text_outbox"
+		c.Outbox.Columns = map[string]string{"event_type": "", "aggregate_type": "", "aggregate_id": "", "partition_key": "", "headers": "", "stream": ""}
+	})
+	ctx := context.Background()
+	// A legacy table whose payload column is text: JSON is not enforced.
+	if _, err := e.pool.Exec(ctx, `CREATE TABLE text_outbox (id text primary key, topic text, payload text, created_at timestamptz default now())`); err != nil {
+		t.Fatal(err)
+	}
+	e.startRelay()
+	big := `{"blob":"` + strings.Repeat("x", 2<<20) + `"}` // above NATS's 1 MB max_payload
+	rows := [][3]string{
+		{"ok-1", "orders.created", `{"n":1}`},
+		{"bad-json", "orders.created", `{"n":`},
+		{"too-big", "orders.created", big},
+		{"ok-2", "orders.created", `{"n":2}`},
+	}
+	for _, r := range rows {
+		if _, err := e.pool.Exec(ctx, "INSERT INTO text_outbox (id, topic, payload) VALUES ($1, $2, $3)", r[0], r[1], r[2]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A NULL topic too.
+	if _, err := e.pool.Exec(ctx, "INSERT INTO text_outbox (id, topic, payload) VALUES ('null-topic', NULL, '{}')"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(ctx, "INSERT INTO text_outbox (id, topic, payload) VALUES ('ok-3', 'orders.created', '{}')"); err != nil {
+		t.Fatal(err)
+	}
+	e.waitDelivered(3, 30*time.Second)
+	got, err := outboxtest.ReadStream(ctx, e.js, "ORDERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(got, ",") != "ok-1,ok-2,ok-3" {
+		t.Fatalf("ORDERS holds %v, want ok-1, ok-2, ok-3", got)
+	}
+	dlq, _ := e.js.Stream(ctx, "WALBOX_DLQ")
+	reasons := map[string]string{}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(reasons) < 3 && time.Now().Before(deadline) {
+		info, _ := dlq.Info(ctx)
+		for seq := uint64(1); seq <= info.State.LastSeq; seq++ {
+			if m, err := dlq.GetMsg(ctx, seq); err == nil {
+				reasons[m.Header.Get("Nats-Msg-Id")] = m.Header.Get("Walbox-Dlq-Reason")
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for id, want := range map[string]string{"bad-json": "not valid JSON", "too-big": "max_payload", "null-topic": "topic is NULL"} {
+		if !strings.Contains(reasons[id], want) {
+			t.Errorf("dead letter %s: reason %q, want it to mention %q", id, reasons[id], want)
+		}
+	}
+}
+
+func TestMissingDeadLetterStreamDoesNotStopTheRelay(t *testing.T) {
+	e := newEnv(t)
+	e.migrate()
+	e.startRelay()
+	ctx := context.Background()
+	if err := e.js.DeleteStream(ctx, "WALBOX_DLQ"); err != nil {
+		t.Fatal(err)
+	}
+	for i, topic := range []string{"orders.created", "nobody.listens", "orders.created"} {
+		if _, err := e.pool.Exec(ctx, "INSERT INTO outbox_events (topic, payload) VALUES ($1, $2)", topic, fmt.Sprintf(`{"i":%d}`, i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.waitDelivered(2, 30*time.Second)
 }
