@@ -62,7 +62,15 @@ func (s *Source) backfill(ctx context.Context, snapshot string, consistent LSN, 
 	if _, ok := types["processed"]; ok {
 		where = " WHERE NOT processed"
 	}
+	// Commit order is what the stream promises. The table does not record
+	// it, but with track_commit_timestamp = on the commit time of each row's
+	// transaction does (xmin keeps a transaction's rows together); without
+	// it created_at, id is the best there is.
 	order := []string{}
+	var tct string
+	if err := tx.QueryRow(ctx, "SHOW track_commit_timestamp").Scan(&tct); err == nil && tct == "on" {
+		order = append(order, "pg_xact_commit_timestamp(xmin)", "xmin::text::bigint")
+	}
 	if c := s.cfg.Columns[RoleCreatedAt]; c != "" && types[c] != 0 {
 		order = append(order, QuoteIdent(c))
 	}

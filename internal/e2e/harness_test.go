@@ -60,6 +60,8 @@ func run(m *testing.M) int {
 		// Short, so a relay that stops sending status updates while NATS is
 		// down would be dropped within the test's outage.
 		pgtest.WithSetting("wal_sender_timeout", "5s"),
+		// Lets a recreated slot's backfill go out in commit order.
+		pgtest.WithSetting("track_commit_timestamp", "on"),
 	)
 }
 
