@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -67,6 +68,19 @@ type Relay struct {
 	router *Router
 	log    zerolog.Logger
 	m      *Metrics
+
+	// Read by the status writer from another goroutine.
+	oldestUnacked atomic.Int64  // commit time (unix ns) of the oldest event not yet acked; 0 when none
+	delivered     atomic.Uint64 // events that left the window
+}
+
+// Progress reports the commit time of the oldest event in flight (zero when
+// caught up) and how many events have been delivered so far.
+func (r *Relay) Progress() (oldestUnacked time.Time, delivered uint64) {
+	if ns := r.oldestUnacked.Load(); ns != 0 {
+		oldestUnacked = time.Unix(0, ns)
+	}
+	return oldestUnacked, r.delivered.Load()
 }
 
 // New returns a relay.
@@ -213,12 +227,36 @@ func (r *Relay) run(ctx context.Context, in <-chan []cdc.Change, conf Confirmer)
 			// keeps them from being stored twice.
 			l.refreshResume()
 		}
+		l.publishProgress()
 		if timerCh != nil && !timer.Stop() {
 			select {
 			case <-timer.C:
 			default:
 			}
 		}
+	}
+}
+
+// publishProgress records the oldest commit time still in flight, for lag.
+func (l *loop) publishProgress() {
+	var oldest time.Time
+	switch {
+	case len(l.retry) > 0:
+		oldest = l.retry[0].ev.CommitTime
+	case len(l.window) > 0:
+		oldest = l.window[0].ev.CommitTime
+	case l.curPos < len(l.cur):
+		for i := l.curPos; i < len(l.cur); i++ {
+			if l.cur[i].Kind == cdc.KindEvent {
+				oldest = l.cur[i].Event.CommitTime
+				break
+			}
+		}
+	}
+	if oldest.IsZero() {
+		l.r.oldestUnacked.Store(0)
+	} else {
+		l.r.oldestUnacked.Store(oldest.UnixNano())
 	}
 }
 
@@ -402,6 +440,7 @@ func (l *loop) done(p *pending, ack *jetstream.PubAck) {
 		}
 		l.r.cfg.OnDelivered(d)
 	}
+	l.r.delivered.Add(1)
 	l.confirm(l.ckpt.Ack(p.seq))
 }
 
