@@ -1,0 +1,272 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/walbox/walbox/consumer"
+	"github.com/walbox/walbox/internal/app"
+	walboxconfig "github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/internal/natstest"
+	"github.com/walbox/walbox/internal/pgtest"
+	"github.com/walbox/walbox/outbox"
+	walboxsql "github.com/walbox/walbox/sql"
+)
+
+var pg *pgtest.Cluster // set once by TestMain
+
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m, &pg)) }
+
+// syncBuffer is the consumer's stdout, read while it runs.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestUserGetsOneAccount is the whole example: users created with their
+// user.created events in the service's database, walbox relaying them, and
+// the consumer creating one account per user in its own database, also
+// when the whole stream is delivered again.
+func TestUserGetsOneAccount(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 55*time.Second)
+	defer cancel()
+	serviceDB, accountsDB := pg.NewDB(t), pg.NewDB(t)
+	natsURL := startWalbox(t, ctx, serviceDB)
+
+	// The producer side, as examples/producer does it.
+	service, err := pgxpool.New(ctx, serviceDB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer service.Close()
+	if _, err := service.Exec(ctx, "CREATE TABLE users (id text PRIMARY KEY, email text NOT NULL UNIQUE)"); err != nil {
+		t.Fatal(err)
+	}
+	const users = 5
+	for i := range users {
+		id, email := outbox.NewID(), fmt.Sprintf("user%d@example.com", i)
+		err := pgx.BeginFunc(ctx, service, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "INSERT INTO users (id, email) VALUES ($1, $2)", id, email); err != nil {
+				return err
+			}
+			return outbox.Write(ctx, tx, outbox.Event{Topic: "user.created", EventType: "user.created", AggregateType: "user",
+				AggregateID: id, Payload: UserCreated{UserID: id, Email: email}})
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	accounts, err := pgxpool.New(ctx, accountsDB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer accounts.Close()
+	args := []string{"-postgres-url", accountsDB, "-nats-url", natsURL}
+	noEnv := func(string) string { return "" }
+
+	// First run: every user gets an account.
+	out1 := startConsumer(t, ctx, args, noEnv)
+	waitFor(t, ctx, "5 accounts", func() bool {
+		var n int
+		err := accounts.QueryRow(ctx, "SELECT count(*) FROM accounts").Scan(&n) // the consumer creates the table
+		return err == nil && n == users
+	})
+	out1.stop()
+
+	// Replay: the durable consumer is recreated and delivers every event
+	// again; nothing is created twice.
+	nc, err := nats.Connect(natsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := js.DeleteConsumer(ctx, "USERS", "accounts"); err != nil {
+		t.Fatal(err)
+	}
+	out2 := startConsumer(t, ctx, args, noEnv)
+	waitFor(t, ctx, "the replay", func() bool { return strings.Count(out2.out.String(), ": duplicate") == users })
+	out2.stop()
+
+	n := count(t, accounts, "SELECT count(*) FROM accounts")
+	distinct := count(t, accounts, "SELECT count(DISTINCT user_id) FROM accounts")
+	records := count(t, accounts, "SELECT count(*) FROM walbox.processed_events WHERE consumer_group = 'accounts'")
+	t.Logf("first run:\n%sreplay:\n%s", out1.out.String(), out2.out.String())
+	t.Logf("%d users; accounts rows %d (distinct users %d); processed_events rows %d", users, n, distinct, records)
+	if n != users || distinct != users || records != users {
+		t.Errorf("want %d of each", users)
+	}
+	if c := count(t, accounts, "SELECT count(*) FROM accounts a JOIN walbox.processed_events p ON p.event_id = a.event_id"); c != users {
+		t.Errorf("%d accounts match an idempotency record, want %d", c, users)
+	}
+}
+
+type running struct {
+	out  *syncBuffer
+	stop func()
+}
+
+func startConsumer(t *testing.T, ctx context.Context, args []string, env func(string) string) running {
+	t.Helper()
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	out := &syncBuffer{}
+	go func() { done <- run(cctx, args, env, out) }()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("consumer: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return running{out: out, stop: stop}
+}
+
+func TestCreateAccountRejectsMalformedEvents(t *testing.T) {
+	for _, data := range []string{`{"user_id": `, `{"email": "x@example.com"}`} {
+		err := createAccount(context.Background(), nil, consumer.Message{ID: "e", Data: []byte(data)})
+		if !consumer.IsPermanent(err) {
+			t.Errorf("%s: %v, want a permanent error", data, err)
+		}
+	}
+}
+
+func TestConsumerFlags(t *testing.T) {
+	env := map[string]string{"DATABASE_URL": "postgres://db", "ACCOUNTS_DATABASE_URL": "postgres://accounts", "NATS_URL": "nats://n:4222"}
+	c, err := parseFlags([]string{"-stream", "ORDERS", "-subject", "orders.user.created"}, func(k string) string { return env[k] })
+	if err != nil || c.PostgresURL != "postgres://accounts" || c.NATSURL != "nats://n:4222" || c.Stream != "ORDERS" || c.Subject != "orders.user.created" || c.Durable != "accounts" {
+		t.Errorf("parseFlags = %+v, %v", c, err)
+	}
+	if _, err := parseFlags(nil, func(string) string { return "" }); err == nil {
+		t.Error("no database URL: accepted")
+	}
+}
+
+// TestCreateStreams: without walbox, -create-streams makes the streams the
+// consumer needs, and leaves existing ones alone.
+func TestCreateStreams(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	srv := natstest.New(t)
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := createStreams(ctx, js); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, name := range []string{"USERS", "WALBOX_DLQ"} {
+		if _, err := js.Stream(ctx, name); err != nil {
+			t.Errorf("stream %s: %v", name, err)
+		}
+	}
+}
+
+func count(t *testing.T, pool *pgxpool.Pool, query string) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), query).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", query, err)
+	}
+	return n
+}
+
+func waitFor(t *testing.T, ctx context.Context, what string, cond func() bool) {
+	t.Helper()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("timed out waiting for %s", what)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// startWalbox migrates the service database and runs the relay in-process
+// with stream USERS (and walbox's dead-letter stream), until the test ends.
+// It returns the NATS URL.
+func startWalbox(t *testing.T, ctx context.Context, dbURL string) string {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := walboxsql.Apply(ctx, conn, walboxsql.Params{}); err != nil {
+		t.Fatal(err)
+	}
+	var slot string
+	if err := conn.QueryRow(ctx, "SELECT current_database()").Scan(&slot); err != nil {
+		t.Fatal(err)
+	}
+	srv := natstest.New(t)
+	cfg := walboxconfig.Default()
+	cfg.Postgres.URL = dbURL
+	cfg.Postgres.Slot = slot
+	cfg.NATS.URL = srv.URL()
+	cfg.NATS.Streams = []walboxconfig.Stream{{Name: "USERS", Subjects: []string{"user.>"}, DuplicateWindow: 2 * time.Minute}}
+	cfg.Retry.Initial, cfg.Retry.Max = 100*time.Millisecond, time.Second
+	cfg.Metrics.Listen = ""
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	rctx, rcancel := context.WithCancel(context.Background())
+	ready, done := make(chan struct{}), make(chan error, 1)
+	go func() {
+		done <- app.Run(rctx, cfg, zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel), app.Options{Ready: ready})
+	}()
+	t.Cleanup(func() {
+		rcancel()
+		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("relay: %v", err)
+		}
+	})
+	select {
+	case <-ready:
+	case err := <-done:
+		done <- err
+		t.Fatalf("relay exited at start: %v", err)
+	case <-ctx.Done():
+		t.Fatal("relay did not start")
+	}
+	return srv.URL()
+}

@@ -1,0 +1,179 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/walbox/walbox/internal/app"
+	walboxconfig "github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/internal/natstest"
+	"github.com/walbox/walbox/internal/pgtest"
+	walboxsql "github.com/walbox/walbox/sql"
+)
+
+var pg *pgtest.Cluster // set once by TestMain
+
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m, &pg)) }
+
+// TestProducer runs the example against a real database, JetStream and the
+// relay: each created user yields one user.created message; a user that
+// cannot be created yields none.
+func TestProducer(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Second)
+	defer cancel()
+	dbURL := pg.NewDB(t)
+	js := startWalbox(t, ctx, dbURL)
+	env := func(string) string { return "" }
+
+	var out bytes.Buffer
+	if err := run(ctx, []string{"-postgres-url", dbURL, "-email", "ada@example.com", "-n", "2"}, env, &out); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("producer printed:\n%s", out.String())
+	if strings.Count(out.String(), "created; event") != 3 {
+		t.Fatalf("want 3 users")
+	}
+	// The email is taken: no user, no event.
+	if err := run(ctx, []string{"-postgres-url", dbURL, "-email", "ada@example.com"}, env, &out); err == nil || !strings.Contains(err.Error(), "create user ada@example.com") {
+		t.Fatalf("second ada: %v", err)
+	}
+	out.Reset()
+	if err := run(ctx, []string{"-postgres-url", dbURL, "-email", "last@example.com"}, env, &out); err != nil {
+		t.Fatal(err)
+	}
+
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	users := map[string]string{} // id -> email
+	rows, err := conn.Query(ctx, "SELECT id, email FROM users")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var id, email string
+		if err := rows.Scan(&id, &email); err != nil {
+			t.Fatal(err)
+		}
+		users[id] = email
+	}
+	if len(users) != 4 {
+		t.Fatalf("%d users, want 4", len(users))
+	}
+
+	cons, err := js.OrderedConsumer(ctx, "USERS", jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []UserCreated
+	for len(got) < 4 {
+		m, err := cons.Next(jetstream.FetchMaxWait(10 * time.Second))
+		if err != nil {
+			t.Fatalf("after %d messages: %v", len(got), err)
+		}
+		var ev UserCreated
+		if err := json.Unmarshal(m.Data(), &ev); err != nil {
+			t.Fatal(err)
+		}
+		if users[ev.UserID] != ev.Email || m.Headers().Get("Walbox-Aggregate-Id") != ev.UserID ||
+			m.Headers().Get("Walbox-Event-Type") != "user.created" || m.Subject() != "user.created" {
+			t.Errorf("message %s %s %v does not match a user", m.Subject(), m.Data(), m.Headers())
+		}
+		got = append(got, ev)
+	}
+	if got[3].Email != "last@example.com" {
+		t.Errorf("4th event is for %s: the failed user produced an event", got[3].Email)
+	}
+	if m, err := cons.Next(jetstream.FetchMaxWait(200 * time.Millisecond)); err == nil {
+		t.Errorf("unexpected extra message %s", m.Data())
+	}
+}
+
+func TestProducerFlags(t *testing.T) {
+	env := func(k string) string {
+		if k == "DATABASE_URL" {
+			return "postgres://from-env"
+		}
+		return ""
+	}
+	c, err := parseFlags([]string{"-n", "2", "-topic", "orders.user.created"}, env)
+	if err != nil || c.PostgresURL != "postgres://from-env" || len(c.Emails) != 2 || c.Topic != "orders.user.created" {
+		t.Errorf("parseFlags = %+v, %v", c, err)
+	}
+	if _, err := parseFlags(nil, env); err == nil {
+		t.Error("no users to create: accepted")
+	}
+	if _, err := parseFlags([]string{"-n", "1"}, func(string) string { return "" }); err == nil {
+		t.Error("no database URL: accepted")
+	}
+}
+
+// startWalbox migrates the database and runs the relay in-process with a
+// USERS stream, until the test ends.
+func startWalbox(t *testing.T, ctx context.Context, dbURL string) jetstream.JetStream {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := walboxsql.Apply(ctx, conn, walboxsql.Params{}); err != nil {
+		t.Fatal(err)
+	}
+	var slot string
+	if err := conn.QueryRow(ctx, "SELECT current_database()").Scan(&slot); err != nil {
+		t.Fatal(err)
+	}
+	srv := natstest.New(t)
+	cfg := walboxconfig.Default()
+	cfg.Postgres.URL = dbURL
+	cfg.Postgres.Slot = slot
+	cfg.NATS.URL = srv.URL()
+	cfg.NATS.Streams = []walboxconfig.Stream{{Name: "USERS", Subjects: []string{"user.>"}, DuplicateWindow: 2 * time.Minute}}
+	cfg.Retry.Initial, cfg.Retry.Max = 100*time.Millisecond, time.Second
+	cfg.Metrics.Listen = ""
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	rctx, rcancel := context.WithCancel(context.Background())
+	ready, done := make(chan struct{}), make(chan error, 1)
+	go func() {
+		done <- app.Run(rctx, cfg, zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel), app.Options{Ready: ready})
+	}()
+	t.Cleanup(func() {
+		rcancel()
+		if err := <-done; err != nil {
+			t.Errorf("relay: %v", err)
+		}
+	})
+	select {
+	case <-ready:
+	case err := <-done:
+		done <- err
+		t.Fatalf("relay exited at start: %v", err)
+	case <-ctx.Done():
+		t.Fatal("relay did not start")
+	}
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
