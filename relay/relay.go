@@ -155,7 +155,14 @@ type pending struct {
 	fut    jetstream.PubAckFuture
 	okCh   <-chan *jetstream.PubAck
 	errCh  <-chan error
+	epoch  uint64 // the connection it was published on
 }
+
+// errConnectionChanged stops publishing when the connection was replaced
+// under in-flight messages: the old connection may have lost some of them
+// while the new one stores the next, which would leave a gap (and, after the
+// resend, an order inversion) in the stream.
+var errConnectionChanged = errors.New("connection to the bus was re-established under in-flight publishes")
 
 // loop is the state of the publisher goroutine.
 type loop struct {
@@ -329,10 +336,19 @@ func (l *loop) send(p *pending) {
 		return
 	}
 	p.sentAt = time.Now()
+	epoch := l.r.sink.Epoch()
+	if len(l.window) > 0 && l.window[len(l.window)-1].epoch != epoch {
+		l.publishFailed(p, errConnectionChanged)
+		return
+	}
 	fut, err := l.r.sink.PublishAsync(p.msg)
 	if err != nil {
 		l.publishFailed(p, err)
 		return
+	}
+	p.epoch = epoch
+	if l.r.sink.Epoch() != epoch {
+		p.epoch = ^uint64(0) // reconnected during the call: which connection is unknown
 	}
 	p.fut = fut
 	p.okCh, p.errCh = fut.Ok(), fut.Err()

@@ -29,6 +29,11 @@ type Sink interface {
 	Classify(err error) ErrorClass
 	// MaxPayload is the largest message the server takes (0 when unknown).
 	MaxPayload() int
+	// Epoch changes whenever the connection is re-established. Messages of
+	// one window must travel on one connection: only then does the server
+	// store a prefix of them when it fails, never a later one without an
+	// earlier one.
+	Epoch() uint64
 }
 
 // JetStreamSink publishes to JetStream with PublishMsgAsync.
@@ -64,6 +69,9 @@ func (s *JetStreamSink) JetStream() jetstream.JetStream { return s.js }
 func (s *JetStreamSink) PublishAsync(m *nats.Msg) (jetstream.PubAckFuture, error) {
 	return s.js.PublishMsgAsync(m, s.opts...)
 }
+
+// Epoch implements Sink: the client's reconnect count.
+func (s *JetStreamSink) Epoch() uint64 { return s.nc.Stats().Reconnects }
 
 // MaxPayload implements Sink.
 func (s *JetStreamSink) MaxPayload() int { return int(s.nc.MaxPayload()) }
