@@ -42,6 +42,8 @@ type Config struct {
 	FailOnSlotLost bool
 	// OnSlotLost, if set, is told each time the slot was found lost.
 	OnSlotLost func(reason string)
+	// OnReconnect, if set, is called before each reconnection attempt.
+	OnReconnect func()
 	// HeartbeatInterval: when the confirmed position has not moved for this
 	// long, emit pg_logical_emit_message(false, 'walbox.heartbeat', ...) so an
 	// idle outbox in a busy cluster holds no WAL back. 0 turns it off.
@@ -147,6 +149,9 @@ func (s *Source) Run(ctx context.Context, out chan<- []Change) error {
 		}
 		wait := bo.NextBackOff()
 		s.log.Warn().Err(err).Dur("retry_in", wait).Msg("replication stream interrupted; reconnecting")
+		if s.cfg.OnReconnect != nil {
+			s.cfg.OnReconnect()
+		}
 		select {
 		case <-ctx.Done():
 			return nil

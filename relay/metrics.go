@@ -16,6 +16,15 @@ type Metrics struct {
 	Skipped       prometheus.Counter
 	SlotLost      prometheus.Counter
 	Leader        prometheus.Gauge
+
+	SlotLagBytes    prometheus.Gauge
+	SlotLagSeconds  prometheus.Gauge
+	SlotRetainedWAL prometheus.Gauge
+	SlotSafeWALSize prometheus.Gauge
+	SlotWALStatus   *prometheus.GaugeVec
+	SlotActive      prometheus.Gauge
+	ReplicationLagS prometheus.Gauge
+	Reconnects      *prometheus.CounterVec
 }
 
 // NewMetrics creates the relay metrics and registers them on reg (nil: unregistered).
@@ -56,9 +65,34 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Leader: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "walbox_leader", Help: "1 while this relay holds the leader lock and streams, 0 while standby.",
 		}),
+		SlotLagBytes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "walbox_slot_lag_bytes", Help: "WAL not yet confirmed by walbox (current LSN - confirmed_flush_lsn).",
+		}),
+		SlotLagSeconds: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "walbox_slot_lag_seconds", Help: "Age of the oldest committed event not yet acked by JetStream (0 when caught up).",
+		}),
+		SlotRetainedWAL: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "walbox_slot_retained_wal_bytes", Help: "WAL the slot keeps on disk (current LSN - restart_lsn).",
+		}),
+		SlotSafeWALSize: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "walbox_slot_safe_wal_size_bytes", Help: "WAL that may still be written before the slot risks invalidation (-1: unlimited).",
+		}),
+		SlotWALStatus: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "walbox_slot_wal_status", Help: "1 for the slot's current wal_status (reserved, extended, unreserved, lost, missing).",
+		}, []string{"status"}),
+		SlotActive: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "walbox_slot_active", Help: "1 while a walsender streams from the slot.",
+		}),
+		ReplicationLagS: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "walbox_replication_lag_seconds", Help: "The walsender's replay lag for walbox's connection.",
+		}),
+		Reconnects: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "walbox_reconnects_total", Help: "Reconnections, by side (postgres, nats).",
+		}, []string{"side"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Published, m.PublishErrors, m.DeadLettered, m.InFlight, m.CommitToAck, m.PublishToAck, m.ConfirmedLSN, m.Backoffs, m.Skipped, m.SlotLost, m.Leader)
+		reg.MustRegister(m.Published, m.PublishErrors, m.DeadLettered, m.InFlight, m.CommitToAck, m.PublishToAck, m.ConfirmedLSN, m.Backoffs, m.Skipped, m.SlotLost, m.Leader,
+			m.SlotLagBytes, m.SlotLagSeconds, m.SlotRetainedWAL, m.SlotSafeWALSize, m.SlotWALStatus, m.SlotActive, m.ReplicationLagS, m.Reconnects)
 	}
 	return m
 }

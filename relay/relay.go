@@ -196,6 +196,13 @@ func (r *Relay) run(ctx context.Context, in <-chan []cdc.Change, conf Confirmer)
 
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
+	// A progress line every minute, and every 5 s while work waits and
+	// nothing moves, tells an operator (and a failing fault test) what the
+	// publisher is doing.
+	progress := time.NewTicker(5 * time.Second)
+	defer progress.Stop()
+	var lastDelivered uint64
+	ticks := 0
 	for {
 		if ctx.Err() != nil {
 			return l.drain()
@@ -227,6 +234,18 @@ func (r *Relay) run(ctx context.Context, in <-chan []cdc.Change, conf Confirmer)
 			l.drainResolved()
 		case b := <-inCh:
 			l.cur, l.curPos = b, 0
+		case <-progress.C:
+			ticks++
+			_, delivered := r.Progress()
+			waiting := len(l.window) > 0 || len(l.retry) > 0 || l.curPos < len(l.cur)
+			stuck := waiting && delivered == lastDelivered
+			lastDelivered = delivered
+			if !stuck && ticks%12 != 0 {
+				break
+			}
+			r.log.Info().Uint64("delivered", delivered).Int("inflight", len(l.window)).Int("to_resend", len(l.retry)).
+				Bool("failing", l.failing).Bool("backing_off", !l.resume.IsZero()).Int("batch_left", len(l.cur)-l.curPos).
+				Stringer("confirmed", l.ckpt.Confirmed()).Bool("stuck", stuck).Msg("publisher progress")
 		case <-timerCh:
 			l.resume = time.Time{}
 			// Acks lost in the outage may hide stored events; after an

@@ -38,7 +38,9 @@ func TestChaos(t *testing.T) {
 	start := time.Now()
 	for time.Since(start) < duration {
 		time.Sleep(time.Duration(1500+rng.IntN(2500)) * time.Millisecond)
-		switch kind := []string{"relay_kill9", "nats_restart", "postgres_restart", "slot_drop"}[rng.IntN(4)]; kind {
+		kind := []string{"relay_kill9", "nats_restart", "postgres_restart", "slot_drop"}[rng.IntN(4)]
+		t.Logf("%s fault: %s", time.Now().UTC().Format("15:04:05.000"), kind)
+		switch kind {
 		case "relay_kill9":
 			relay.signal(t, syscall.SIGKILL)
 			relay = e.spawnRelay()
