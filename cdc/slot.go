@@ -140,8 +140,19 @@ func (s *Source) ensureSlot(ctx context.Context, conn *pgconn.PgConn) (*pglogrep
 		return nil, &PreconditionError{What: fmt.Sprintf("replication slot %q uses plugin %q, not pgoutput", slot, info.Plugin),
 			Fix: fmt.Sprintf("choose another postgres.slot, or drop it (SELECT pg_drop_replication_slot('%s')) if nothing else uses it", slot)}
 	}
+	pending, err := s.backfillPending(ctx)
+	if err != nil {
+		return nil, err
+	}
 	lost := ""
 	switch {
+	case info.Exists && pending:
+		// Not a loss: walbox's own unfinished work. Always redone.
+		s.log.Warn().Str("slot", slot).Msg("the slot was created by a backfill that did not finish (walbox.slot_backfill still names it); recreating it and backfilling again")
+		if err := pglogrepl.DropReplicationSlot(ctx, conn, slot, pglogrepl.DropReplicationSlotOptions{}); err != nil {
+			return nil, fmt.Errorf("drop slot %s of an unfinished backfill: %w", slot, err)
+		}
+		info.Exists = false
 	case info.Exists && info.WALStatus == "lost":
 		lost = fmt.Sprintf("replication slot %q was invalidated (wal_status 'lost'): the WAL it needed was removed, probably because max_slot_wal_keep_size was exceeded while walbox was behind or away", slot)
 	case !info.Exists && s.hadSlot.Load():
@@ -164,6 +175,9 @@ func (s *Source) ensureSlot(ctx context.Context, conn *pgconn.PgConn) (*pglogrep
 	} else if info.Exists {
 		s.hadSlot.Store(true)
 		return nil, nil
+	}
+	if err := s.markBackfillStarted(ctx); err != nil {
+		return nil, err
 	}
 	res, err := pglogrepl.CreateReplicationSlot(ctx, conn, slot, "pgoutput",
 		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "EXPORT_SNAPSHOT"})

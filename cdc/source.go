@@ -76,6 +76,8 @@ type Source struct {
 	received  atomic.Uint64 // last WAL position received, for lag
 	connected atomic.Bool
 	hadSlot   atomic.Bool // the slot existed during this process: its absence is a loss
+
+	noMarkerWarned atomic.Bool
 }
 
 // NewSource validates cfg and returns a Source.
@@ -222,6 +224,7 @@ func (s *Source) session(ctx context.Context, out chan<- []Change) (streamed boo
 			return false, err
 		}
 		prefix = nil
+		go s.clearMarkerWhenConfirmed(ctx, consistent)
 	}
 
 	// Start at LSN 0: on an existing slot the server resumes at

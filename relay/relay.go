@@ -286,6 +286,9 @@ func (l *loop) publishProgress() {
 	}
 }
 
+// canPublish: not failing and not backing off.
+func (l *loop) canPublish() bool { return !l.failing && l.resume.IsZero() }
+
 // canRead: a new batch is taken only when the current one is done, nothing
 // waits to be resent, and the publisher is not failing.
 func (l *loop) canRead() bool {
@@ -294,15 +297,14 @@ func (l *loop) canRead() bool {
 
 // fill publishes resends first, then the current batch, while the window has room.
 func (l *loop) fill() {
-	if l.failing || !l.resume.IsZero() {
-		return
-	}
-	for len(l.retry) > 0 && len(l.window) < l.r.cfg.Window && !l.failing {
+	// Every send may fail and start a back-off: check before each one, or
+	// a dead connection turns this into a hot loop over the resend list.
+	for len(l.retry) > 0 && len(l.window) < l.r.cfg.Window && l.canPublish() {
 		p := l.retry[0]
 		l.retry = l.retry[1:]
 		l.send(p)
 	}
-	for len(l.retry) == 0 && l.curPos < len(l.cur) && len(l.window) < l.r.cfg.Window && !l.failing {
+	for len(l.retry) == 0 && l.curPos < len(l.cur) && len(l.window) < l.r.cfg.Window && l.canPublish() {
 		c := &l.cur[l.curPos]
 		if c.Kind == cdc.KindReset && len(l.window) > 0 {
 			return // the window must settle before the stream starts over

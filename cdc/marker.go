@@ -1,0 +1,90 @@
+package cdc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// The backfill marker (walbox.slot_backfill) makes a backfill durable: the
+// slot's confirmed position starts at its consistent point, so once the slot
+// exists the server never sends the snapshot's rows. If walbox stopped before
+// every backfilled row was acked, only the marker says so.
+
+func isMissingTable(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000")
+}
+
+// markerExec runs one statement on a short-lived regular connection.
+func (s *Source) markerExec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, s.cfg.ConnString)
+	if err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	return conn.Exec(ctx, sql, args...)
+}
+
+// backfillPending reports whether an earlier backfill of this slot did not
+// finish. A missing marker table (migrations not applied) reads as no.
+func (s *Source) backfillPending(ctx context.Context) (bool, error) {
+	tag, err := s.markerExec(ctx, "SELECT 1 FROM walbox.slot_backfill WHERE slot_name = $1", s.cfg.Slot)
+	if isMissingTable(err) {
+		s.warnNoMarker()
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read backfill marker: %w", err)
+	}
+	return tag.RowsAffected() > 0, nil
+}
+
+// markBackfillStarted writes the marker before the slot is created.
+func (s *Source) markBackfillStarted(ctx context.Context) error {
+	_, err := s.markerExec(ctx, `INSERT INTO walbox.slot_backfill (slot_name) VALUES ($1)
+		ON CONFLICT (slot_name) DO UPDATE SET started_at = now(), consistent_lsn = NULL`, s.cfg.Slot)
+	if isMissingTable(err) {
+		s.warnNoMarker()
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("write backfill marker: %w", err)
+	}
+	return nil
+}
+
+func (s *Source) warnNoMarker() {
+	if s.noMarkerWarned.CompareAndSwap(false, true) {
+		s.log.Warn().Msg("walbox.slot_backfill does not exist (run `walbox migrate`): a backfill interrupted by a crash cannot be detected and redone")
+	}
+}
+
+// clearMarkerWhenConfirmed deletes the marker once the relay has confirmed
+// the backfill's consistent point, i.e. acked every backfilled row.
+func (s *Source) clearMarkerWhenConfirmed(ctx context.Context, consistent LSN) {
+	t := time.NewTicker(200 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if s.Confirmed() < consistent {
+			continue
+		}
+		_, err := s.markerExec(ctx, "DELETE FROM walbox.slot_backfill WHERE slot_name = $1", s.cfg.Slot)
+		if err == nil || isMissingTable(err) {
+			s.log.Info().Stringer("consistent_point", consistent).Msg("backfill acked in full")
+			return
+		}
+		s.log.Debug().Err(err).Msg("clear backfill marker; retrying")
+	}
+}

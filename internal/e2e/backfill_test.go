@@ -1,0 +1,67 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/walbox/walbox/internal/outboxtest"
+)
+
+// TestBackfillInterruptedByCrashIsRedone kills the relay while it publishes
+// the rows of its first snapshot. The slot already exists then, and its
+// stream starts after the snapshot: only the backfill marker tells the next
+// start that those rows still have to go out.
+func TestBackfillInterruptedByCrashIsRedone(t *testing.T) {
+	e := newEnv(t)
+	e.migrate()
+	ctx := context.Background()
+	const rows = 60000
+	if _, err := e.pool.Exec(ctx, fmt.Sprintf(`INSERT INTO outbox_events (topic, payload)
+		SELECT 'orders.created', jsonb_build_object('n', g) FROM generate_series(1, %d) g`, rows)); err != nil {
+		t.Fatal(err)
+	}
+	p := e.spawnRelay()
+	// Kill once some, not all, of the backfill is stored.
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		st, err := e.js.Stream(ctx, "ORDERS")
+		if err == nil {
+			if info, err := st.Info(ctx); err == nil && info.State.Msgs > 0 {
+				if info.State.Msgs >= rows {
+					t.Fatalf("backfill finished before the kill (%d stored): the test cannot interrupt it", info.State.Msgs)
+				}
+				t.Logf("killing the relay with %d of %d backfilled rows stored", info.State.Msgs, rows)
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("backfill did not start")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	p.signal(t, syscall.SIGKILL)
+	e.spawnRelay()
+	idsRows, err := e.pool.Query(ctx, "SELECT id::text FROM outbox_events ORDER BY created_at, id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := pgx.CollectRows(idsRows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.waitDelivered(rows, 90*time.Second)
+	streams, err := outboxtest.ReadStreams(ctx, e.js, "ORDERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := outboxtest.Check(ids, nil, streams)
+	t.Logf("checker: %s", rep)
+	if rep.Lost+rep.Duplicated != 0 {
+		t.Fatalf("guarantees broken: %s", rep)
+	}
+}
