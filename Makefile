@@ -31,5 +31,12 @@ demo: build
 	@bash scripts/ensure-postgres.sh
 	./$(BIN) dev $(DEMO_ARGS)
 
+# Random faults (relay kill -9, NATS and PostgreSQL restarts, slot drops) under
+# load, judged by the one checker. CHAOS_DURATION=10m for longer (30 s of it
+# runs in `make test`).
+CHAOS_DURATION ?= 3m
+chaos:
+	WALBOX_CHAOS_DURATION=$(CHAOS_DURATION) $(GO) test -race -count=1 -v -run 'TestChaos$$' -timeout 60m ./internal/e2e
+
 clean:
 	rm -rf bin .walbox-dev
