@@ -55,6 +55,12 @@ func Render(p Params) ([]Migration, error) {
 	p = p.withDefaults()
 	table := quoteIdent(p.Schema) + "." + quoteIdent(p.Table)
 	def := quoteIdent(p.Schema) + "." + quoteIdent(p.Table+"_default")
+	// The archive table (relay/sweep names it the same way).
+	archiveName := p.Table + "_archive"
+	if p.Schema != "public" {
+		archiveName = p.Schema + "_" + archiveName
+	}
+	archive := "walbox." + quoteIdent(archiveName)
 	vars := map[string]string{
 		"Table":                   table,
 		"TableLiteral":            quoteLiteral(table),
@@ -63,6 +69,8 @@ func Render(p Params) ([]Migration, error) {
 		"UnprocessedIndex":        quoteIdent(p.Table + "_unprocessed_idx"),
 		"Publication":             quoteIdent(p.Publication),
 		"PublicationLiteral":      quoteLiteral(p.Publication),
+		"ArchiveTable":            archive,
+		"ArchiveIndex":            quoteIdent(archiveName + "_created_idx"),
 	}
 	names, err := fs.Glob(files, "*.sql")
 	if err != nil {

@@ -44,6 +44,7 @@ func newRootCmd() *cobra.Command {
 	root.PersistentFlags().String("postgres-url", "", "PostgreSQL URL (overrides postgres.url, env WALBOX_POSTGRES_URL)")
 	root.PersistentFlags().String("nats-url", "", "NATS URL (overrides nats.url, env WALBOX_NATS_URL)")
 	root.PersistentFlags().String("log-level", "", "log level: debug, info, warn, error (overrides log.level)")
-	root.AddCommand(newRunCmd(), newMigrateCmd(), newDevCmd())
+	root.AddCommand(newRunCmd(), newMigrateCmd(), newDevCmd(), newArchiveCmd(),
+		newDoctorCmd(), newSlotCmd(), newStatusCmd(), newTailCmd(), newReplayCmd(), newDLQCmd())
 	return root
 }

@@ -9,20 +9,29 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 
+	"github.com/walbox/walbox/internal/ops"
 	walboxsql "github.com/walbox/walbox/sql"
 )
 
 func newMigrateCmd() *cobra.Command {
-	var printOnly bool
+	var printOnly, printGrants bool
+	var role string
 	cmd := &cobra.Command{
 		Use:   "migrate",
 		Short: "Create the outbox table, its partitions, the walbox schema and the publication",
 		Long: `migrate applies walbox's numbered SQL migrations (idempotent: applied ones
-are skipped). With --print it prints the SQL instead, for a DBA who applies DDL by hand.`,
+are skipped). With --print it prints the SQL instead, for a DBA who applies DDL by hand.
+With --print-grants it prints a least-privilege role recipe for walbox run
+(--role names the role): migrate runs as the table owner, walbox run as that
+role with postgres.create_publication: false.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := loadConfig(cmd)
 			t := tableOf(cfg)
 			params := walboxsql.Params{Schema: t.Schema, Table: t.Name, Publication: cfg.Postgres.Publication}
+			if printGrants {
+				fmt.Fprint(cmd.OutOrStdout(), ops.Grants(cfg, role))
+				return nil
+			}
 			if printOnly {
 				s, perr := walboxsql.Print(params)
 				if perr != nil {
@@ -55,5 +64,7 @@ are skipped). With --print it prints the SQL instead, for a DBA who applies DDL 
 		},
 	}
 	cmd.Flags().BoolVar(&printOnly, "print", false, "print the SQL instead of applying it")
+	cmd.Flags().BoolVar(&printGrants, "print-grants", false, "print a least-privilege role recipe (CREATE ROLE, GRANTs) for walbox run")
+	cmd.Flags().StringVar(&role, "role", "walbox", "role name for --print-grants")
 	return cmd
 }

@@ -68,6 +68,7 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 		BackoffMax:        cfg.Retry.Max,
 		FailOnSlotLost:    cfg.Postgres.OnSlotLost == "fail",
 		OnSlotLost:        func(string) { metrics.SlotLost.Inc() },
+		OnReconnect:       func() { metrics.Reconnects.WithLabelValues("postgres").Inc() },
 		HeartbeatInterval: cfg.Postgres.HeartbeatInterval,
 		Logger:            log,
 	})
@@ -75,7 +76,7 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 		return err
 	}
 
-	nc, err := connectNATS(ctx, cfg, log)
+	nc, err := connectNATS(ctx, cfg, log, metrics)
 	if err != nil {
 		return err
 	}
@@ -104,12 +105,21 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 	}
 	source := pgcfg.Database + "/" + cfg.Postgres.Slot
 	router := relay.NewRouter(cfg.NATS.SubjectPrefix, source, routes)
+	// The sweeper marks acked rows and maintains partitions and the archive;
+	// stopping it writes the marks of the relay's final acks.
+	sw, err := NewSweeper(cfg, log, reg)
+	if err != nil {
+		return err
+	}
+	sw.SetConfirmed(src.Confirmed)
+	stopSweeper := sw.Start(ctx)
+	defer stopSweeper()
 	r := relay.New(relay.Config{
 		Window:         cfg.NATS.Window,
 		DLQPrefix:      cfg.NATS.DLQ.SubjectPrefix,
 		BackoffInitial: cfg.Retry.Initial,
 		BackoffMax:     cfg.Retry.Max,
-		OnDelivered:    opts.OnDelivered,
+		OnDelivered:    sw.Hook(opts.OnDelivered),
 		Metrics:        metrics,
 		Logger:         log,
 	}, sink, router)
@@ -126,7 +136,7 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 			close(opts.Ready)
 		}()
 	}
-	log.Info().Str("postgres", redact(cfg.Postgres.URL)).Str("nats", cfg.NATS.URL).Str("slot", cfg.Postgres.Slot).
+	log.Info().Str("postgres", redact(cfg.Postgres.URL)).Str("nats", RedactNATSURL(cfg.NATS.URL)).Str("slot", cfg.Postgres.Slot).
 		Str("table", table.String()).Int("window", cfg.NATS.Window).Msg("walbox relay starting")
 	for {
 		// Several relays may run for one database: one holds the leader
@@ -153,6 +163,9 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 			case <-runCtx.Done():
 			}
 		}()
+		status := &relay.StatusWriter{ConnString: cfg.Postgres.URL, Slot: cfg.Postgres.Slot, Relay: r, Confirmed: src.Confirmed, Log: log}
+		go status.Run(runCtx)
+		go monitorSlot(runCtx, cfg.Postgres.URL, cfg.Postgres.Slot, 5*time.Second, r, metrics, log)
 		err = r.Serve(runCtx, src)
 		cancel()
 		lead.Release()
@@ -178,9 +191,13 @@ func redact(u string) string {
 // connectNATS connects with unlimited reconnects. The reconnect buffer is off:
 // while disconnected a publish fails at once, and the relay backs off and
 // resends in order, instead of the library buffering behind its back.
-func connectNATS(ctx context.Context, cfg config.Config, log zerolog.Logger) (*nats.Conn, error) {
+func connectNATS(ctx context.Context, cfg config.Config, log zerolog.Logger, m *relay.Metrics) (*nats.Conn, error) {
 	nlog := log.With().Str("component", "nats").Logger()
-	nc, err := nats.Connect(cfg.NATS.URL,
+	auth, err := NATSOptions(cfg.NATS)
+	if err != nil {
+		return nil, err
+	}
+	nc, err := nats.Connect(cfg.NATS.URL, append(auth,
 		nats.Name("walbox"),
 		nats.RetryOnFailedConnect(true),
 		nats.MaxReconnects(-1),
@@ -194,11 +211,12 @@ func connectNATS(ctx context.Context, cfg config.Config, log zerolog.Logger) (*n
 			nlog.Warn().Err(err).Msg("disconnected from NATS")
 		}),
 		nats.ReconnectHandler(func(c *nats.Conn) {
+			m.Reconnects.WithLabelValues("nats").Inc()
 			nlog.Info().Str("url", c.ConnectedUrlRedacted()).Msg("reconnected to NATS")
 		}),
-	)
+	)...)
 	if err != nil {
-		return nil, &cdc.ConfigError{Key: "nats.url", Msg: err.Error()}
+		return nil, &cdc.ConfigError{Key: "nats.url", Msg: ScrubNATSError(err, cfg.NATS)}
 	}
 	return nc, nil
 }

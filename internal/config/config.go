@@ -28,6 +28,8 @@ type Config struct {
 	Retry    Retry    `yaml:"retry" envPrefix:"RETRY_"`
 	Metrics  Metrics  `yaml:"metrics" envPrefix:"METRICS_"`
 	Log      Log      `yaml:"log" envPrefix:"LOG_"`
+	Sweeper  Sweeper  `yaml:"sweeper" envPrefix:"SWEEPER_"`
+	Archive  Archive  `yaml:"archive" envPrefix:"ARCHIVE_"`
 }
 
 // Postgres is the database side.
@@ -67,6 +69,13 @@ type NATS struct {
 	Window        int           `yaml:"window" env:"WINDOW"`
 	Streams       []Stream      `yaml:"streams"`
 	DLQ           DLQ           `yaml:"dlq" envPrefix:"DLQ_"`
+	// TLS and authentication (nats_auth.go). Secrets never reach logs.
+	TLS         NATSTLS `yaml:"tls" envPrefix:"TLS_"`
+	Credentials string  `yaml:"credentials" env:"CREDENTIALS"`
+	NKey        string  `yaml:"nkey" env:"NKEY"`
+	User        string  `yaml:"user" env:"USER"`
+	Password    string  `yaml:"password" env:"PASSWORD"`
+	Token       string  `yaml:"token" env:"TOKEN"`
 }
 
 // Stream is one JetStream stream.
@@ -105,6 +114,48 @@ type Log struct {
 	Format string `yaml:"format" env:"FORMAT"` // auto, json, console
 }
 
+// Sweeper marks rows processed after their ack and keeps partitions ahead.
+type Sweeper struct {
+	// MarkProcessed: set processed/processed_at after the JetStream ack and
+	// error/attempts for dead letters. false: walbox never updates rows.
+	MarkProcessed bool `yaml:"mark_processed" env:"MARK_PROCESSED"`
+	// BatchSize is the most rows one UPDATE marks.
+	BatchSize int `yaml:"batch_size" env:"BATCH_SIZE"`
+	// Interval: how long a partial batch waits before it is written.
+	Interval time.Duration `yaml:"interval" env:"INTERVAL"`
+	// PartitionStep is day or month; PartitionsAhead, in days.
+	PartitionStep   string `yaml:"partition_step" env:"PARTITION_STEP"`
+	PartitionsAhead int    `yaml:"partitions_ahead" env:"PARTITIONS_AHEAD"`
+}
+
+// Archive moves old processed rows out of the outbox, to cold storage, and
+// deletes them after the retention age.
+type Archive struct {
+	// After: partitions (rows, when unpartitioned) older than this whose rows
+	// are all processed move to walbox.<table>_archive. 0 turns archival off.
+	After time.Duration `yaml:"after" env:"AFTER"`
+	// ExportAfter: archived partitions older than this are exported to Dir
+	// or S3 and dropped. 0 turns export off.
+	ExportAfter time.Duration `yaml:"export_after" env:"EXPORT_AFTER"`
+	// DeleteAfter: exports whose newest row is older than this are deleted.
+	// 0 keeps them forever.
+	DeleteAfter time.Duration `yaml:"delete_after" env:"DELETE_AFTER"`
+	// Dir is a local directory for exports.
+	Dir string `yaml:"dir" env:"DIR"`
+	// S3 is an S3-compatible bucket for exports.
+	S3 S3 `yaml:"s3" envPrefix:"S3_"`
+}
+
+// S3 locates an S3-compatible bucket.
+type S3 struct {
+	Endpoint  string `yaml:"endpoint" env:"ENDPOINT"` // host[:port], no scheme
+	Bucket    string `yaml:"bucket" env:"BUCKET"`
+	Prefix    string `yaml:"prefix" env:"PREFIX"`
+	AccessKey string `yaml:"access_key" env:"ACCESS_KEY"`
+	SecretKey string `yaml:"secret_key" env:"SECRET_KEY"`
+	UseSSL    bool   `yaml:"use_ssl" env:"USE_SSL"`
+}
+
 // Default returns the configuration with every default filled in.
 func Default() Config {
 	return Config{
@@ -116,6 +167,8 @@ func Default() Config {
 		Retry:   Retry{Initial: time.Second, Max: 60 * time.Second},
 		Metrics: Metrics{Listen: "127.0.0.1:9187"},
 		Log:     Log{Level: "info", Format: "auto"},
+		Sweeper: Sweeper{MarkProcessed: true, BatchSize: 1000, Interval: 200 * time.Millisecond, PartitionStep: "day", PartitionsAhead: 7},
+		Archive: Archive{After: 90 * 24 * time.Hour, DeleteAfter: 3 * 365 * 24 * time.Hour, S3: S3{UseSSL: true}},
 	}
 }
 
@@ -143,7 +196,8 @@ var notFoundRe = regexp.MustCompile(`field (\S+) not found in type config\.(\w+)
 
 var sectionOf = map[string]string{
 	"Config": "", "Postgres": "postgres.", "Outbox": "outbox.", "NATS": "nats.", "Stream": "nats.streams[].",
-	"DLQ": "nats.dlq.", "Retry": "retry.", "Metrics": "metrics.", "Log": "log.",
+	"DLQ": "nats.dlq.", "NATSTLS": "nats.tls.", "Retry": "retry.", "Metrics": "metrics.", "Log": "log.",
+	"Sweeper": "sweeper.", "Archive": "archive.", "S3": "archive.s3.",
 }
 
 func decodeYAML(data []byte, cfg *Config) error {
@@ -285,6 +339,8 @@ func (c *Config) Validate() error {
 	default:
 		bad("log.level", "%q: use debug, info, warn or error", c.Log.Level)
 	}
+	c.validateSweeper(bad)
+	c.validateNATSAuth(bad)
 	if len(errs) > 0 {
 		return fmt.Errorf("invalid configuration:\n  %s", strings.Join(errs, "\n  "))
 	}

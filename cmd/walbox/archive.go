@@ -1,0 +1,115 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/walbox/walbox/internal/app"
+	"github.com/walbox/walbox/relay/sweep"
+)
+
+func newArchiveCmd() *cobra.Command {
+	var dryRun, now bool
+	cmd := &cobra.Command{
+		Use:   "archive",
+		Short: "Show (--dry-run) or do (--now) partition upkeep, archival, export and deletion",
+		Long: `archive runs the sweeper's maintenance once, as the relay does every 10 minutes:
+partitions created ahead, rows moved out of the default partition, partitions
+older than archive.after with every row processed moved into the archive table
+(unprocessed ones are reported), archived partitions older than
+archive.export_after exported to archive.dir or archive.s3 and dropped, exports
+older than archive.delete_after deleted.
+
+--dry-run shows what would be done and changes nothing; --now does it, waiting
+for a running relay's maintenance of the same table to finish first.`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if dryRun == now {
+				return errors.New("say --dry-run (show what would be done) or --now (do it)")
+			}
+			cfg, err := loadConfig(cmd)
+			if err != nil {
+				return err
+			}
+			log := newLogger(cfg.Log, os.Stderr)
+			sw, err := app.NewSweeper(cfg, log, nil)
+			if err != nil {
+				return err
+			}
+			defer sw.Close()
+			out := cmd.OutOrStdout()
+			started := time.Now()
+			if now {
+				fmt.Fprintf(out, "walbox archive: maintaining %s\n", cfg.Outbox.Table)
+			}
+			rep, err := sw.Maintain(cmd.Context(), sweep.MaintainOptions{DryRun: dryRun, Wait: true, Progress: out})
+			printReport(out, rep, time.Since(started))
+			return err
+		},
+	}
+	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "show what would be done, change nothing")
+	cmd.Flags().BoolVar(&now, "now", false, "do it now")
+	return cmd
+}
+
+func printReport(w io.Writer, r *sweep.Report, took time.Duration) {
+	if r == nil {
+		return
+	}
+	verb := func(done, would string) string {
+		if r.DryRun {
+			return would
+		}
+		return done
+	}
+	if r.Skipped != "" {
+		fmt.Fprintf(w, "skipped: %s\n", r.Skipped)
+		return
+	}
+	for _, p := range r.PartitionsCreated {
+		fmt.Fprintf(w, "%s partition %s\n", verb("created", "would create"), p)
+	}
+	for _, m := range r.Moved {
+		fmt.Fprintf(w, "%s %d rows of [%s, %s) from the default partition into %s\n", verb("moved", "would move"),
+			m.Rows, m.From.Format(time.RFC3339), m.To.Format(time.RFC3339), m.Partition)
+	}
+	for _, p := range r.Resumed {
+		fmt.Fprintf(w, "archived %s (detached by an interrupted run)\n", p)
+	}
+	for _, p := range r.Archived {
+		fmt.Fprintf(w, "%s %s\n", verb("archived", "would archive"), p)
+	}
+	if r.RowsArchived > 0 {
+		fmt.Fprintf(w, "%s %d rows\n", verb("archived", "would archive"), r.RowsArchived)
+	}
+	for _, b := range r.Blocked {
+		fmt.Fprintf(w, "NOT archived: %s has %d unprocessed rows (old enough, but not all acked and marked)\n", b.Partition, b.Unprocessed)
+	}
+	for _, e := range r.Exported {
+		if r.DryRun {
+			fmt.Fprintf(w, "would export %s to %s and drop it\n", e.Partition, e.Object)
+			continue
+		}
+		note := ""
+		if e.Resumed {
+			note = " (already uploaded by an interrupted run)"
+		}
+		fmt.Fprintf(w, "exported %s: %d rows, %.1f MB -> %s, dropped%s\n", e.Partition, e.Rows, float64(e.Bytes)/1e6, e.Object, note)
+	}
+	for _, d := range r.Deleted {
+		fmt.Fprintf(w, "%s %s (past archive.delete_after)\n", verb("deleted", "would delete"), d)
+	}
+	for _, e := range r.Errors {
+		fmt.Fprintf(w, "FAILED: %s\n", e)
+	}
+	if r.Empty() {
+		fmt.Fprintln(w, "nothing to do")
+	}
+	if !r.DryRun {
+		fmt.Fprintf(w, "took %s\n", took.Round(time.Millisecond))
+	}
+}

@@ -1,0 +1,90 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/walbox/walbox/internal/ops"
+)
+
+func newDLQCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "dlq",
+		Short: "List or retry dead letters (stream nats.dlq.stream, WALBOX_DLQ by default)",
+	}
+	cmd.AddCommand(newDLQListCmd(), newDLQRetryCmd())
+	return cmd
+}
+
+func newDLQListCmd() *cobra.Command {
+	var limit int
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List dead letters: seq, time, original subject, event id, reason",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := loadConfig(cmd)
+			if err != nil {
+				return err
+			}
+			dls, total, err := ops.DLQList(cmd.Context(), cfg, limit)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				if dls == nil {
+					dls = []ops.DeadLetter{}
+				}
+				return writeJSONOut(cmd, map[string]any{"stream": cfg.NATS.DLQ.Stream, "total": total, "dead_letters": dls})
+			}
+			ops.PrintDeadLetters(cmd.OutOrStdout(), dls, total, cfg.NATS.DLQ.Stream)
+			return nil
+		},
+	}
+	cmd.Flags().IntVar(&limit, "limit", 100, "show at most this many, oldest first (0: all)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print as JSON")
+	return cmd
+}
+
+func newDLQRetryCmd() *cobra.Command {
+	var opts ops.DLQRetryOptions
+	var seqs []uint
+	cmd := &cobra.Command{
+		Use:   "retry --seq N ... | --all",
+		Short: "Republish dead letters to their original subject and delete them from the DLQ",
+		Long: `retry republishes dead letters to their original subject with their original
+event id (Nats-Msg-Id), when a stream now captures that subject (e.g. after
+you added it to nats.streams), and deletes each from the dead-letter stream
+once JetStream acked it. One whose subject no stream captures, whose payload
+was dropped or is not JSON, or that has no id, is reported and left in place.
+It asks for confirmation unless --yes.
+
+The outbox row keeps its error column; walbox replay --id ID republishes
+from the row instead (e.g. after fixing its topic).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := loadConfig(cmd)
+			if err != nil {
+				return err
+			}
+			for _, s := range seqs {
+				opts.Seqs = append(opts.Seqs, uint64(s))
+			}
+			opts.In, opts.Out, opts.TTY = cmd.InOrStdin(), cmd.OutOrStdout(), isTerminal(cmd.OutOrStdout())
+			res, err := ops.DLQRetry(cmd.Context(), cfg, opts)
+			if res != nil && err == nil {
+				fmt.Fprintf(cmd.OutOrStdout(), "retried %d, already in their stream %d, skipped %d\n", res.Retried, res.AlreadyStored, res.Skipped)
+			}
+			return err
+		},
+	}
+	cmd.Flags().UintSliceVar(&seqs, "seq", nil, "dead letter sequence numbers in the DLQ stream (repeatable, or comma-separated)")
+	cmd.Flags().BoolVar(&opts.All, "all", false, "retry every dead letter")
+	cmd.Flags().BoolVar(&opts.Yes, "yes", false, "do not ask for confirmation")
+	return cmd
+}
+
+func writeJSONOut(cmd *cobra.Command, v any) error {
+	return ops.WriteJSON(cmd.OutOrStdout(), v)
+}

@@ -1,0 +1,58 @@
+package main
+
+import (
+	"io"
+	"os"
+
+	"github.com/mattn/go-isatty"
+	"github.com/spf13/cobra"
+
+	"github.com/walbox/walbox/internal/ops"
+)
+
+func newDoctorCmd() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "doctor",
+		Short: "Check every prerequisite of walbox run and print the fix for each problem",
+		Long: `doctor checks, read-only, what walbox run needs: the PostgreSQL version,
+wal_level = logical (and settings waiting for a restart), free replication
+slots and WAL senders, the role's REPLICATION attribute and a replication
+connection (pg_hba.conf), SELECT and UPDATE on the outbox table, the
+publication, the slot (plugin, wal_status), failover slots (PostgreSQL 17),
+max_slot_wal_keep_size, track_commit_timestamp, walbox's schema; NATS, JetStream,
+the configured streams and their subjects, duplicate windows and durability.
+
+Each check is ok, warn, fail or skip; every warning and failure comes with
+the exact fix. Exit code 0 when nothing failed, 1 otherwise.`,
+		Example: `  walbox doctor --config walbox.yaml
+  walbox doctor --json | jq '.checks[] | select(.status != "ok")'`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := loadConfig(cmd)
+			if err != nil {
+				return err
+			}
+			rep := ops.Doctor(cmd.Context(), cfg)
+			out := cmd.OutOrStdout()
+			if asJSON {
+				if err := rep.PrintJSON(out); err != nil {
+					return err
+				}
+			} else {
+				rep.Print(out)
+			}
+			if !rep.OK {
+				return exitError{code: 1}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON")
+	return cmd
+}
+
+// isTerminal reports whether w is a terminal (for progress bars).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && isatty.IsTerminal(f.Fd())
+}

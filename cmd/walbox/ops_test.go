@@ -1,0 +1,168 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/walbox/walbox/internal/natstest"
+	"github.com/walbox/walbox/internal/pgtest"
+	walboxsql "github.com/walbox/walbox/sql"
+)
+
+// runCLI runs the walbox command line in-process with stdin and returns its
+// output and error (an exitError carries the exit code).
+func runCLI(ctx context.Context, stdin string, args ...string) (string, error) {
+	root := newRootCmd()
+	var out bytes.Buffer
+	root.SetOut(&out)
+	root.SetErr(&out)
+	root.SetIn(strings.NewReader(stdin))
+	root.SetArgs(args)
+	err := root.ExecuteContext(ctx)
+	return out.String(), err
+}
+
+func exitCode(err error) int {
+	var ee exitError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &ee):
+		return ee.code
+	default:
+		return 1 // main prints it and exits 1
+	}
+}
+
+// migratedDB creates a database on c with walbox's migrations applied.
+func migratedDB(t *testing.T, ctx context.Context, c *pgtest.Cluster, name string) string {
+	t.Helper()
+	u, err := c.CreateDB(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := walboxsql.Apply(ctx, conn, walboxsql.Params{}); err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+func writeConfig(t *testing.T, pgURL, natsURL string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "walbox.yaml")
+	cfg := fmt.Sprintf(`postgres:
+  url: %q
+nats:
+  url: %q
+  streams:
+    - {name: ORDERS, subjects: ["orders.>"]}
+metrics:
+  listen: ""
+`, pgURL, natsURL)
+	if err := os.WriteFile(p, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestOpsCommandsExitCodes runs doctor, slot and migrate --print-grants
+// through the command line: a good setup, and a wal_level = replica cluster
+// with a role that may not replicate.
+func TestOpsCommandsExitCodes(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+	defer cancel()
+	good, err := pgtest.Start(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { good.Close() })
+	bad, err := pgtest.Start(ctx, pgtest.WithSetting("wal_level", "replica"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { bad.Close() })
+	ns := natstest.New(t)
+
+	goodCfg := writeConfig(t, migratedDB(t, ctx, good, "app"), ns.URL())
+	out, err := runCLI(ctx, "", "doctor", "--config", goodCfg)
+	if exitCode(err) != 0 || !strings.Contains(out, "0 failed") {
+		t.Fatalf("doctor on a good setup: exit %d (%v)\n%s", exitCode(err), err, out)
+	}
+	out, err = runCLI(ctx, "", "doctor", "--json", "--config", goodCfg)
+	var rep struct {
+		OK     bool `json:"ok"`
+		Checks []struct{ Name, Status, Detail, Fix string }
+	}
+	if exitCode(err) != 0 || json.Unmarshal([]byte(out), &rep) != nil || !rep.OK || len(rep.Checks) < 20 {
+		t.Fatalf("doctor --json: exit %d, %+v\n%s", exitCode(err), rep, out)
+	}
+
+	badURL := migratedDB(t, ctx, bad, "app")
+	conn, err := pgx.Connect(ctx, badURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `CREATE ROLE norepl LOGIN; GRANT SELECT ON outbox_events TO norepl`); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close(ctx)
+	u, _ := url.Parse(badURL)
+	u.User = url.User("norepl")
+	badCfg := writeConfig(t, u.String(), ns.URL())
+	out, err = runCLI(ctx, "", "doctor", "--config", badCfg)
+	if exitCode(err) != 1 {
+		t.Fatalf("doctor on a bad setup: exit %d (%v)\n%s", exitCode(err), err, out)
+	}
+	for _, want := range []string{"FAIL  postgres.wal_level", "wal_level is 'replica'", "fix: ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL",
+		"FAIL  postgres.role", "ALTER ROLE \"norepl\" WITH REPLICATION", "failed"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("doctor output lacks %q:\n%s", want, out)
+		}
+	}
+	out, err = runCLI(ctx, "", "doctor", "--json", "--config", badCfg)
+	if exitCode(err) != 1 || json.Unmarshal([]byte(out), &rep) != nil || rep.OK {
+		t.Fatalf("doctor --json on a bad setup: exit %d, %+v", exitCode(err), rep)
+	}
+
+	// slot create / status / drop, the prompt fed on stdin.
+	if out, err = runCLI(ctx, "", "slot", "create", "--config", goodCfg); err != nil || !strings.Contains(out, "created slot walbox") {
+		t.Fatalf("slot create: %v\n%s", err, out)
+	}
+	if out, err = runCLI(ctx, "", "slot", "status", "--json", "--config", goodCfg); err != nil || !strings.Contains(out, `"plugin": "pgoutput"`) {
+		t.Fatalf("slot status --json: %v\n%s", err, out)
+	}
+	out, err = runCLI(ctx, "no\n", "slot", "drop", "--config", goodCfg)
+	if exitCode(err) != 1 || !strings.Contains(out, "[y/N]") || !strings.Contains(err.Error(), "aborted") {
+		t.Fatalf("slot drop answered no: exit %d (%v)\n%s", exitCode(err), err, out)
+	}
+	if out, err = runCLI(ctx, "", "slot", "drop", "--yes", "--config", goodCfg); err != nil || !strings.Contains(out, "dropped slot walbox") {
+		t.Fatalf("slot drop --yes: %v\n%s", err, out)
+	}
+
+	out, err = runCLI(ctx, "", "migrate", "--print-grants", "--role", "app_relay", "--config", goodCfg)
+	if err != nil || !strings.Contains(out, `CREATE ROLE "app_relay" LOGIN REPLICATION`) {
+		t.Fatalf("migrate --print-grants: %v\n%s", err, out)
+	}
+	if _, err = runCLI(ctx, "", "replay", "--config", goodCfg); err == nil {
+		t.Fatal("replay without a selection succeeded")
+	}
+	if _, err = runCLI(ctx, "", "dlq", "retry", "--config", goodCfg); err == nil {
+		t.Fatal("dlq retry without --seq or --all succeeded")
+	}
+}

@@ -1,0 +1,41 @@
+package main
+
+import (
+	"github.com/spf13/cobra"
+
+	"github.com/walbox/walbox/internal/ops"
+)
+
+func newTailCmd() *cobra.Command {
+	var opts ops.TailOptions
+	cmd := &cobra.Command{
+		Use:   "tail SUBJECT",
+		Short: "Show events as JetStream stores them, with their commit-to-ack latency",
+		Long: `tail prints every message stored under SUBJECT (wildcards * and > allowed;
+with nats.subject_prefix when one is configured) as JetStream stores it:
+stored time, subject, event id, commit-to-ack latency (stored time minus the
+Walbox-Commit-Time header) and the payload, cut at 80 characters unless
+--full. It reads through an ephemeral ordered consumer and changes nothing.
+
+Only new messages by default; --since 5m starts with those stored in the last
+5 minutes. Ctrl-C stops it; --limit N stops after N messages.`,
+		Example: `  walbox tail 'orders.>'
+  walbox tail payments.settled --since 1h --full`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cfg, err := loadConfig(cmd)
+			if err != nil {
+				return err
+			}
+			opts.Subject = args[0]
+			_, err = ops.Tail(cmd.Context(), cfg, opts, cmd.OutOrStdout())
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.DurationVar(&opts.Since, "since", 0, "start with the messages stored this long ago (default: only new ones)")
+	f.BoolVar(&opts.Full, "full", false, "print whole payloads")
+	f.StringVar(&opts.Stream, "stream", "", "stream to read (default: the one capturing SUBJECT)")
+	f.IntVar(&opts.Limit, "limit", 0, "exit after this many messages (0: until Ctrl-C)")
+	return cmd
+}

@@ -1,0 +1,92 @@
+package app
+
+import (
+	"net/url"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/walbox/walbox/cdc"
+	"github.com/walbox/walbox/internal/config"
+)
+
+// NATSOptions turns nats.tls, nats.credentials, nats.nkey, nats.user,
+// nats.password and nats.token into connection options. The relay and every
+// CLI command that talks to NATS use it. Errors name the key, never a secret.
+func NATSOptions(n config.NATS) ([]nats.Option, error) {
+	var opts []nats.Option
+	if n.TLS.CA != "" {
+		opts = append(opts, nats.RootCAs(n.TLS.CA))
+	}
+	if n.TLS.Cert != "" || n.TLS.Key != "" {
+		opts = append(opts, nats.ClientCert(n.TLS.Cert, n.TLS.Key))
+	}
+	switch {
+	case n.Credentials != "":
+		opts = append(opts, nats.UserCredentials(n.Credentials))
+	case n.NKey != "":
+		o, err := nats.NkeyOptionFromSeed(n.NKey)
+		if err != nil {
+			return nil, &cdc.ConfigError{Key: "nats.nkey", Msg: "cannot use the nkey seed file " + n.NKey + ": " + scrub(err.Error(), n)}
+		}
+		opts = append(opts, o)
+	case n.User != "" || n.Password != "":
+		opts = append(opts, nats.UserInfo(n.User, n.Password))
+	case n.Token != "":
+		opts = append(opts, nats.Token(n.Token))
+	}
+	return opts, nil
+}
+
+// RedactNATSURL hides credentials in a (comma-separated) NATS URL:
+// nats://user:pass@host becomes nats://user:xxxxx@host, and a token
+// (nats://token@host) becomes xxxxx.
+func RedactNATSURL(u string) string {
+	parts := strings.Split(u, ",")
+	for i, p := range parts {
+		p = strings.TrimSpace(p)
+		pu, err := url.Parse(p)
+		if err != nil || pu.User == nil {
+			if at := strings.LastIndex(p, "@"); at >= 0 { // unparsable: drop everything before the host
+				prefix := ""
+				if scheme := strings.Index(p, "://"); scheme >= 0 && scheme < at {
+					prefix = p[:scheme+3]
+				}
+				parts[i] = prefix + "xxxxx" + p[at:]
+				continue
+			}
+			parts[i] = p
+			continue
+		}
+		if _, hasPass := pu.User.Password(); hasPass {
+			pu.User = url.UserPassword(pu.User.Username(), "xxxxx")
+		} else {
+			pu.User = url.User("xxxxx")
+		}
+		parts[i] = pu.String()
+	}
+	return strings.Join(parts, ",")
+}
+
+// scrub removes the configured secrets from a message.
+func scrub(msg string, n config.NATS) string {
+	for _, s := range []string{n.Password, n.Token} {
+		if len(s) >= 3 {
+			msg = strings.ReplaceAll(msg, s, "xxxxx")
+		}
+	}
+	return msg
+}
+
+// ScrubNATSError is err's text with the configured NATS secrets and URL
+// credentials removed, for messages a user sees.
+func ScrubNATSError(err error, n config.NATS) string {
+	msg := scrub(err.Error(), n)
+	for _, p := range strings.Split(n.URL, ",") {
+		p = strings.TrimSpace(p)
+		if p != "" && strings.Contains(p, "@") {
+			msg = strings.ReplaceAll(msg, p, RedactNATSURL(p))
+		}
+	}
+	return msg
+}

@@ -1,0 +1,60 @@
+package app
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/walbox/walbox/cdc"
+	"github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/relay/sweep"
+)
+
+// NewSweeper builds the sweeper (processed marks, partitions, archival) from
+// the config. Run starts it beside the relay; `walbox archive` and `walbox
+// status` use it on its own. reg may be nil (metrics unregistered). It does
+// not connect.
+func NewSweeper(cfg config.Config, log zerolog.Logger, reg prometheus.Registerer) (*sweep.Sweeper, error) {
+	table, err := cdc.ParseTableName(cfg.Outbox.Table)
+	if err != nil {
+		return nil, &cdc.ConfigError{Key: "outbox.table", Msg: err.Error()}
+	}
+	cols, err := cdc.ColumnsFromMap(cfg.Outbox.Columns, true)
+	if err != nil {
+		return nil, &cdc.ConfigError{Key: "outbox.columns", Msg: err.Error()}
+	}
+	a := cfg.Archive
+	var store sweep.ColdStore
+	if a.ExportAfter > 0 {
+		switch {
+		case a.Dir != "":
+			if store, err = sweep.NewDirStore(a.Dir); err != nil {
+				return nil, &cdc.ConfigError{Key: "archive.dir", Msg: err.Error()}
+			}
+		case a.S3.Bucket != "":
+			store, err = sweep.NewS3Store(sweep.S3Config{Endpoint: a.S3.Endpoint, Bucket: a.S3.Bucket, Prefix: a.S3.Prefix,
+				AccessKey: a.S3.AccessKey, SecretKey: a.S3.SecretKey, UseSSL: a.S3.UseSSL})
+			if err != nil {
+				return nil, &cdc.ConfigError{Key: "archive.s3", Msg: err.Error()}
+			}
+		}
+	}
+	sw, err := sweep.New(sweep.Config{
+		ConnString:      cfg.Postgres.URL,
+		Table:           table,
+		Columns:         cols,
+		MarkProcessed:   cfg.Sweeper.MarkProcessed,
+		BatchSize:       cfg.Sweeper.BatchSize,
+		Interval:        cfg.Sweeper.Interval,
+		PartitionStep:   cfg.Sweeper.PartitionStep,
+		PartitionsAhead: cfg.Sweeper.PartitionsAhead,
+		Archive:         sweep.ArchiveConfig{After: a.After, ExportAfter: a.ExportAfter, DeleteAfter: a.DeleteAfter, Store: store},
+		BackoffInitial:  cfg.Retry.Initial,
+		BackoffMax:      cfg.Retry.Max,
+		Logger:          log,
+		Registry:        reg,
+	})
+	if err != nil {
+		return nil, &cdc.ConfigError{Key: "sweeper", Msg: err.Error()}
+	}
+	return sw, nil
+}

@@ -1,0 +1,260 @@
+package ops
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/relay"
+)
+
+// Headers of dead letters besides relay's.
+const (
+	headerEventID        = "Walbox-Event-Id"
+	headerPayloadDropped = "Walbox-Dlq-Payload-Dropped"
+	// HeaderDLQRetriedFrom is set on a retried dead letter: <dlq stream>/<seq>.
+	HeaderDLQRetriedFrom = "Walbox-Dlq-Retried-From"
+)
+
+// DeadLetter is one message of the dead-letter stream.
+type DeadLetter struct {
+	Seq             uint64    `json:"seq"`
+	Time            time.Time `json:"time"`
+	Subject         string    `json:"subject"`
+	OriginalSubject string    `json:"original_subject"`
+	ID              string    `json:"id"`
+	Reason          string    `json:"reason"`
+	msg             *nats.Msg // with payload, for retry
+}
+
+// DLQList reads up to limit dead letters (oldest first; limit <= 0: all)
+// and the stream's total count.
+func DLQList(ctx context.Context, cfg config.Config, limit int) ([]DeadLetter, uint64, error) {
+	nc, js, err := connectNATS(ctx, cfg)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer nc.Close()
+	return readDLQ(ctx, js, cfg.NATS.DLQ.Stream, limit, true)
+}
+
+func readDLQ(ctx context.Context, js jetstream.JetStream, name string, limit int, headersOnly bool) ([]DeadLetter, uint64, error) {
+	st, err := js.Stream(ctx, name)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			return nil, 0, fmt.Errorf("dead-letter stream %s does not exist (walbox run creates it; nats.dlq.stream names it)", name)
+		}
+		return nil, 0, fmt.Errorf("stream %s: %w", name, err)
+	}
+	total := st.CachedInfo().State.Msgs
+	if total == 0 {
+		return nil, 0, nil
+	}
+	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy, HeadersOnly: headersOnly})
+	if err != nil {
+		return nil, total, fmt.Errorf("read %s: %w", name, err)
+	}
+	var out []DeadLetter
+	for limit <= 0 || len(out) < limit {
+		want := 500
+		if limit > 0 {
+			want = min(want, limit-len(out))
+		}
+		batch, err := cons.Fetch(want, jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			return out, total, fmt.Errorf("read %s: %w", name, err)
+		}
+		got, pending := 0, uint64(1)
+		for m := range batch.Messages() {
+			got++
+			dl := DeadLetter{Subject: m.Subject()}
+			if md, err := m.Metadata(); err == nil {
+				dl.Seq, dl.Time, pending = md.Sequence.Stream, md.Timestamp, md.NumPending
+			}
+			fillDeadLetter(&dl, m.Headers())
+			if !headersOnly {
+				dl.msg = &nats.Msg{Subject: m.Subject(), Header: m.Headers(), Data: m.Data()}
+			}
+			out = append(out, dl)
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) {
+			return out, total, fmt.Errorf("read %s: %w", name, err)
+		}
+		if got == 0 || pending == 0 {
+			break
+		}
+	}
+	return out, total, nil
+}
+
+func fillDeadLetter(dl *DeadLetter, h nats.Header) {
+	dl.OriginalSubject = h.Get(relay.HeaderDLQOriginalSubject)
+	dl.Reason = h.Get(relay.HeaderDLQReason)
+	dl.ID = h.Get(relay.HeaderMsgID)
+	if dl.ID == "" {
+		dl.ID = h.Get(headerEventID)
+	}
+}
+
+// PrintDeadLetters writes the list as a table.
+func PrintDeadLetters(w io.Writer, dls []DeadLetter, total uint64, stream string) {
+	if len(dls) == 0 {
+		fmt.Fprintf(w, "%s is empty: no dead letters\n", stream)
+		return
+	}
+	fmt.Fprintf(w, "%-8s  %-23s  %-28s  %-36s  %s\n", "SEQ", "TIME", "ORIGINAL SUBJECT", "EVENT ID", "REASON")
+	for _, d := range dls {
+		fmt.Fprintf(w, "%-8d  %-23s  %-28s  %-36s  %s\n", d.Seq, d.Time.Local().Format("2006-01-02 15:04:05.000"), orDash(d.OriginalSubject), orDash(d.ID), d.Reason)
+	}
+	if uint64(len(dls)) < total {
+		fmt.Fprintf(w, "(%d of %d shown; --limit N shows more)\n", len(dls), total)
+	}
+}
+
+// DLQRetryOptions select the dead letters to retry.
+type DLQRetryOptions struct {
+	Seqs []uint64
+	All  bool
+	// Yes skips the confirmation read from In.
+	Yes bool
+	In  io.Reader
+	// Out receives one line per dead letter (and the question).
+	Out io.Writer
+	TTY bool
+}
+
+// DLQRetryResult counts a retry.
+type DLQRetryResult struct {
+	Retried       int `json:"retried"`        // published and deleted from the DLQ
+	AlreadyStored int `json:"already_stored"` // the stream had the id (duplicate): deleted from the DLQ
+	Skipped       int `json:"skipped"`        // left in the DLQ
+}
+
+// DLQRetry republishes dead letters to their original subject, with their
+// original event id, when a stream now captures that subject, and deletes
+// each from the dead-letter stream after JetStream acked it. Dead letters
+// that still cannot be delivered are reported and left where they are.
+func DLQRetry(ctx context.Context, cfg config.Config, opts DLQRetryOptions) (*DLQRetryResult, error) {
+	if opts.Out == nil {
+		opts.Out = io.Discard
+	}
+	if opts.All == (len(opts.Seqs) > 0) {
+		return nil, errors.New("say which dead letters to retry: --seq N (repeatable) or --all")
+	}
+	nc, js, err := connectNATS(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer nc.Close()
+	name := cfg.NATS.DLQ.Stream
+	st, err := js.Stream(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("dead-letter stream %s: %w", name, err)
+	}
+	var dls []DeadLetter
+	if opts.All {
+		if dls, _, err = readDLQ(ctx, js, name, 0, false); err != nil {
+			return nil, err
+		}
+	} else {
+		for _, seq := range opts.Seqs {
+			raw, err := st.GetMsg(ctx, seq)
+			if err != nil {
+				return nil, fmt.Errorf("dead letter %d of %s: %w", seq, name, err)
+			}
+			dl := DeadLetter{Seq: raw.Sequence, Time: raw.Time, Subject: raw.Subject,
+				msg: &nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data}}
+			fillDeadLetter(&dl, raw.Header)
+			dls = append(dls, dl)
+		}
+	}
+	res := &DLQRetryResult{}
+	if len(dls) == 0 {
+		fmt.Fprintf(opts.Out, "%s is empty: nothing to retry\n", name)
+		return res, nil
+	}
+	if !opts.Yes && !confirm(opts.In, opts.Out, fmt.Sprintf("Republish %d dead letter(s) to their original subjects and delete them from %s?", len(dls), name)) {
+		return res, ErrAborted
+	}
+	bar := newProgress(nil, false, "", 0, nil)
+	if len(dls) > 100 {
+		bar = newProgress(opts.Out, opts.TTY, "dlq retry", int64(len(dls)), func() string {
+			return fmt.Sprintf("retried %d, skipped %d", res.Retried+res.AlreadyStored, res.Skipped)
+		})
+	}
+	defer bar.finish()
+	for _, dl := range dls {
+		bar.add(1)
+		target, why := retryTarget(ctx, js, cfg, dl)
+		if why != "" {
+			res.Skipped++
+			fmt.Fprintf(opts.Out, "seq %d %s: skipped: %s\n", dl.Seq, orDash(dl.OriginalSubject), why)
+			continue
+		}
+		m := retryMessage(dl, name)
+		ack, err := js.PublishMsg(ctx, m, jetstream.WithExpectStream(target))
+		if err != nil {
+			return res, fmt.Errorf("republish dead letter %d to %s: %w (it stays in %s)", dl.Seq, dl.OriginalSubject, err, name)
+		}
+		if err := st.DeleteMsg(ctx, dl.Seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+			return res, fmt.Errorf("dead letter %d was republished (%s seq %d) but not deleted from %s: %w", dl.Seq, ack.Stream, ack.Sequence, name, err)
+		}
+		if ack.Duplicate {
+			res.AlreadyStored++
+			fmt.Fprintf(opts.Out, "seq %d %s: %s already holds id %s; deleted from %s\n", dl.Seq, dl.OriginalSubject, ack.Stream, dl.ID, name)
+			continue
+		}
+		res.Retried++
+		fmt.Fprintf(opts.Out, "seq %d %s: republished to %s (seq %d, id %s); deleted from %s\n", dl.Seq, dl.OriginalSubject, ack.Stream, ack.Sequence, dl.ID, name)
+	}
+	return res, nil
+}
+
+// retryTarget finds the stream that now captures the dead letter's original
+// subject, or says why it cannot be retried.
+func retryTarget(ctx context.Context, js jetstream.JetStream, cfg config.Config, dl DeadLetter) (string, string) {
+	h := dl.msg.Header
+	switch {
+	case dl.OriginalSubject == "" || relay.ValidSubject(dl.OriginalSubject) != nil:
+		return "", fmt.Sprintf("the original subject %q is not a valid subject (fix the row's topic and replay it: walbox replay --id %s)", dl.OriginalSubject, orDash(dl.ID))
+	case dl.ID == "":
+		return "", "no event id (the row's id was NULL or empty)"
+	case h.Get(headerPayloadDropped) != "":
+		return "", fmt.Sprintf("its payload (%s bytes) was too large and was dropped; replay it from the outbox: walbox replay --id %s", h.Get(headerPayloadDropped), dl.ID)
+	case !json.Valid(dl.msg.Data):
+		return "", "the payload is not valid JSON"
+	}
+	stream, err := js.StreamNameBySubject(ctx, dl.OriginalSubject)
+	if err != nil || stream == cfg.NATS.DLQ.Stream {
+		if err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return "", fmt.Sprintf("cannot look up the stream of %s: %v", dl.OriginalSubject, err)
+		}
+		return "", fmt.Sprintf("no stream captures %s yet (add it to nats.streams and restart walbox, or create the stream)", dl.OriginalSubject)
+	}
+	return stream, ""
+}
+
+// retryMessage rebuilds the event's message: original subject, payload and
+// walbox headers, the dead-letter headers removed.
+func retryMessage(dl DeadLetter, dlqStream string) *nats.Msg {
+	h := nats.Header{}
+	for k, v := range dl.msg.Header {
+		switch {
+		case strings.HasPrefix(k, "Walbox-Dlq-"), k == headerEventID, strings.HasPrefix(k, "Nats-"):
+			continue
+		}
+		h[k] = v
+	}
+	h.Set(relay.HeaderMsgID, dl.ID)
+	h.Set(HeaderDLQRetriedFrom, dlqStream+"/"+strconv.FormatUint(dl.Seq, 10))
+	return &nats.Msg{Subject: dl.OriginalSubject, Data: dl.msg.Data, Header: h}
+}

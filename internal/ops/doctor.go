@@ -1,0 +1,704 @@
+package ops
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/walbox/walbox/cdc"
+	"github.com/walbox/walbox/internal/app"
+	"github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/relay"
+)
+
+// CheckStatus is the outcome of one doctor check.
+type CheckStatus string
+
+// Check outcomes. Only Fail makes `walbox doctor` exit 1.
+const (
+	OK   CheckStatus = "ok"
+	Warn CheckStatus = "warn"
+	Fail CheckStatus = "fail"
+	Skip CheckStatus = "skip"
+)
+
+// Check is one prerequisite: what was found and, when it is not ok, the
+// exact fix.
+type Check struct {
+	Name   string      `json:"name"`
+	Status CheckStatus `json:"status"`
+	Detail string      `json:"detail"`
+	Fix    string      `json:"fix,omitempty"`
+}
+
+// DoctorReport is every check in order.
+type DoctorReport struct {
+	OK     bool    `json:"ok"` // no check failed
+	Failed int     `json:"failed"`
+	Warned int     `json:"warned"`
+	Checks []Check `json:"checks"`
+}
+
+func (r *DoctorReport) add(name string, st CheckStatus, detail, fix string) {
+	r.Checks = append(r.Checks, Check{Name: name, Status: st, Detail: detail, Fix: fix})
+	switch st {
+	case Fail:
+		r.Failed++
+	case Warn:
+		r.Warned++
+	}
+	r.OK = r.Failed == 0
+}
+
+// Doctor checks every prerequisite of `walbox run` against the configured
+// PostgreSQL and NATS, read-only. It returns a report even when nothing
+// could be reached (the connection checks then fail and the rest skip).
+func Doctor(ctx context.Context, cfg config.Config) *DoctorReport {
+	r := &DoctorReport{OK: true}
+	doctorPostgres(ctx, cfg, r)
+	doctorNATS(ctx, cfg, r)
+	return r
+}
+
+// Print writes the report for people: one line per check, the fix under
+// every one that is not ok, and a summary.
+func (r *DoctorReport) Print(w io.Writer) {
+	width := 0
+	for _, c := range r.Checks {
+		width = max(width, len(c.Name))
+	}
+	for _, c := range r.Checks {
+		label := map[CheckStatus]string{OK: "ok", Warn: "WARN", Fail: "FAIL", Skip: "skip"}[c.Status]
+		fmt.Fprintf(w, "%-4s  %-*s  %s\n", label, width, c.Name, c.Detail)
+		if c.Fix != "" && c.Status != OK && c.Status != Skip {
+			fmt.Fprintf(w, "      %-*s  fix: %s\n", width, "", c.Fix)
+		}
+	}
+	fmt.Fprintf(w, "\n%d checks: %d failed, %d warnings\n", len(r.Checks), r.Failed, r.Warned)
+}
+
+// PrintJSON writes the report as one JSON object.
+func (r *DoctorReport) PrintJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+// pgFacts are the figures several checks share.
+type pgFacts struct {
+	version    int // server_version_num
+	user       string
+	database   string
+	table      cdc.TableName
+	tableOID   uint32 // 0: no such table
+	slotExists bool
+	slotActive bool
+}
+
+func doctorPostgres(ctx context.Context, cfg config.Config, r *DoctorReport) {
+	pgNames := []string{"postgres.version", "postgres.wal_level", "postgres.pending_restart", "postgres.max_replication_slots",
+		"postgres.max_wal_senders", "postgres.role", "postgres.replication_connection", "postgres.outbox_table",
+		"postgres.outbox_privileges", "postgres.publication", "postgres.slot", "postgres.failover",
+		"postgres.max_slot_wal_keep_size", "postgres.track_commit_timestamp", "postgres.walbox_schema"}
+	skipRest := func(why string) {
+		for _, n := range pgNames {
+			r.add(n, Skip, why, "")
+		}
+	}
+	conn, err := connectPG(ctx, cfg)
+	if err != nil {
+		r.add("postgres.connect", Fail, err.Error(), pgConnectFix(err))
+		skipRest("no connection to PostgreSQL")
+		return
+	}
+	defer closePG(ctx, conn)
+	f := pgFacts{}
+	var versionText string
+	if err := conn.QueryRow(ctx, `SELECT current_setting('server_version_num')::int, current_setting('server_version'), current_user, current_database()`).
+		Scan(&f.version, &versionText, &f.user, &f.database); err != nil {
+		r.add("postgres.connect", Fail, fmt.Sprintf("connected, but cannot query: %v", err), "")
+		skipRest("cannot query PostgreSQL")
+		return
+	}
+	r.add("postgres.connect", OK, fmt.Sprintf("connected to %s (PostgreSQL %s)", RedactPostgresURL(cfg.Postgres.URL), versionText), "")
+	f.table, _ = tableOf(cfg)
+
+	// Each check runs on its own: one failing query does not hide the others.
+	checkVersion(f, versionText, r)
+	checkWALLevel(ctx, conn, r)
+	checkPendingRestart(ctx, conn, r)
+	checkSlotsAndSenders(ctx, conn, cfg, &f, r)
+	roleOK := checkRole(ctx, conn, &f, r)
+	checkReplicationConnection(ctx, cfg, roleOK, r)
+	checkOutboxTable(ctx, conn, cfg, &f, r)
+	checkPublication(ctx, conn, cfg, f, r)
+	checkSlot(ctx, conn, cfg, f, r)
+	checkFailover(ctx, conn, cfg, f, r)
+	checkKeepSize(ctx, conn, r)
+	checkCommitTimestamp(ctx, conn, r)
+	checkWalboxSchema(ctx, conn, f, r)
+}
+
+func pgConnectFix(err error) string {
+	var pgErr *pgconn.PgError
+	msg := err.Error()
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "28P01":
+		return "check the user and password in postgres.url (or WALBOX_POSTGRES_URL)"
+	case strings.Contains(msg, "pg_hba.conf"):
+		return "add a pg_hba.conf line for walbox's role and address (host <db> <role> <addr>/32 scram-sha-256) and reload PostgreSQL"
+	case errors.As(err, &pgErr) && pgErr.Code == "3D000":
+		return "create the database, or fix the database name in postgres.url"
+	}
+	return "check postgres.url (or WALBOX_POSTGRES_URL / --postgres-url): host, port, database, sslmode; is PostgreSQL running and reachable from here?"
+}
+
+func checkVersion(f pgFacts, text string, r *DoctorReport) {
+	major := f.version / 10000
+	switch {
+	case major < 14:
+		r.add("postgres.version", Fail, fmt.Sprintf("PostgreSQL %s: walbox needs 14 or newer (pgoutput's messages option carries the heartbeat)", text),
+			"upgrade PostgreSQL to 14 or newer (17+ for failover slots); see docs/operations.md, section Upgrades, before pg_upgrade")
+	case major < 17:
+		r.add("postgres.version", OK, fmt.Sprintf("PostgreSQL %s; before 17 a logical slot does not follow a failover to a standby (walbox then recreates it and republishes unprocessed rows)", text), "")
+	default:
+		r.add("postgres.version", OK, fmt.Sprintf("PostgreSQL %s: failover slots available (see postgres.failover)", text), "")
+	}
+}
+
+func checkWALLevel(ctx context.Context, conn *pgx.Conn, r *DoctorReport) {
+	var level string
+	var pending bool
+	if err := conn.QueryRow(ctx, `SELECT setting, pending_restart FROM pg_settings WHERE name = 'wal_level'`).Scan(&level, &pending); err != nil {
+		r.add("postgres.wal_level", Fail, fmt.Sprintf("cannot read wal_level: %v", err), "")
+		return
+	}
+	switch {
+	case level == "logical":
+		r.add("postgres.wal_level", OK, "wal_level = logical", "")
+	case pending:
+		r.add("postgres.wal_level", Fail, fmt.Sprintf("wal_level is '%s'; a changed value waits for a restart (pending_restart)", level),
+			"restart PostgreSQL: wal_level takes effect only at server start (a reload is not enough)")
+	default:
+		r.add("postgres.wal_level", Fail, fmt.Sprintf("wal_level is '%s': logical decoding needs wal_level = logical", level),
+			"ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL (a reload is not enough)")
+	}
+}
+
+func checkPendingRestart(ctx context.Context, conn *pgx.Conn, r *DoctorReport) {
+	rows, err := conn.Query(ctx, `SELECT name FROM pg_settings WHERE pending_restart ORDER BY name`)
+	if err != nil {
+		r.add("postgres.pending_restart", Skip, fmt.Sprintf("cannot read pg_settings: %v", err), "")
+		return
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		r.add("postgres.pending_restart", Skip, fmt.Sprintf("cannot read pg_settings: %v", err), "")
+		return
+	}
+	if len(names) > 0 {
+		r.add("postgres.pending_restart", Warn, "changed settings wait for a server restart: "+strings.Join(names, ", "),
+			"restart PostgreSQL to apply them")
+		return
+	}
+	r.add("postgres.pending_restart", OK, "no setting waits for a restart", "")
+}
+
+func checkSlotsAndSenders(ctx context.Context, conn *pgx.Conn, cfg config.Config, f *pgFacts, r *DoctorReport) {
+	var maxSlots, usedSlots, maxSenders, usedSenders int
+	err := conn.QueryRow(ctx, `SELECT current_setting('max_replication_slots')::int, (SELECT count(*) FROM pg_replication_slots)::int,
+		current_setting('max_wal_senders')::int, (SELECT count(*) FROM pg_stat_replication)::int,
+		EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1),
+		EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active)`, cfg.Postgres.Slot).
+		Scan(&maxSlots, &usedSlots, &maxSenders, &usedSenders, &f.slotExists, &f.slotActive)
+	if err != nil {
+		r.add("postgres.max_replication_slots", Fail, fmt.Sprintf("cannot read slot usage: %v", err), "")
+		r.add("postgres.max_wal_senders", Skip, "see postgres.max_replication_slots", "")
+		return
+	}
+	need := 1
+	if f.slotExists {
+		need = 0 // walbox's slot is already among the used ones
+	}
+	detail := fmt.Sprintf("%d of %d slots used", usedSlots, maxSlots)
+	switch free := maxSlots - usedSlots; {
+	case free < need:
+		r.add("postgres.max_replication_slots", Fail, detail+"; walbox needs one more for slot "+cfg.Postgres.Slot,
+			"raise max_replication_slots (ALTER SYSTEM SET max_replication_slots = "+strconv.Itoa(maxSlots+4)+"; restart PostgreSQL), or drop unused slots (SELECT slot_name, active FROM pg_replication_slots)")
+	case free-need == 0:
+		r.add("postgres.max_replication_slots", Warn, detail+"; none left after walbox's (another tool, or a recreated slot during a pg_upgrade test, would fail)",
+			"raise max_replication_slots a little (restart required)")
+	default:
+		r.add("postgres.max_replication_slots", OK, detail, "")
+	}
+	needSender := 1
+	if f.slotActive {
+		needSender = 0
+	}
+	detail = fmt.Sprintf("%d of %d WAL senders in use", usedSenders, maxSenders)
+	if maxSenders-usedSenders < needSender {
+		r.add("postgres.max_wal_senders", Fail, detail+"; walbox's replication connection needs one",
+			"raise max_wal_senders (ALTER SYSTEM SET max_wal_senders = "+strconv.Itoa(maxSenders+4)+"; restart PostgreSQL)")
+		return
+	}
+	r.add("postgres.max_wal_senders", OK, detail, "")
+}
+
+func checkRole(ctx context.Context, conn *pgx.Conn, f *pgFacts, r *DoctorReport) bool {
+	var repl, super bool
+	if err := conn.QueryRow(ctx, `SELECT rolreplication, rolsuper FROM pg_roles WHERE rolname = current_user`).Scan(&repl, &super); err != nil {
+		r.add("postgres.role", Fail, fmt.Sprintf("cannot read role %s: %v", f.user, err), "")
+		return false
+	}
+	switch {
+	case super:
+		r.add("postgres.role", OK, fmt.Sprintf("role %s is a superuser (works; a least-privilege role is better: walbox migrate --print-grants)", f.user), "")
+	case repl:
+		r.add("postgres.role", OK, fmt.Sprintf("role %s has REPLICATION", f.user), "")
+	default:
+		r.add("postgres.role", Fail, fmt.Sprintf("role %s may not use replication (no REPLICATION attribute)", f.user),
+			fmt.Sprintf("as a superuser: ALTER ROLE %s WITH REPLICATION; (the whole recipe: walbox migrate --print-grants --role %s)", cdc.QuoteIdent(f.user), f.user))
+		return false
+	}
+	return true
+}
+
+// checkReplicationConnection opens a replication connection as walbox does,
+// which is the only way to see pg_hba.conf's replication lines at work.
+func checkReplicationConnection(ctx context.Context, cfg config.Config, roleOK bool, r *DoctorReport) {
+	if !roleOK {
+		r.add("postgres.replication_connection", Skip, "the role may not replicate (see postgres.role)", "")
+		return
+	}
+	pc, err := pgconn.ParseConfig(cfg.Postgres.URL)
+	if err != nil {
+		r.add("postgres.replication_connection", Fail, fmt.Sprintf("postgres.url: %v", err), "")
+		return
+	}
+	pc.RuntimeParams["replication"] = "database"
+	cctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	defer cancel()
+	rc, err := pgconn.ConnectConfig(cctx, pc)
+	if err != nil {
+		fix := "check that the server accepts replication connections from here"
+		if strings.Contains(err.Error(), "pg_hba.conf") {
+			fix = fmt.Sprintf("add a pg_hba.conf line such as `host replication %s <walbox address>/32 scram-sha-256` and reload PostgreSQL", pc.User)
+		}
+		r.add("postgres.replication_connection", Fail, fmt.Sprintf("replication connection refused: %v", err), fix)
+		return
+	}
+	defer rc.Close(context.WithoutCancel(ctx))
+	if _, err := rc.Exec(cctx, "IDENTIFY_SYSTEM").ReadAll(); err != nil {
+		r.add("postgres.replication_connection", Fail, fmt.Sprintf("IDENTIFY_SYSTEM failed: %v", err), "")
+		return
+	}
+	r.add("postgres.replication_connection", OK, "replication connection accepted (pg_hba.conf allows it)", "")
+}
+
+func checkOutboxTable(ctx context.Context, conn *pgx.Conn, cfg config.Config, f *pgFacts, r *DoctorReport) {
+	var oid *uint32
+	if err := conn.QueryRow(ctx, `SELECT to_regclass($1)::oid`, f.table.Quoted()).Scan(&oid); err != nil {
+		r.add("postgres.outbox_table", Fail, fmt.Sprintf("cannot look up %s: %v", f.table, err), "")
+		r.add("postgres.outbox_privileges", Skip, "see postgres.outbox_table", "")
+		return
+	}
+	if oid == nil {
+		r.add("postgres.outbox_table", Fail, fmt.Sprintf("outbox table %s does not exist", f.table),
+			"run `walbox migrate` (as the table owner) to create it, or set outbox.table to your existing outbox table")
+		r.add("postgres.outbox_privileges", Skip, "see postgres.outbox_table", "")
+		return
+	}
+	f.tableOID = *oid
+	rows, err := conn.Query(ctx, `SELECT attname FROM pg_attribute WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped`, f.tableOID)
+	if err != nil {
+		r.add("postgres.outbox_table", Fail, fmt.Sprintf("cannot read the columns of %s: %v", f.table, err), "")
+		return
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		r.add("postgres.outbox_table", Fail, fmt.Sprintf("cannot read the columns of %s: %v", f.table, err), "")
+		return
+	}
+	has := map[string]bool{}
+	for _, n := range names {
+		has[n] = true
+	}
+	cols, _ := cdc.ColumnsFromMap(cfg.Outbox.Columns, true)
+	var missing []string
+	for _, role := range []cdc.Role{cdc.RoleID, cdc.RoleTopic, cdc.RolePayload} {
+		if !has[cols[role]] {
+			missing = append(missing, fmt.Sprintf("%s (role %s)", cols[role], role))
+		}
+	}
+	if len(missing) > 0 {
+		r.add("postgres.outbox_table", Fail, fmt.Sprintf("%s has no column %s", f.table, strings.Join(missing, ", ")),
+			"map the roles to your column names in outbox.columns (e.g. outbox.columns: {id: event_id})")
+	} else {
+		r.add("postgres.outbox_table", OK, fmt.Sprintf("%s exists with the id, topic and payload columns", f.table), "")
+	}
+
+	var sel bool
+	if err := conn.QueryRow(ctx, `SELECT has_table_privilege($1::oid, 'SELECT')`, f.tableOID).Scan(&sel); err != nil {
+		r.add("postgres.outbox_privileges", Fail, fmt.Sprintf("cannot check privileges: %v", err), "")
+		return
+	}
+	var noUpdate []string
+	if cfg.Sweeper.MarkProcessed {
+		for _, c := range []string{"processed", "processed_at", "error", "attempts"} {
+			if !has[c] {
+				continue
+			}
+			var ok bool
+			if err := conn.QueryRow(ctx, `SELECT has_column_privilege($1::oid, $2, 'UPDATE')`, f.tableOID, c).Scan(&ok); err != nil {
+				r.add("postgres.outbox_privileges", Fail, fmt.Sprintf("cannot check privileges: %v", err), "")
+				return
+			}
+			if !ok {
+				noUpdate = append(noUpdate, c)
+			}
+		}
+	}
+	switch {
+	case !sel:
+		r.add("postgres.outbox_privileges", Fail, fmt.Sprintf("role %s may not SELECT from %s (the snapshot backfill and replay read it)", f.user, f.table),
+			fmt.Sprintf("GRANT SELECT ON %s TO %s;", f.table.Quoted(), cdc.QuoteIdent(f.user)))
+	case len(noUpdate) > 0:
+		r.add("postgres.outbox_privileges", Fail, fmt.Sprintf("role %s may not UPDATE %s of %s: the sweeper cannot mark rows processed", f.user, strings.Join(noUpdate, ", "), f.table),
+			fmt.Sprintf("GRANT UPDATE (%s) ON %s TO %s; or set sweeper.mark_processed: false", strings.Join(noUpdate, ", "), f.table.Quoted(), cdc.QuoteIdent(f.user)))
+	case !cfg.Sweeper.MarkProcessed:
+		r.add("postgres.outbox_privileges", OK, "SELECT granted (sweeper.mark_processed is false: no UPDATE needed)", "")
+	case !has["processed"]:
+		r.add("postgres.outbox_privileges", OK, "SELECT granted (the table has no processed column: the sweeper marks nothing)", "")
+	default:
+		r.add("postgres.outbox_privileges", OK, "SELECT and UPDATE of the processed columns granted", "")
+	}
+}
+
+func checkPublication(ctx context.Context, conn *pgx.Conn, cfg config.Config, f pgFacts, r *DoctorReport) {
+	name := cfg.Postgres.Publication
+	create := fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert', publish_via_partition_root = true)", cdc.QuoteIdent(name), f.table.Quoted())
+	var ins, viaRoot, hasTable bool
+	err := conn.QueryRow(ctx, `SELECT pubinsert, pubviaroot,
+		EXISTS (SELECT 1 FROM pg_publication_tables t WHERE t.pubname = p.pubname AND t.schemaname = $2 AND t.tablename = $3)
+		FROM pg_publication p WHERE pubname = $1`, name, f.table.Schema, f.table.Name).Scan(&ins, &viaRoot, &hasTable)
+	if errors.Is(err, pgx.ErrNoRows) {
+		owner := false
+		if f.tableOID != 0 {
+			_ = conn.QueryRow(ctx, `SELECT pg_has_role(current_user, relowner, 'USAGE') FROM pg_class WHERE oid = $1`, f.tableOID).Scan(&owner)
+		}
+		if cfg.Postgres.CreatePublication && owner {
+			r.add("postgres.publication", Warn, fmt.Sprintf("publication %q does not exist; walbox run will create it (its role owns %s)", name, f.table),
+				"run `walbox migrate` now to create it ahead of time")
+			return
+		}
+		r.add("postgres.publication", Fail, fmt.Sprintf("publication %q does not exist", name),
+			"run `walbox migrate` as the table owner, or as the table owner: "+create)
+		return
+	}
+	if err != nil {
+		r.add("postgres.publication", Fail, fmt.Sprintf("cannot read publication %q: %v", name, err), "")
+		return
+	}
+	switch {
+	case !hasTable:
+		r.add("postgres.publication", Fail, fmt.Sprintf("publication %q does not include %s", name, f.table),
+			fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s", cdc.QuoteIdent(name), f.table.Quoted()))
+	case !ins:
+		r.add("postgres.publication", Fail, fmt.Sprintf("publication %q does not publish inserts (pubinsert is false)", name),
+			fmt.Sprintf("ALTER PUBLICATION %s SET (publish = 'insert', publish_via_partition_root = true)", cdc.QuoteIdent(name)))
+	case !viaRoot:
+		r.add("postgres.publication", Fail, fmt.Sprintf("publication %q has publish_via_partition_root off (pubviaroot): rows of a partitioned outbox would arrive under partition names", name),
+			fmt.Sprintf("ALTER PUBLICATION %s SET (publish_via_partition_root = true)", cdc.QuoteIdent(name)))
+	default:
+		r.add("postgres.publication", OK, fmt.Sprintf("publication %q covers %s (inserts, via partition root)", name, f.table), "")
+	}
+}
+
+func checkSlot(ctx context.Context, conn *pgx.Conn, cfg config.Config, f pgFacts, r *DoctorReport) {
+	slot := cfg.Postgres.Slot
+	st, err := cdc.ReadSlotStatus(ctx, conn, slot)
+	if errors.Is(err, cdc.ErrNoSlot) {
+		r.add("postgres.slot", OK, fmt.Sprintf("slot %q not created yet: walbox run creates it (and publishes the unprocessed rows from a snapshot)", slot), "")
+		return
+	}
+	if err != nil {
+		r.add("postgres.slot", Fail, err.Error(), "")
+		return
+	}
+	active := "inactive"
+	if st.Active {
+		active = fmt.Sprintf("active (pid %d)", st.ActivePID)
+	}
+	detail := fmt.Sprintf("slot %q: plugin %s, %s, wal_status %s, retaining %s of WAL", slot, st.Plugin, active, orDash(st.WALStatus), HumanBytes(st.RetainedBytes))
+	drop := fmt.Sprintf("walbox slot drop (or SELECT pg_drop_replication_slot('%s'))", slot)
+	switch {
+	case st.Plugin != "pgoutput":
+		r.add("postgres.slot", Fail, detail+": walbox needs pgoutput",
+			fmt.Sprintf("choose another postgres.slot, or drop this one if nothing else uses it: %s", drop))
+	case st.Database != f.database:
+		r.add("postgres.slot", Fail, fmt.Sprintf("slot %q belongs to database %s, not %s", slot, st.Database, f.database),
+			"choose another postgres.slot (slot names are per cluster)")
+	case st.WALStatus == "lost":
+		fix := "walbox run drops and recreates it and republishes every unprocessed row (postgres.on_slot_lost: recreate)"
+		if cfg.Postgres.OnSlotLost == "fail" {
+			fix = "postgres.on_slot_lost is fail: " + drop + ", then start walbox run: it recreates the slot and republishes unprocessed rows"
+		}
+		r.add("postgres.slot", Fail, detail+": the slot was invalidated (the WAL it needed is gone)", fix)
+	case st.WALStatus == "unreserved":
+		r.add("postgres.slot", Warn, detail+": it will be invalidated at the next checkpoint unless it catches up",
+			"start walbox (or let it catch up) now, or raise max_slot_wal_keep_size")
+	case st.WALStatus == "extended":
+		r.add("postgres.slot", Warn, detail+": it retains more than max_wal_size", "check that walbox is running and keeping up (walbox status)")
+	default:
+		r.add("postgres.slot", OK, detail, "")
+	}
+}
+
+func checkFailover(ctx context.Context, conn *pgx.Conn, cfg config.Config, f pgFacts, r *DoctorReport) {
+	if f.version < 170000 {
+		r.add("postgres.failover", Skip, "PostgreSQL before 17 has no failover slots: after a failover walbox recreates the slot on the new primary and republishes unprocessed rows (docs/operations.md)", "")
+		return
+	}
+	var standbySlots string
+	_ = conn.QueryRow(ctx, `SELECT current_setting('synchronized_standby_slots', true)`).Scan(&standbySlots)
+	var physical int
+	_ = conn.QueryRow(ctx, `SELECT count(*)::int FROM pg_replication_slots WHERE slot_type = 'physical'`).Scan(&physical)
+	if !f.slotExists {
+		r.add("postgres.failover", OK, "slot not created yet; to survive failover create it with `walbox slot create --failover`", "")
+		return
+	}
+	var failover bool
+	if err := conn.QueryRow(ctx, `SELECT failover FROM pg_replication_slots WHERE slot_name = $1`, cfg.Postgres.Slot).Scan(&failover); err != nil {
+		r.add("postgres.failover", Skip, fmt.Sprintf("cannot read the slot's failover flag: %v", err), "")
+		return
+	}
+	switch {
+	case failover && standbySlots == "":
+		r.add("postgres.failover", Warn, "the slot has failover = true, but synchronized_standby_slots is empty: walbox may read changes a promoted standby never received",
+			"ALTER SYSTEM SET synchronized_standby_slots = '<physical slot of each standby>'; SELECT pg_reload_conf(); and on the standbys: sync_replication_slots = on, hot_standby_feedback = on")
+	case failover:
+		r.add("postgres.failover", OK, "the slot has failover = true; synchronized_standby_slots = "+standbySlots, "")
+	case physical > 0:
+		r.add("postgres.failover", Warn, fmt.Sprintf("the cluster has %d physical (standby) slot(s), but walbox's slot has failover = false: it will not exist on a promoted standby", physical),
+			fmt.Sprintf("on a replication connection: ALTER_REPLICATION_SLOT %s (FAILOVER true); set synchronized_standby_slots on the primary and sync_replication_slots = on on the standbys", cfg.Postgres.Slot))
+	default:
+		r.add("postgres.failover", OK, "no physical standby slots; the slot's failover flag is off", "")
+	}
+}
+
+func checkKeepSize(ctx context.Context, conn *pgx.Conn, r *DoctorReport) {
+	var v string
+	if err := conn.QueryRow(ctx, `SELECT current_setting('max_slot_wal_keep_size')`).Scan(&v); err != nil {
+		r.add("postgres.max_slot_wal_keep_size", Skip, fmt.Sprintf("cannot read it: %v", err), "")
+		return
+	}
+	if v == "-1" {
+		r.add("postgres.max_slot_wal_keep_size", Warn, "max_slot_wal_keep_size = -1 (unlimited): a slot whose reader is gone retains WAL until the disk fills",
+			"ALTER SYSTEM SET max_slot_wal_keep_size = '50GB'; SELECT pg_reload_conf(); (a size your disk can afford; past it the slot is invalidated and walbox recreates it and republishes unprocessed rows)")
+		return
+	}
+	r.add("postgres.max_slot_wal_keep_size", OK, "max_slot_wal_keep_size = "+v, "")
+}
+
+func checkCommitTimestamp(ctx context.Context, conn *pgx.Conn, r *DoctorReport) {
+	var v string
+	if err := conn.QueryRow(ctx, `SELECT current_setting('track_commit_timestamp')`).Scan(&v); err != nil {
+		r.add("postgres.track_commit_timestamp", Skip, fmt.Sprintf("cannot read it: %v", err), "")
+		return
+	}
+	if v == "on" {
+		r.add("postgres.track_commit_timestamp", OK, "on: a recreated slot's backfill republishes unprocessed rows in exact commit order", "")
+		return
+	}
+	r.add("postgres.track_commit_timestamp", OK, "off (info): when a lost slot is recreated, unprocessed rows are republished in created_at, id order; "+
+		"ALTER SYSTEM SET track_commit_timestamp = on and a restart give exact commit order", "")
+}
+
+func checkWalboxSchema(ctx context.Context, conn *pgx.Conn, f pgFacts, r *DoctorReport) {
+	// Looked up in the catalog: to_regclass needs USAGE on the schema.
+	var usage bool
+	var status, marker *bool // nil: no such table
+	err := conn.QueryRow(ctx, `SELECT coalesce(has_schema_privilege(n.oid, 'USAGE'), false),
+		(SELECT has_table_privilege(c.oid, 'INSERT') AND has_table_privilege(c.oid, 'UPDATE')
+		   FROM pg_class c WHERE c.relnamespace = n.oid AND c.relname = 'relay_status'),
+		(SELECT has_table_privilege(c.oid, 'SELECT') AND has_table_privilege(c.oid, 'INSERT')
+		        AND has_table_privilege(c.oid, 'UPDATE') AND has_table_privilege(c.oid, 'DELETE')
+		   FROM pg_class c WHERE c.relnamespace = n.oid AND c.relname = 'slot_backfill')
+		FROM pg_namespace n WHERE n.nspname = 'walbox'`).Scan(&usage, &status, &marker)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		r.add("postgres.walbox_schema", Skip, fmt.Sprintf("cannot look it up: %v", err), "")
+		return
+	}
+	if status == nil {
+		r.add("postgres.walbox_schema", Warn, "walbox.relay_status does not exist (walbox migrate not applied): producers' back-pressure (outbox.Lag) and `walbox status` will not see the relay's lag, and an interrupted backfill cannot be detected",
+			"run `walbox migrate` (or apply `walbox migrate --print`)")
+		return
+	}
+	role := cdc.QuoteIdent(f.user)
+	var grants []string
+	if !usage {
+		grants = append(grants, fmt.Sprintf("GRANT USAGE ON SCHEMA walbox TO %s;", role))
+	}
+	if marker != nil && (!usage || !*marker) {
+		r.add("postgres.walbox_schema", Fail, "the role may not read and write walbox.slot_backfill: walbox run cannot create its slot (the backfill marker)",
+			strings.Join(append(grants, fmt.Sprintf("GRANT SELECT, INSERT, UPDATE, DELETE ON walbox.slot_backfill TO %s;", role),
+				fmt.Sprintf("GRANT SELECT, INSERT, UPDATE ON walbox.relay_status TO %s;", role)), " "))
+		return
+	}
+	if !usage || !*status {
+		r.add("postgres.walbox_schema", Warn, "the role may not write walbox.relay_status: the relay's lag will not be visible",
+			strings.Join(append(grants, fmt.Sprintf("GRANT SELECT, INSERT, UPDATE ON walbox.relay_status TO %s;", role)), " "))
+		return
+	}
+	if marker == nil {
+		r.add("postgres.walbox_schema", OK, "walbox.relay_status exists and is writable (walbox.slot_backfill does not exist: run walbox migrate to add it)", "")
+		return
+	}
+	r.add("postgres.walbox_schema", OK, "walbox.relay_status and walbox.slot_backfill exist and are writable", "")
+}
+
+func doctorNATS(ctx context.Context, cfg config.Config, r *DoctorReport) {
+	nc, js, err := connectNATS(ctx, cfg)
+	if err != nil {
+		r.add("nats.connect", Fail, err.Error(),
+			"check nats.url (or WALBOX_NATS_URL / --nats-url), nats.tls and the credentials; is nats-server running and reachable from here?")
+		r.add("nats.jetstream", Skip, "no connection to NATS", "")
+		return
+	}
+	defer nc.Close()
+	r.add("nats.connect", OK, fmt.Sprintf("connected to %s (nats-server %s)", app.RedactNATSURL(nc.ConnectedUrl()), nc.ConnectedServerVersion()), "")
+	cctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	defer cancel()
+	ai, err := js.AccountInfo(cctx)
+	if err != nil {
+		fix := "check that the account may use JetStream"
+		if errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) {
+			fix = "enable JetStream: nats-server -js, or `jetstream { store_dir: /data }` in the server config (and for the account, with accounts)"
+		}
+		r.add("nats.jetstream", Fail, fmt.Sprintf("JetStream is not available: %v", err), fix)
+		return
+	}
+	r.add("nats.jetstream", OK, fmt.Sprintf("JetStream enabled: %d streams, %s stored", ai.Streams, HumanBytes(int64(ai.Store))), "")
+
+	confStreams := cfg.NATS.Streams
+	for i, sp := range cfg.StreamSpecs() {
+		key := fmt.Sprintf("nats.streams[%d]", i)
+		storage := ""
+		if i < len(confStreams) {
+			storage = confStreams[i].Storage
+		} else {
+			key = "nats.dlq.stream"
+			storage = "file"
+		}
+		checkStream(cctx, js, sp, key, storage, r)
+	}
+}
+
+func checkStream(ctx context.Context, js jetstream.JetStream, sp relay.StreamSpec, key, confStorage string, r *DoctorReport) {
+	name := "nats.stream." + sp.Name
+	dlq := key == "nats.dlq.stream"
+	// What the stream has (or, before walbox created it, will have).
+	window, replicas, memory := sp.DuplicateWindow, max(sp.Replicas, 1), confStorage == "memory"
+	st, err := js.Stream(ctx, sp.Name)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound) && sp.Manage:
+		r.add(name, OK, fmt.Sprintf("stream %s does not exist yet: walbox run creates it (%s)", sp.Name, strings.Join(sp.Subjects, ", ")), "")
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		r.add(name, Fail, fmt.Sprintf("stream %s does not exist and %s.manage is false (walbox only checks it)", sp.Name, key),
+			fmt.Sprintf("create it (nats stream add %s --subjects %q ...), or set %s.manage: true", sp.Name, strings.Join(sp.Subjects, ","), key))
+		return
+	case err != nil:
+		r.add(name, Fail, fmt.Sprintf("cannot read stream %s: %v", sp.Name, err), "")
+		return
+	default:
+		info := st.CachedInfo()
+		window, replicas, memory = info.Config.Duplicates, max(info.Config.Replicas, 1), info.Config.Storage == jetstream.MemoryStorage
+		checkStreamConfig(sp, info, key, confStorage, r)
+	}
+	if dlq {
+		return // walbox creates the dead-letter stream itself: R1, 2m window
+	}
+	if window < 2*time.Minute {
+		r.add(name+".duplicate_window", Warn, fmt.Sprintf("duplicate window %s: a relay down (or restarting) for longer may republish events JetStream already stored, beyond what the resume check sees", window),
+			fmt.Sprintf("set %s.duplicate_window to 2m or more, longer than the downtime you expect", key))
+	} else {
+		r.add(name+".duplicate_window", OK, fmt.Sprintf("duplicate window %s", window), "")
+	}
+	switch {
+	case memory:
+		r.add(name+".durability", Warn, fmt.Sprintf("stream %s keeps messages in memory: acked events are lost when the server stops", sp.Name),
+			fmt.Sprintf("use %s.storage: file and replicas: 3", key))
+	case replicas >= 3:
+		r.add(name+".durability", OK, fmt.Sprintf("R%d file stream: an ack means a quorum stored it", replicas), "")
+	default:
+		r.add(name+".durability", Warn, fmt.Sprintf("R%d stream: acks are durable only with sync_interval: always on the server; use replicas: 3 for durability", replicas),
+			fmt.Sprintf("set %s.replicas: 3 on a JetStream cluster, or sync_interval: always in the server's jetstream block (JetStream does not report it to clients)", key))
+	}
+}
+
+// checkStreamConfig compares an existing stream with its configuration.
+func checkStreamConfig(sp relay.StreamSpec, info *jetstream.StreamInfo, key, confStorage string, r *DoctorReport) {
+	name := "nats.stream." + sp.Name
+	var uncovered []string
+	for _, want := range sp.Subjects {
+		covered := false
+		for _, have := range info.Config.Subjects {
+			if filterCovers(have, want) {
+				covered = true
+			}
+		}
+		if !covered {
+			uncovered = append(uncovered, want)
+		}
+	}
+	actualStorage := "file"
+	if info.Config.Storage == jetstream.MemoryStorage {
+		actualStorage = "memory"
+	}
+	switch {
+	case len(uncovered) > 0 && sp.Manage:
+		r.add(name, Warn, fmt.Sprintf("stream %s captures %s, not %s; walbox run will update its subjects", sp.Name, strings.Join(info.Config.Subjects, ", "), strings.Join(uncovered, ", ")), "")
+	case len(uncovered) > 0:
+		r.add(name, Fail, fmt.Sprintf("stream %s captures %s, not %s (configured in %s.subjects): those events would be dead-lettered", sp.Name, strings.Join(info.Config.Subjects, ", "), strings.Join(uncovered, ", "), key),
+			fmt.Sprintf("add the subjects to the stream (nats stream edit %s --subjects ...), or fix %s.subjects", sp.Name, key))
+	case sp.Manage && confStorage != "" && confStorage != actualStorage:
+		r.add(name, Fail, fmt.Sprintf("stream %s has %s storage but %s.storage says %s; JetStream cannot change a stream's storage", sp.Name, actualStorage, key, confStorage),
+			fmt.Sprintf("set %s.storage: %s, or delete and recreate the stream", key, actualStorage))
+	default:
+		r.add(name, OK, fmt.Sprintf("stream %s captures %s (%d messages)", sp.Name, strings.Join(info.Config.Subjects, ", "), info.State.Msgs), "")
+	}
+}
+
+// filterCovers reports whether every subject want matches is matched by
+// have (both may hold the wildcards * and >).
+func filterCovers(have, want string) bool {
+	ht, wt := strings.Split(have, "."), strings.Split(want, ".")
+	for i, h := range ht {
+		if h == ">" {
+			return len(wt) > i
+		}
+		if i >= len(wt) || wt[i] == ">" {
+			return false
+		}
+		if h != "*" && h != wt[i] {
+			return false
+		}
+	}
+	return len(ht) == len(wt)
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

@@ -1,0 +1,144 @@
+package ops
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/relay"
+)
+
+func checkOf(t *testing.T, r *DoctorReport, name string) Check {
+	t.Helper()
+	for _, c := range r.Checks {
+		if c.Name == name {
+			return c
+		}
+	}
+	t.Fatalf("no check %s in %+v", name, r.Checks)
+	return Check{}
+}
+
+func TestDoctorGoodSetup(t *testing.T) {
+	e := newEnv(t)
+	ctx := testCtx(t)
+	if _, err := relay.EnsureStreams(ctx, e.connectJS(), e.cfg.StreamSpecs()); err != nil {
+		t.Fatal(err)
+	}
+	rep := Doctor(ctx, e.cfg)
+	var out bytes.Buffer
+	rep.Print(&out)
+	if !rep.OK || rep.Failed != 0 {
+		t.Fatalf("doctor failed on a good setup:\n%s", out.String())
+	}
+	for _, name := range []string{"postgres.connect", "postgres.wal_level", "postgres.role", "postgres.replication_connection",
+		"postgres.outbox_table", "postgres.outbox_privileges", "postgres.publication", "postgres.slot", "postgres.walbox_schema",
+		"nats.connect", "nats.jetstream", "nats.stream.ORDERS", "nats.stream.PAYMENTS", "nats.stream.WALBOX_DLQ"} {
+		if c := checkOf(t, rep, name); c.Status != OK {
+			t.Errorf("%s: %s %s", name, c.Status, c.Detail)
+		}
+	}
+	// The test cluster keeps WAL without limit and the streams are R1:
+	// warnings with their fix.
+	if c := checkOf(t, rep, "postgres.max_slot_wal_keep_size"); c.Status != Warn || !strings.Contains(c.Fix, "max_slot_wal_keep_size") {
+		t.Errorf("max_slot_wal_keep_size: %+v", c)
+	}
+	c := checkOf(t, rep, "nats.stream.ORDERS.durability")
+	if c.Status != Warn || !strings.Contains(c.Detail, "R1 stream: acks are durable only with sync_interval: always on the server; use replicas: 3 for durability") {
+		t.Errorf("durability: %+v", c)
+	}
+	mustContain(t, "doctor output", out.String(), "0 failed", "fix: ALTER SYSTEM SET max_slot_wal_keep_size")
+
+	var js bytes.Buffer
+	if err := rep.PrintJSON(&js); err != nil {
+		t.Fatal(err)
+	}
+	var back DoctorReport
+	if err := json.Unmarshal(js.Bytes(), &back); err != nil {
+		t.Fatalf("--json output does not parse: %v\n%s", err, js.String())
+	}
+	if !back.OK || len(back.Checks) != len(rep.Checks) {
+		t.Fatalf("JSON round trip: %+v", back)
+	}
+}
+
+func TestDoctorBadRoleStreamsAndNATS(t *testing.T) {
+	e := newEnv(t, func(c *config.Config) {
+		f := false
+		c.NATS.Streams[1].Manage = &f // PAYMENTS must exist: it does not
+		c.NATS.Streams[0].DuplicateWindow = 30 * time.Second
+	})
+	ctx := testCtx(t)
+	role := uniqueName(t, "norepl")
+	e.exec("CREATE ROLE " + role + " LOGIN")
+	t.Cleanup(func() {
+		e.exec("DROP OWNED BY " + role)
+		e.exec("DROP ROLE " + role)
+	})
+	e.exec("GRANT SELECT ON outbox_events TO " + role)
+	if _, err := relay.EnsureStreams(ctx, e.connectJS(), e.cfg.StreamSpecs()[:1]); err != nil {
+		t.Fatal(err)
+	}
+	u, _ := url.Parse(e.dbURL)
+	u.User = url.User(role)
+	cfg := e.cfg
+	cfg.Postgres.URL = u.String()
+
+	rep := Doctor(ctx, cfg)
+	var out bytes.Buffer
+	rep.Print(&out)
+	if rep.OK || rep.Failed == 0 {
+		t.Fatalf("doctor passed a role without REPLICATION:\n%s", out.String())
+	}
+	if c := checkOf(t, rep, "postgres.role"); c.Status != Fail || !strings.Contains(c.Fix, "WITH REPLICATION") {
+		t.Errorf("role: %+v", c)
+	}
+	if c := checkOf(t, rep, "postgres.replication_connection"); c.Status != Skip {
+		t.Errorf("replication_connection: %+v", c)
+	}
+	if c := checkOf(t, rep, "postgres.outbox_privileges"); c.Status != Fail || !strings.Contains(c.Fix, "GRANT UPDATE (processed, processed_at, error, attempts)") {
+		t.Errorf("privileges: %+v", c)
+	}
+	if c := checkOf(t, rep, "nats.stream.PAYMENTS"); c.Status != Fail || !strings.Contains(c.Fix, "manage: true") {
+		t.Errorf("PAYMENTS: %+v", c)
+	}
+	if c := checkOf(t, rep, "nats.stream.ORDERS.duplicate_window"); c.Status != Warn {
+		t.Errorf("duplicate window: %+v", c)
+	}
+	mustContain(t, "doctor output", out.String(), "FAIL", "ALTER ROLE")
+
+	// NATS down: the connection check fails with its fix, JetStream skips.
+	cfg.NATS.URL = "nats://127.0.0.1:1"
+	rep = Doctor(ctx, cfg)
+	if c := checkOf(t, rep, "nats.connect"); c.Status != Fail || !strings.Contains(c.Fix, "nats.url") {
+		t.Errorf("nats.connect: %+v", c)
+	}
+	if c := checkOf(t, rep, "nats.jetstream"); c.Status != Skip {
+		t.Errorf("nats.jetstream: %+v", c)
+	}
+}
+
+func TestFilterCovers(t *testing.T) {
+	for _, tc := range []struct {
+		have, want string
+		ok         bool
+	}{
+		{"orders.>", "orders.>", true},
+		{"orders.>", "orders.created", true},
+		{"orders.>", "orders.*", true},
+		{"orders.*", "orders.>", false},
+		{"orders.*", "orders.created", true},
+		{"orders.created", "orders.*", false},
+		{">", "a.b.c", true},
+		{"orders.*.x", "orders.a.x", true},
+		{"orders", "orders.>", false},
+	} {
+		if got := filterCovers(tc.have, tc.want); got != tc.ok {
+			t.Errorf("filterCovers(%q, %q) = %v", tc.have, tc.want, got)
+		}
+	}
+}

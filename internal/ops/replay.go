@@ -1,0 +1,510 @@
+package ops
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/walbox/walbox/cdc"
+	"github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/relay"
+)
+
+// HeaderReplayOf names the event a --force-new-id replay delivers again.
+const HeaderReplayOf = "Walbox-Replay-Of"
+
+// replayWindow is how many publishes may wait for their acks.
+const replayWindow = 256
+
+// ReplayOptions select the rows to republish and how.
+type ReplayOptions struct {
+	// From and To bound created_at: From <= created_at < To (zero: open).
+	From, To time.Time
+	// Topic is a NATS-style pattern (* and >) over the topic column.
+	Topic string
+	// IDs restrict the replay to these event ids.
+	IDs []string
+	// Archive reads walbox.<table>_archive instead of the outbox table.
+	Archive bool
+	// ForceNewID publishes under new ids (<id>.replay.<unix-nanos>, header
+	// Walbox-Replay-Of = id) so consumers get the events again.
+	ForceNewID bool
+	// NoCheck skips reading back which ids the streams hold: only
+	// JetStream's duplicate window then stops a second copy.
+	NoCheck bool
+	// DryRun counts what would be published and publishes nothing.
+	DryRun bool
+	// Progress receives progress (a bar when TTY, else periodic lines).
+	Progress io.Writer
+	TTY      bool
+}
+
+// ReplayResult counts what a replay did (or, dry, would do).
+type ReplayResult struct {
+	Table  string `json:"table"`
+	Rows   int64  `json:"rows"`    // rows in the created_at/id selection
+	Events int64  `json:"matched"` // of those, matching the topic pattern
+	// AlreadyStored events were found in their stream before publishing
+	// and skipped.
+	AlreadyStored int64 `json:"already_stored"`
+	// Duplicates were dropped by JetStream (PubAck.Duplicate): inside the
+	// duplicate window.
+	Duplicates   int64            `json:"duplicates"`
+	Published    int64            `json:"published"`
+	DeadLettered int64            `json:"dead_lettered"`
+	ByStream     map[string]int64 `json:"by_stream"` // events to publish per stream
+	DryRun       bool             `json:"dry_run"`
+	NewIDSuffix  string           `json:"new_id_suffix,omitempty"`
+}
+
+// Print writes the summary.
+func (r *ReplayResult) Print(w io.Writer) {
+	verb := "published"
+	if r.DryRun {
+		verb = "would publish"
+	}
+	fmt.Fprintf(w, "replay of %s: %d rows selected, %d matching\n", r.Table, r.Rows, r.Events)
+	streams := make([]string, 0, len(r.ByStream))
+	for s := range r.ByStream {
+		streams = append(streams, s)
+	}
+	sort.Strings(streams)
+	for _, s := range streams {
+		fmt.Fprintf(w, "  %-20s %d\n", s, r.ByStream[s])
+	}
+	if r.DryRun {
+		fmt.Fprintf(w, "%s %d, skip %d already in their stream, dead-letter %d (dry run: nothing published)\n",
+			verb, r.Published, r.AlreadyStored, r.DeadLettered)
+		return
+	}
+	fmt.Fprintf(w, "%s %d, already in the stream (skipped) %d, duplicates dropped by JetStream %d, dead-lettered %d\n",
+		verb, r.Published, r.AlreadyStored, r.Duplicates, r.DeadLettered)
+	if r.NewIDSuffix != "" {
+		fmt.Fprintf(w, "new ids: <id>%s (header %s: <id>)\n", r.NewIDSuffix, HeaderReplayOf)
+	}
+}
+
+// ParseTime reads a --from/--to value: RFC 3339, "2006-01-02 15:04[:05]"
+// or "2006-01-02" (local time), "now", or a duration meaning that long ago
+// ("90m", "24h").
+func ParseTime(s string, now time.Time) (time.Time, error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return time.Time{}, nil
+	}
+	if s == "now" {
+		return now, nil
+	}
+	if d, err := time.ParseDuration(s); err == nil {
+		return now.Add(-d), nil
+	}
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return t, nil
+	}
+	for _, layout := range []string{"2006-01-02T15:04:05", "2006-01-02 15:04:05", "2006-01-02T15:04", "2006-01-02 15:04", "2006-01-02"} {
+		if t, err := time.ParseInLocation(layout, s, time.Local); err == nil {
+			return t, nil
+		}
+	}
+	return time.Time{}, fmt.Errorf("%q is not a time: use RFC 3339 (2024-05-01T12:00:00Z), 2024-05-01 12:00, 2024-05-01, now, or a duration ago (90m)", s)
+}
+
+// Replay republishes outbox (or archive) rows through the relay's router,
+// so subjects, headers, the subject prefix and the stream checks are those
+// of live publishing, in created_at, id order. By default each event keeps
+// its id: events the stream already holds are skipped (read back from the
+// stream; inside the duplicate window JetStream drops them too), so a
+// replay only fills gaps. An event the router rejects is dead-lettered as
+// the relay would.
+func Replay(ctx context.Context, cfg config.Config, opts ReplayOptions) (*ReplayResult, error) {
+	if opts.From.IsZero() && opts.To.IsZero() && len(opts.IDs) == 0 {
+		return nil, errors.New("select the events: --from and --to (created_at range), and/or --id")
+	}
+	if !opts.From.IsZero() && !opts.To.IsZero() && !opts.From.Before(opts.To) {
+		return nil, fmt.Errorf("--from (%s) must be before --to (%s)", opts.From.Format(time.RFC3339), opts.To.Format(time.RFC3339))
+	}
+	table, err := tableOf(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if opts.Archive {
+		table = ArchiveTable(table)
+	}
+	res := &ReplayResult{Table: table.String(), ByStream: map[string]int64{}, DryRun: opts.DryRun}
+	roles, err := cdc.ColumnsFromMap(cfg.Outbox.Columns, true)
+	if err != nil {
+		return nil, &cdc.ConfigError{Key: "outbox.columns", Msg: err.Error()}
+	}
+
+	conn, err := connectPG(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer closePG(ctx, conn)
+	nc, js, err := connectNATS(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer nc.Close()
+	rts, err := routes(ctx, js, cfg)
+	if err != nil {
+		return nil, err
+	}
+	router := relay.NewRouter(cfg.NATS.SubjectPrefix, source(cfg), rts)
+	router.SetMaxPayload(int(nc.MaxPayload()))
+
+	q, err := newRowQuery(ctx, conn, table, roles, opts)
+	if err != nil {
+		return nil, err
+	}
+	var minCreated *time.Time
+	if err := conn.QueryRow(ctx, q.countSQL, q.args...).Scan(&res.Rows, &minCreated); err != nil {
+		return nil, fmt.Errorf("count the rows of %s: %w", table, err)
+	}
+	if res.Rows == 0 {
+		return res, nil
+	}
+
+	stored := map[string]map[string]struct{}{}
+	if !opts.ForceNewID && !opts.NoCheck {
+		from := time.Time{}
+		if minCreated != nil {
+			// Stored after the commit, which is after created_at; a
+			// minute of slack for clocks.
+			from = minCreated.Add(-time.Minute)
+		}
+		filter := ""
+		if opts.Topic != "" {
+			filter = cfg.NATS.SubjectPrefix + opts.Topic
+		}
+		for _, rt := range rts {
+			if rt.Stream == cfg.NATS.DLQ.Stream {
+				continue
+			}
+			ids, err := storedIDs(ctx, js, rt.Stream, filter, from)
+			if err != nil {
+				return nil, fmt.Errorf("read back stream %s (pass --no-check to rely on the duplicate window alone): %w", rt.Stream, err)
+			}
+			stored[rt.Stream] = ids
+		}
+	}
+
+	suffix := ""
+	if opts.ForceNewID {
+		suffix = ".replay." + strconv.FormatInt(time.Now().UnixNano(), 10)
+		res.NewIDSuffix = suffix
+	}
+	bar := newProgress(opts.Progress, opts.TTY, "replay", res.Rows, func() string {
+		return fmt.Sprintf("published %d, skipped %d, duplicates %d, dead-lettered %d", res.Published, res.AlreadyStored, res.Duplicates, res.DeadLettered)
+	})
+	defer bar.finish()
+
+	type flight struct {
+		f   jetstream.PubAckFuture
+		dlq bool // counted as dead-lettered already
+	}
+	var inflight []flight
+	wait := func(fl flight) error {
+		f := fl.f
+		select {
+		case ack := <-f.Ok():
+			if fl.dlq {
+				return nil
+			}
+			if ack.Duplicate {
+				res.Duplicates++
+			} else {
+				res.Published++
+			}
+			return nil
+		case err := <-f.Err():
+			return fmt.Errorf("publish %s: %w", f.Msg().Header.Get(relay.HeaderMsgID), err)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	publish := func(m *nats.Msg, stream string, dlq bool) error {
+		if opts.DryRun {
+			return nil
+		}
+		f, err := js.PublishMsgAsync(m, jetstream.WithExpectStream(stream))
+		if err != nil {
+			return fmt.Errorf("publish to %s: %w", m.Subject, err)
+		}
+		inflight = append(inflight, flight{f, dlq})
+		if len(inflight) >= replayWindow {
+			if err := wait(inflight[0]); err != nil {
+				return err
+			}
+			inflight = inflight[1:]
+		}
+		return nil
+	}
+
+	rows, err := conn.Query(ctx, q.selectSQL, q.args...)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", table, err)
+	}
+	defer rows.Close()
+	var index uint32
+	for rows.Next() {
+		ev, createdAt, err := q.scan(rows)
+		if err != nil {
+			return res, err
+		}
+		bar.add(1)
+		if opts.Topic != "" && (ev.TopicNull || !relay.SubjectMatches(opts.Topic, ev.Topic)) {
+			continue
+		}
+		res.Events++
+		ev.Pos = cdc.Position{CommitLSN: 0, Index: index}
+		index++
+		// The commit time is not kept with the row: created_at is the
+		// closest (the header is the event's time, not the replay's).
+		ev.CommitTime = createdAt
+		if ev.CommitTime.IsZero() {
+			ev.CommitTime = time.Now()
+		}
+		m, stream, err := router.Message(&ev)
+		var pe *relay.PoisonError
+		if errors.As(err, &pe) {
+			res.DeadLettered++
+			res.ByStream[cfg.NATS.DLQ.Stream]++
+			if err := publish(router.DeadLetter(&ev, cfg.NATS.DLQ.SubjectPrefix, pe.Reason), cfg.NATS.DLQ.Stream, true); err != nil {
+				return res, err
+			}
+			continue
+		}
+		if err != nil {
+			return res, err
+		}
+		if opts.ForceNewID {
+			m.Header.Set(relay.HeaderMsgID, ev.ID+suffix)
+			m.Header.Set(HeaderReplayOf, ev.ID)
+		} else if _, ok := stored[stream][ev.ID]; ok {
+			res.AlreadyStored++
+			continue
+		}
+		res.ByStream[stream]++
+		if opts.DryRun {
+			res.Published++
+			continue
+		}
+		if err := publish(m, stream, false); err != nil {
+			return res, err
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return res, fmt.Errorf("read %s: %w", table, err)
+	}
+	for _, fl := range inflight {
+		if err := wait(fl); err != nil {
+			return res, err
+		}
+	}
+	return res, nil
+}
+
+// rowQuery is the SELECT of a replay: the role columns the table has,
+// filtered and ordered.
+type rowQuery struct {
+	selectSQL, countSQL string
+	args                []any
+	roles               []cdc.Role
+	payloadIsJSON       bool
+	hasCreated          bool // the last column is created_at as timestamptz
+}
+
+func newRowQuery(ctx context.Context, conn *pgx.Conn, table cdc.TableName, cols cdc.Columns, opts ReplayOptions) (*rowQuery, error) {
+	rows, err := conn.Query(ctx, `SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a
+		WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped`, table.Quoted())
+	if err != nil {
+		return nil, fmt.Errorf("read the columns of %s: %w", table, err)
+	}
+	types := map[string]string{}
+	for rows.Next() {
+		var n, t string
+		if err := rows.Scan(&n, &t); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		types[n] = t
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read the columns of %s: %w", table, err)
+	}
+	if len(types) == 0 {
+		hint := "check outbox.table"
+		if opts.Archive {
+			hint = "nothing has been archived yet"
+		}
+		return nil, fmt.Errorf("table %s does not exist (%s)", table, hint)
+	}
+	q := &rowQuery{}
+	var sel []string
+	for r, col := range cols {
+		if _, ok := types[col]; col == "" || !ok {
+			continue
+		}
+		sel = append(sel, cdc.QuoteIdent(col)+"::text")
+		q.roles = append(q.roles, cdc.Role(r))
+	}
+	for _, need := range []cdc.Role{cdc.RoleID, cdc.RoleTopic, cdc.RolePayload} {
+		if _, ok := types[cols[need]]; !ok {
+			return nil, fmt.Errorf("table %s has no column %q (role %s; see outbox.columns)", table, cols[need], need)
+		}
+	}
+	pt := types[cols[cdc.RolePayload]]
+	q.payloadIsJSON = pt == "json" || pt == "jsonb"
+	created := ""
+	if c := cols[cdc.RoleCreatedAt]; c != "" && types[c] != "" {
+		created = cdc.QuoteIdent(c)
+	}
+	var where []string
+	if !opts.From.IsZero() || !opts.To.IsZero() {
+		if created == "" {
+			return nil, fmt.Errorf("table %s has no created_at column (outbox.columns.created_at): select by --id", table)
+		}
+	}
+	if !opts.From.IsZero() {
+		q.args = append(q.args, opts.From)
+		where = append(where, fmt.Sprintf("%s >= $%d", created, len(q.args)))
+	}
+	if !opts.To.IsZero() {
+		q.args = append(q.args, opts.To)
+		where = append(where, fmt.Sprintf("%s < $%d", created, len(q.args)))
+	}
+	id := cdc.QuoteIdent(cols[cdc.RoleID])
+	if len(opts.IDs) > 0 {
+		q.args = append(q.args, opts.IDs)
+		where = append(where, fmt.Sprintf("%s::text = ANY($%d)", id, len(q.args)))
+	}
+	w := ""
+	if len(where) > 0 {
+		w = " WHERE " + strings.Join(where, " AND ")
+	}
+	// Qualified: the select list has output columns of the same names.
+	order := "o." + id
+	minCreated := "NULL::timestamptz"
+	if created != "" {
+		order = "o." + created + ", o." + id
+		minCreated = "min(" + created + ")"
+	}
+	if created != "" {
+		q.hasCreated = true
+		sel = append(sel, created+"::timestamptz")
+	}
+	q.selectSQL = fmt.Sprintf("SELECT %s FROM %s o%s ORDER BY %s", strings.Join(sel, ", "), table.Quoted(), w, order)
+	q.countSQL = fmt.Sprintf("SELECT count(*), %s FROM %s%s", minCreated, table.Quoted(), w)
+	return q, nil
+}
+
+func (q *rowQuery) scan(rows pgx.Rows) (cdc.Event, time.Time, error) {
+	vals := make([]*string, len(q.roles))
+	ptrs := make([]any, len(q.roles), len(q.roles)+1)
+	for i := range vals {
+		ptrs[i] = &vals[i]
+	}
+	var created *time.Time
+	if q.hasCreated {
+		ptrs = append(ptrs, &created)
+	}
+	if err := rows.Scan(ptrs...); err != nil {
+		return cdc.Event{}, time.Time{}, fmt.Errorf("read a row: %w", err)
+	}
+	ev := cdc.Event{PayloadIsJSON: q.payloadIsJSON, TopicNull: true}
+	for i, r := range q.roles {
+		v := vals[i]
+		if v == nil {
+			if r == cdc.RolePayload {
+				ev.PayloadNull = true
+			}
+			continue
+		}
+		switch r {
+		case cdc.RoleID:
+			ev.ID = *v
+		case cdc.RoleTopic:
+			ev.Topic, ev.TopicNull = *v, false
+		case cdc.RolePayload:
+			ev.Payload = []byte(*v)
+		case cdc.RoleStream:
+			ev.Stream = *v
+		case cdc.RoleEventType:
+			ev.EventType = *v
+		case cdc.RoleAggregateType:
+			ev.AggregateType = *v
+		case cdc.RoleAggregateID:
+			ev.AggregateID = *v
+		case cdc.RolePartitionKey:
+			ev.PartitionKey = *v
+		case cdc.RoleHeaders:
+			ev.Headers = []byte(*v)
+		case cdc.RoleCreatedAt:
+			ev.CreatedAt = *v
+		}
+	}
+	if created != nil {
+		return ev, *created, nil
+	}
+	return ev, time.Time{}, nil
+}
+
+// storedIDs reads the Nats-Msg-Id of every message of stream stored since
+// from (zero: all), under filter ("" for all subjects), headers only.
+func storedIDs(ctx context.Context, js jetstream.JetStream, stream, filter string, from time.Time) (map[string]struct{}, error) {
+	ids := map[string]struct{}{}
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		return nil, err
+	}
+	if st.CachedInfo().State.Msgs == 0 {
+		return ids, nil
+	}
+	cc := jetstream.OrderedConsumerConfig{HeadersOnly: true, DeliverPolicy: jetstream.DeliverAllPolicy}
+	if !from.IsZero() {
+		cc.DeliverPolicy, cc.OptStartTime = jetstream.DeliverByStartTimePolicy, &from
+	}
+	if filter != "" {
+		cc.FilterSubjects = []string{filter}
+	}
+	cons, err := st.OrderedConsumer(ctx, cc)
+	if err != nil {
+		return nil, err
+	}
+	for {
+		batch, err := cons.Fetch(1000, jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			return nil, err
+		}
+		got, pending := 0, uint64(1)
+		for m := range batch.Messages() {
+			got++
+			if id := m.Headers().Get(relay.HeaderMsgID); id != "" {
+				ids[id] = struct{}{}
+			}
+			if md, err := m.Metadata(); err == nil {
+				pending = md.NumPending
+			}
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) {
+			return nil, err
+		}
+		if got == 0 || pending == 0 {
+			return ids, nil
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+	}
+}

@@ -1,0 +1,190 @@
+package ops
+
+import (
+	"bytes"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/walbox/walbox/internal/config"
+)
+
+func TestReplayFillsAGap(t *testing.T) {
+	e := newEnv(t, func(c *config.Config) {
+		// A short window, so the deleted message's id leaves JetStream's
+		// duplicate tracking quickly.
+		c.NATS.Streams[0].DuplicateWindow = time.Second
+	})
+	ctx := testCtx(t)
+	r := e.startRelay()
+	var ids []string
+	for i := range 5 {
+		ids = append(ids, e.insert("orders.created", `{"n":`+string(rune('0'+i))+`}`))
+	}
+	e.insert("payments.settled", `{"p":1}`)
+	e.waitMsgs("ORDERS", 5)
+	e.waitMsgs("PAYMENTS", 1)
+	r.stop(t)
+
+	js := e.connectJS()
+	st, err := js.Stream(ctx, "ORDERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := st.CachedInfo().State.FirstSeq
+	if err := st.DeleteMsg(ctx, first+2); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.streamIDs("ORDERS"); len(got) != 4 || slices.Contains(got, ids[2]) {
+		t.Fatalf("after the delete: %v", got)
+	}
+	time.Sleep(2500 * time.Millisecond) // past the 1s duplicate window
+
+	from, to := time.Now().Add(-time.Hour), time.Now().Add(time.Minute)
+	dry, err := Replay(ctx, e.cfg, ReplayOptions{From: from, To: to, Topic: "orders.*", DryRun: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dry.Events != 5 || dry.Published != 1 || dry.AlreadyStored != 4 || !dry.DryRun {
+		t.Fatalf("dry run: %+v", dry)
+	}
+	if got := e.streamIDs("ORDERS"); len(got) != 4 {
+		t.Fatalf("dry run published: %v", got)
+	}
+
+	var progress bytes.Buffer
+	res, err := Replay(ctx, e.cfg, ReplayOptions{From: from, To: to, Progress: &progress})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Rows != 6 || res.Published != 1 || res.AlreadyStored != 5 || res.Duplicates != 0 || res.DeadLettered != 0 {
+		t.Fatalf("replay: %+v", res)
+	}
+	got := e.streamIDs("ORDERS")
+	if len(got) != 5 || got[4] != ids[2] {
+		t.Fatalf("stream after the replay: %v (want the missing %s appended)", got, ids[2])
+	}
+	var sum bytes.Buffer
+	res.Print(&sum)
+	mustContain(t, "summary", sum.String(), "published 1", "already in the stream (skipped) 5", "duplicates dropped by JetStream 0", "dead-lettered 0")
+
+	// The replayed message carries the live headers.
+	m, err := st.GetLastMsgForSubject(ctx, "orders.created")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range []string{"Walbox-Commit-Lsn", "Walbox-Txn-Index", "Walbox-Commit-Time", "Walbox-Source"} {
+		if m.Header.Get(h) == "" {
+			t.Errorf("replayed message lacks %s: %v", h, m.Header)
+		}
+	}
+	if m.Header.Get("Walbox-Source") != source(e.cfg) {
+		t.Errorf("Walbox-Source %q, want %q", m.Header.Get("Walbox-Source"), source(e.cfg))
+	}
+}
+
+func TestReplayForceNewIDDuplicatesAndDeadLetters(t *testing.T) {
+	e := newEnv(t)
+	ctx := testCtx(t)
+	e.startRelay()
+	a := e.insert("payments.settled", `{"p":1}`)
+	b := e.insert("payments.settled", `{"p":2}`)
+	e.waitMsgs("PAYMENTS", 2)
+
+	// Inside the duplicate window, without the read-back: JetStream drops
+	// both and says so.
+	res, err := Replay(ctx, e.cfg, ReplayOptions{IDs: []string{a, b}, NoCheck: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Duplicates != 2 || res.Published != 0 {
+		t.Fatalf("replay --no-check inside the window: %+v", res)
+	}
+
+	res, err = Replay(ctx, e.cfg, ReplayOptions{IDs: []string{a}, ForceNewID: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Published != 1 || res.Duplicates != 0 || !strings.HasPrefix(res.NewIDSuffix, ".replay.") {
+		t.Fatalf("replay --force-new-id: %+v", res)
+	}
+	got := e.streamIDs("PAYMENTS")
+	if len(got) != 3 || got[2] != a+res.NewIDSuffix {
+		t.Fatalf("stream after --force-new-id: %v", got)
+	}
+	st, err := e.connectJS().Stream(ctx, "PAYMENTS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := st.GetMsg(ctx, st.CachedInfo().State.LastSeq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Header.Get(HeaderReplayOf) != a {
+		t.Errorf("Walbox-Replay-Of = %q, want %s", m.Header.Get(HeaderReplayOf), a)
+	}
+
+	// A row no stream captures is dead-lettered, as live.
+	poison := e.insert("unrouted.thing", `{"x":1}`)
+	e.waitMsgs("WALBOX_DLQ", 1)
+	res, err = Replay(ctx, e.cfg, ReplayOptions{IDs: []string{poison}, ForceNewID: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.DeadLettered != 1 || res.Published != 0 {
+		t.Fatalf("replay of a poison row: %+v", res)
+	}
+
+	// Selecting nothing is an error; an empty selection is not.
+	if _, err := Replay(ctx, e.cfg, ReplayOptions{}); err == nil {
+		t.Fatal("replay without a selection")
+	}
+	res, err = Replay(ctx, e.cfg, ReplayOptions{IDs: []string{"00000000-0000-0000-0000-000000000000"}})
+	if err != nil || res.Rows != 0 {
+		t.Fatalf("replay of no rows: %+v %v", res, err)
+	}
+}
+
+func TestReplayFromArchive(t *testing.T) {
+	e := newEnv(t)
+	ctx := testCtx(t)
+	e.exec(`CREATE TABLE walbox.outbox_events_archive_old PARTITION OF walbox.outbox_events_archive DEFAULT`)
+	e.exec(`INSERT INTO walbox.outbox_events_archive (topic, payload, created_at, processed) VALUES
+		('orders.archived', '{"old":1}', now() - interval '100 days', true),
+		('payments.archived', '{"old":2}', now() - interval '100 days', true)`)
+	// Streams exist once a relay ran (replay never creates them).
+	e.startRelay().stop(t)
+	var progress bytes.Buffer
+	res, err := Replay(ctx, e.cfg, ReplayOptions{Archive: true, From: time.Now().AddDate(0, 0, -101), To: time.Now().AddDate(0, 0, -99),
+		Topic: "orders.>", Progress: &progress})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Table != "walbox.outbox_events_archive" || res.Rows != 2 || res.Events != 1 || res.Published != 1 {
+		t.Fatalf("replay --archive: %+v", res)
+	}
+	e.waitMsgs("ORDERS", 1)
+	if _, err := Replay(ctx, e.cfg, ReplayOptions{From: time.Now().Add(-time.Hour), To: time.Now().Add(-2 * time.Hour)}); err == nil {
+		t.Fatal("--from after --to accepted")
+	}
+}
+
+func TestParseTime(t *testing.T) {
+	now := time.Date(2024, 5, 1, 12, 0, 0, 0, time.UTC)
+	for in, want := range map[string]time.Time{
+		"2024-04-30T10:00:00Z": time.Date(2024, 4, 30, 10, 0, 0, 0, time.UTC),
+		"90m":                  now.Add(-90 * time.Minute),
+		"now":                  now,
+		"2024-04-30":           time.Date(2024, 4, 30, 0, 0, 0, 0, time.Local),
+		"2024-04-30 10:30":     time.Date(2024, 4, 30, 10, 30, 0, 0, time.Local),
+	} {
+		got, err := ParseTime(in, now)
+		if err != nil || !got.Equal(want) {
+			t.Errorf("ParseTime(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	if _, err := ParseTime("yesterday", now); err == nil {
+		t.Error("ParseTime(yesterday) accepted")
+	}
+}

@@ -1,0 +1,71 @@
+package ops
+
+import (
+	"bytes"
+	"encoding/json"
+	"testing"
+	"time"
+)
+
+func TestStatusOfRunningRelay(t *testing.T) {
+	e := newEnv(t)
+	ctx := testCtx(t)
+
+	// Before any relay: unknown, nothing held.
+	rep, err := Status(ctx, e.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Relay.State != "unknown" || rep.Relay.LockHeld || rep.SlotStatus.Exists {
+		t.Fatalf("before the relay: %+v", rep.Relay)
+	}
+	var out bytes.Buffer
+	rep.Print(&out)
+	mustContain(t, "status without a relay", out.String(), "relay", "unknown", "not held", "does not exist")
+
+	e.insert("orders.created", `{"n":1}`)
+	e.startRelay()
+	e.insert("orders.created", `{"n":2}`)
+	e.insert("payments.settled", `{"n":3}`)
+	e.waitMsgs("ORDERS", 2)
+	e.waitMsgs("PAYMENTS", 1)
+
+	// The leader writes relay_status every second; wait for a fresh row.
+	for {
+		if rep, err = Status(ctx, e.cfg); err != nil {
+			t.Fatal(err)
+		}
+		if rep.Relay.State == "running" && rep.Relay.LockHeld {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("relay never showed as running with the lock: %+v", rep.Relay)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if !rep.SlotStatus.Exists || !rep.SlotStatus.Active || rep.Relay.Leader == "" || rep.Relay.ConfirmedLSN == "" {
+		t.Errorf("status: relay %+v slot %+v", rep.Relay, rep.SlotStatus)
+	}
+	if rep.Outbox.Unprocessed < 0 || rep.Outbox.DeadLettered < 0 || !rep.Outbox.Partitioned || len(rep.Outbox.Partitions) == 0 || rep.Outbox.Archive == nil {
+		t.Errorf("outbox: %+v", rep.Outbox)
+	}
+	if rep.DLQ == nil || rep.DLQ.Error != "" {
+		t.Errorf("dlq: %+v", rep.DLQ)
+	}
+	out.Reset()
+	rep.Print(&out)
+	t.Logf("walbox status:\n%s", out.String())
+	mustContain(t, "status", out.String(), "running", "held by backend pid", "events/s", "commit->ack", "retained", "unprocessed",
+		"dead-lettered", "partitions", "archive", "walbox.outbox_events_archive", "WALBOX_DLQ")
+	out.Reset()
+	if err := rep.PrintJSON(&out); err != nil {
+		t.Fatal(err)
+	}
+	var back map[string]any
+	if err := json.Unmarshal(out.Bytes(), &back); err != nil {
+		t.Fatalf("--json does not parse: %v\n%s", err, out.String())
+	}
+	if back["relay"].(map[string]any)["state"] != "running" {
+		t.Errorf("JSON relay state: %v", back["relay"])
+	}
+}

@@ -1,0 +1,114 @@
+package ops
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/relay"
+)
+
+// TailOptions adjust Tail.
+type TailOptions struct {
+	// Subject is the subject filter (wildcards allowed), as stored: with
+	// nats.subject_prefix when one is configured.
+	Subject string
+	// Stream to read; "" finds the stream capturing Subject.
+	Stream string
+	// Since > 0 starts with the messages stored in the last Since;
+	// otherwise only new messages are shown.
+	Since time.Duration
+	// Full prints whole payloads (otherwise cut at 80 characters).
+	Full bool
+	// Limit > 0 stops after that many messages.
+	Limit int
+}
+
+// Tail prints the messages JetStream stores under opts.Subject, as they
+// are stored, with their commit-to-ack latency (stored time minus the
+// Walbox-Commit-Time header), until ctx ends or opts.Limit messages were
+// shown. It reads through an ephemeral ordered consumer: nothing is acked
+// or changed on the server.
+func Tail(ctx context.Context, cfg config.Config, opts TailOptions, w io.Writer) (int, error) {
+	if opts.Subject == "" {
+		return 0, errors.New("say which subject to tail, e.g. walbox tail 'orders.>'")
+	}
+	nc, js, err := connectNATS(ctx, cfg)
+	if err != nil {
+		return 0, err
+	}
+	defer nc.Close()
+	name := opts.Stream
+	if name == "" {
+		if name, err = js.StreamNameBySubject(ctx, opts.Subject); err != nil {
+			if errors.Is(err, jetstream.ErrStreamNotFound) {
+				return 0, fmt.Errorf("no stream captures %s (name one with --stream)", opts.Subject)
+			}
+			return 0, fmt.Errorf("find the stream of %s: %w", opts.Subject, err)
+		}
+	}
+	st, err := js.Stream(ctx, name)
+	if err != nil {
+		return 0, fmt.Errorf("stream %s: %w", name, err)
+	}
+	cc := jetstream.OrderedConsumerConfig{FilterSubjects: []string{opts.Subject}, DeliverPolicy: jetstream.DeliverNewPolicy,
+		InactiveThreshold: 30 * time.Second}
+	if opts.Since > 0 {
+		start := time.Now().Add(-opts.Since)
+		cc.DeliverPolicy, cc.OptStartTime = jetstream.DeliverByStartTimePolicy, &start
+	}
+	cons, err := st.OrderedConsumer(ctx, cc)
+	if err != nil {
+		return 0, fmt.Errorf("create a consumer on %s: %w", name, err)
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return 0, fmt.Errorf("read %s: %w", name, err)
+	}
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+	defer it.Stop()
+	width := 80
+	if opts.Full {
+		width = 0
+	}
+	fmt.Fprintf(w, "%-23s  %-24s  %-36s  %11s  %s\n", "STORED", "SUBJECT", "EVENT ID (Nats-Msg-Id)", "COMMIT->ACK", "PAYLOAD")
+	n := 0
+	for opts.Limit <= 0 || n < opts.Limit {
+		m, err := it.Next()
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				return n, nil
+			}
+			return n, fmt.Errorf("read %s: %w", name, err)
+		}
+		fmt.Fprintln(w, tailLine(m, width))
+		n++
+	}
+	return n, nil
+}
+
+func tailLine(m jetstream.Msg, width int) string {
+	h := m.Headers()
+	stored, lat := "-", "-"
+	if md, err := m.Metadata(); err == nil {
+		stored = md.Timestamp.Local().Format("2006-01-02 15:04:05.000")
+		if ct, err := time.Parse(time.RFC3339Nano, h.Get(relay.HeaderCommitTime)); err == nil {
+			lat = humanDuration(max(md.Timestamp.Sub(ct), 0))
+		}
+	}
+	id := h.Get(relay.HeaderMsgID)
+	if id == "" {
+		id = "-"
+	}
+	payload := oneLine(m.Data(), width)
+	if reason := h.Get(relay.HeaderDLQReason); reason != "" {
+		payload = "DEAD LETTER: " + reason + ": " + payload
+	}
+	return fmt.Sprintf("%-23s  %-24s  %-36s  %11s  %s", stored, m.Subject(), id, lat, payload)
+}

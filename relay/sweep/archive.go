@@ -1,0 +1,560 @@
+package sweep
+
+import (
+	"bufio"
+	"compress/gzip"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/walbox/walbox/cdc"
+)
+
+// Journal states of an archived partition (walbox.archive_partitions.state).
+const (
+	stateDetached = "detached" // out of the outbox, not yet in the archive
+	stateArchived = "archived" // attached to the archive table
+	stateMerged   = "merged"   // rows copied into an archive partition of the same range (a straggler)
+	stateExported = "exported" // in cold storage, dropped from the database
+	stateDeleted  = "deleted"  // deleted from cold storage after the retention age
+	stateMissing  = "missing"  // the table disappeared behind walbox's back
+)
+
+// crashAt, when set (tests), is called between the steps of archival; an
+// error stops the run there, as a crash would.
+var crashAt func(step string) error
+
+func crash(step string) error {
+	if crashAt != nil {
+		return crashAt(step)
+	}
+	return nil
+}
+
+// Blocked is a partition old enough to archive that still holds unprocessed rows.
+type Blocked struct {
+	Partition   string
+	Unprocessed int64
+}
+
+// Export is a partition written to cold storage.
+type Export struct {
+	Partition string
+	Object    string
+	Rows      int64
+	Bytes     int64
+	Resumed   bool // the object was already there from an interrupted run
+}
+
+// Manifest describes one exported partition; it is written after the data
+// object, so its presence means the export is complete.
+type Manifest struct {
+	Version      int        `json:"version"`
+	Table        string     `json:"table"`
+	Partition    string     `json:"partition"`
+	Object       string     `json:"object"`
+	Format       string     `json:"format"`
+	Rows         int64      `json:"rows"`
+	Bytes        int64      `json:"bytes"`
+	SHA256       string     `json:"sha256"` // of the .jsonl.gz object as stored
+	RangeFrom    string     `json:"range_from"`
+	RangeTo      string     `json:"range_to"`
+	MinCreatedAt *time.Time `json:"min_created_at"`
+	MaxCreatedAt *time.Time `json:"max_created_at"`
+	ExportedAt   time.Time  `json:"exported_at"`
+}
+
+// journalEntry is one row of walbox.archive_partitions.
+type journalEntry struct {
+	name       cdc.TableName
+	from, to   string
+	start, end time.Time
+	state      string
+	maxCreated *time.Time
+}
+
+func parseName(s string) cdc.TableName {
+	t, _ := cdc.ParseTableName(s)
+	return t
+}
+
+// journalExists: the journal is created by migration 005 or the first
+// maintenance run; a dry run before either finds none.
+func journalExists(ctx context.Context, q querier) (bool, error) {
+	var ok bool
+	err := q.QueryRow(ctx, `SELECT to_regclass('walbox.archive_partitions') IS NOT NULL`).Scan(&ok)
+	return ok, err
+}
+
+func (s *Sweeper) journal(ctx context.Context, q querier, where string, args ...any) ([]journalEntry, error) {
+	if ok, err := journalExists(ctx, q); err != nil || !ok {
+		return nil, err
+	}
+	rows, err := q.Query(ctx, `SELECT partition_name, range_from, range_to, coalesce(range_start, 'epoch'), coalesce(range_end, 'epoch'), state, max_created_at
+		FROM walbox.archive_partitions WHERE source = $1 AND `+where+` ORDER BY range_start, partition_name`,
+		append([]any{s.cfg.Table.String()}, args...)...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []journalEntry
+	for rows.Next() {
+		var e journalEntry
+		var name string
+		if err := rows.Scan(&name, &e.from, &e.to, &e.start, &e.end, &e.state, &e.maxCreated); err != nil {
+			return nil, err
+		}
+		e.name = parseName(name)
+		out = append(out, e)
+	}
+	return out, rows.Err()
+}
+
+// archivePartitioned moves whole partitions out of the outbox into the
+// archive: DETACH in one transaction (journal: detached), ATTACH to the
+// archive in the next (journal: archived). No row is copied. A crash in
+// between leaves a journal entry in state detached, and the next run
+// attaches it. A partition with unprocessed rows stays and is reported.
+func (s *Sweeper) archivePartitioned(ctx context.Context, q querier, ti *tableInfo, rep *Report, opts MaintainOptions) error {
+	arch := archiveName(ti.table)
+	if !opts.DryRun {
+		// Resume: partitions detached by a run that stopped before attaching.
+		pending, err := s.journal(ctx, q, "state = $2", stateDetached)
+		if err != nil {
+			return err
+		}
+		for _, e := range pending {
+			if err := s.attach(ctx, q, ti, arch, e, rep); err != nil {
+				return err
+			}
+			rep.Resumed = append(rep.Resumed, e.name.String())
+		}
+	}
+	parts, err := partitions(ctx, q, ti.table, ti.partType)
+	if err != nil {
+		return err
+	}
+	var now time.Time
+	if err := q.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
+		return err
+	}
+	cutoff := now.Add(-s.cfg.Archive.After)
+	blocked := 0
+	for _, p := range parts {
+		if !p.bounded || p.isDefault || p.end.After(cutoff) {
+			continue
+		}
+		var n int64
+		if err := q.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %s WHERE NOT processed`, p.name.Quoted())).Scan(&n); err != nil {
+			return fmt.Errorf("count unprocessed rows of %s: %w", p.name, err)
+		}
+		if n > 0 {
+			rep.Blocked = append(rep.Blocked, Blocked{Partition: p.name.String(), Unprocessed: n})
+			blocked++
+			continue
+		}
+		if opts.DryRun {
+			rep.Archived = append(rep.Archived, p.name.String())
+			continue
+		}
+		e := journalEntry{name: p.name, from: p.from, to: p.to, start: p.start, end: p.end}
+		err := s.inTx(ctx, q, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '10s'"); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s", ti.table.Quoted(), p.name.Quoted())); err != nil {
+				return err
+			}
+			// Under the lock DETACH holds: nothing can have changed since.
+			var n int64
+			if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %s WHERE NOT processed`, p.name.Quoted())).Scan(&n); err != nil {
+				return err
+			}
+			if n > 0 {
+				return errBlocked{n}
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO walbox.archive_partitions (source, partition_name, range_from, range_to, range_start, range_end, state)
+				VALUES ($1, $2, $3, $4, $5, $6, $7)
+				ON CONFLICT (source, partition_name) DO UPDATE SET range_from = EXCLUDED.range_from, range_to = EXCLUDED.range_to,
+				  range_start = EXCLUDED.range_start, range_end = EXCLUDED.range_end, state = EXCLUDED.state, updated_at = now()`,
+				s.cfg.Table.String(), p.name.String(), p.from, p.to, p.start, p.end, stateDetached)
+			return err
+		})
+		var eb errBlocked
+		if errors.As(err, &eb) {
+			rep.Blocked = append(rep.Blocked, Blocked{Partition: p.name.String(), Unprocessed: eb.n})
+			blocked++
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("detach %s from %s: %w", p.name, ti.table, err)
+		}
+		if err := crash("detached"); err != nil {
+			return err
+		}
+		if err := s.attach(ctx, q, ti, arch, e, rep); err != nil {
+			return err
+		}
+		rep.Archived = append(rep.Archived, p.name.String())
+	}
+	s.m.Blocked.Set(float64(blocked))
+	return nil
+}
+
+type errBlocked struct{ n int64 }
+
+func (e errBlocked) Error() string { return fmt.Sprintf("%d unprocessed rows", e.n) }
+
+// attach puts a detached partition into the archive table. If the archive
+// already has a partition overlapping its range (rows of an archived day
+// that arrived late), the rows are copied into it instead and the table
+// dropped: the archive is not in the publication, so nothing is published.
+func (s *Sweeper) attach(ctx context.Context, q querier, ti *tableInfo, arch cdc.TableName, e journalEntry, rep *Report) error {
+	var exists bool
+	if err := q.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, e.name.Quoted()).Scan(&exists); err != nil {
+		return err
+	}
+	if !exists {
+		rep.Errors = append(rep.Errors, fmt.Sprintf("partition %s was detached for archival but no longer exists", e.name))
+		_, err := q.Exec(ctx, `UPDATE walbox.archive_partitions SET state = $3, updated_at = now() WHERE source = $1 AND partition_name = $2`,
+			s.cfg.Table.String(), e.name.String(), stateMissing)
+		return err
+	}
+	aparts, err := partitions(ctx, q, arch, ti.partType)
+	if err != nil {
+		return err
+	}
+	overlap := false
+	for _, p := range aparts {
+		if p.bounded && p.name != e.name && p.start.Before(e.end) && e.start.Before(p.end) {
+			overlap = true
+		}
+	}
+	state := stateArchived
+	err = s.inTx(ctx, q, func(tx pgx.Tx) error {
+		if overlap {
+			state = stateMerged
+			cols := ti.columnList()
+			if _, err := tx.Exec(ctx, fmt.Sprintf("INSERT INTO %s (%s) SELECT %s FROM %s", arch.Quoted(), cols, cols, e.name.Quoted())); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, fmt.Sprintf("DROP TABLE %s", e.name.Quoted())); err != nil {
+				return err
+			}
+		} else if _, err := tx.Exec(ctx, fmt.Sprintf("ALTER TABLE %s ATTACH PARTITION %s FOR VALUES FROM (%s) TO (%s)",
+			arch.Quoted(), e.name.Quoted(), cdc.QuoteLiteral(e.from), cdc.QuoteLiteral(e.to))); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `UPDATE walbox.archive_partitions SET state = $3, updated_at = now() WHERE source = $1 AND partition_name = $2`,
+			s.cfg.Table.String(), e.name.String(), state)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("attach %s to %s: %w", e.name, arch, err)
+	}
+	s.m.Archived.Inc()
+	s.log.Info().Str("partition", e.name.String()).Str("archive", arch.String()).Str("how", state).Msg("partition archived")
+	return nil
+}
+
+// archiveRows moves processed rows older than the cutoff of an unpartitioned
+// table (the DAARION layout) into the archive table, RowBatch rows per
+// transaction: DELETE ... RETURNING feeds the INSERT.
+func (s *Sweeper) archiveRows(ctx context.Context, q querier, ti *tableInfo, rep *Report, opts MaintainOptions) error {
+	if ti.createdCol == "" {
+		s.warn("nocreated", "outbox table has no created_at column: rows are not archived")
+		return nil
+	}
+	arch := archiveName(ti.table)
+	col := cdc.QuoteIdent(ti.createdCol)
+	age := fmt.Sprintf("now() - make_interval(secs => %f)", s.cfg.Archive.After.Seconds())
+	var blocked int64
+	if err := q.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %s WHERE NOT processed AND %s < %s`, ti.table.Quoted(), col, age)).Scan(&blocked); err != nil {
+		return err
+	}
+	if blocked > 0 {
+		rep.Blocked = append(rep.Blocked, Blocked{Partition: ti.table.String(), Unprocessed: blocked})
+		s.m.Blocked.Set(1)
+	} else {
+		s.m.Blocked.Set(0)
+	}
+	if opts.DryRun {
+		return q.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %s WHERE processed AND %s < %s`, ti.table.Quoted(), col, age)).Scan(&rep.RowsArchived)
+	}
+	cols := ti.columnList()
+	stmt := fmt.Sprintf(`WITH moved AS (
+		DELETE FROM %[1]s WHERE ctid = ANY (ARRAY(
+		  SELECT ctid FROM %[1]s WHERE processed AND %[2]s < %[3]s LIMIT %[4]d FOR UPDATE SKIP LOCKED))
+		RETURNING %[5]s)
+		INSERT INTO %[6]s (%[5]s) SELECT %[5]s FROM moved`, ti.table.Quoted(), col, age, s.cfg.Archive.RowBatch, cols, arch.Quoted())
+	pr := newProgress(opts.Progress, "archive rows of "+ti.table.String())
+	for {
+		tag, err := q.Exec(ctx, stmt)
+		if err != nil {
+			return fmt.Errorf("archive rows of %s: %w", ti.table, err)
+		}
+		n := tag.RowsAffected()
+		rep.RowsArchived += n
+		pr.update(rep.RowsArchived, 0)
+		if n < int64(s.cfg.Archive.RowBatch) {
+			break
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+	}
+	pr.done(rep.RowsArchived, 0)
+	if rep.RowsArchived > 0 {
+		s.log.Info().Int64("rows", rep.RowsArchived).Str("archive", arch.String()).Msg("rows archived")
+	}
+	return nil
+}
+
+// keys of an exported partition in cold storage.
+func exportKeys(t cdc.TableName, part cdc.TableName) (data, manifest string) {
+	base := objectDir(t) + "/" + part.Name
+	return base + ".jsonl.gz", base + ".manifest.json"
+}
+
+// exportArchived exports archived partitions older than ExportAfter and
+// drops them. Each partition: write the data object, then the manifest
+// (its presence means complete), then DROP TABLE with the journal update in
+// one transaction. A run that stopped after the upload finds the manifest,
+// checks its row count against the table, and only drops.
+func (s *Sweeper) exportArchived(ctx context.Context, q querier, ti *tableInfo, rep *Report, opts MaintainOptions) error {
+	due, err := s.journal(ctx, q, "state = $2 AND range_end <= now() - make_interval(secs => $3)", stateArchived, s.cfg.Archive.ExportAfter.Seconds())
+	if err != nil {
+		return err
+	}
+	store := s.cfg.Archive.Store
+	for _, e := range due {
+		dataKey, manKey := exportKeys(ti.table, e.name)
+		if opts.DryRun {
+			rep.Exported = append(rep.Exported, Export{Partition: e.name.String(), Object: dataKey})
+			continue
+		}
+		var count int64
+		if err := q.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s", e.name.Quoted())).Scan(&count); err != nil {
+			return fmt.Errorf("count rows of %s: %w", e.name, err)
+		}
+		ex := Export{Partition: e.name.String(), Object: dataKey}
+		var man Manifest
+		raw, err := store.Get(ctx, manKey)
+		switch {
+		case err == nil:
+			if err := json.Unmarshal(raw, &man); err != nil {
+				return fmt.Errorf("manifest %s in %s is unreadable: %w (remove it to export again)", manKey, store, err)
+			}
+			if man.Rows != count || man.Partition != e.name.String() {
+				return fmt.Errorf("manifest %s in %s says %d rows of %s, the partition has %d: not overwriting; check and remove it to export again",
+					manKey, store, man.Rows, man.Partition, count)
+			}
+			ex.Resumed = true
+		case errors.Is(err, ErrNotExist):
+			man, err = s.export(ctx, q, ti, e, dataKey, opts)
+			if err != nil {
+				return err
+			}
+			if man.Rows != count {
+				return fmt.Errorf("exported %d rows of %s, but it holds %d", man.Rows, e.name, count)
+			}
+			if err := crash("uploaded-data"); err != nil {
+				return err
+			}
+			mb, _ := json.MarshalIndent(man, "", "  ")
+			if err := store.Put(ctx, manKey, bytesReader(mb), int64(len(mb))); err != nil {
+				return fmt.Errorf("write manifest: %w", err)
+			}
+			s.m.RowsExported.Add(float64(man.Rows))
+		default:
+			return err
+		}
+		ex.Rows, ex.Bytes = man.Rows, man.Bytes
+		if err := crash("exported"); err != nil {
+			return err
+		}
+		maxCreated := man.MaxCreatedAt
+		if maxCreated == nil {
+			maxCreated = &e.end
+		}
+		err = s.inTx(ctx, q, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '10s'"); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, fmt.Sprintf("DROP TABLE %s", e.name.Quoted())); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `UPDATE walbox.archive_partitions SET state = $3, rows = $4, bytes = $5, sha256 = $6, object = $7,
+				min_created_at = $8, max_created_at = $9, updated_at = now() WHERE source = $1 AND partition_name = $2`,
+				s.cfg.Table.String(), e.name.String(), stateExported, man.Rows, man.Bytes, man.SHA256, dataKey, man.MinCreatedAt, maxCreated)
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("drop exported partition %s: %w", e.name, err)
+		}
+		s.m.Exported.Inc()
+		rep.Exported = append(rep.Exported, ex)
+		s.log.Info().Str("partition", e.name.String()).Str("object", dataKey).Str("store", store.String()).Int64("rows", man.Rows).
+			Int64("bytes", man.Bytes).Bool("resumed", ex.Resumed).Msg("partition exported to cold storage and dropped")
+	}
+	return nil
+}
+
+// export streams a partition as gzip-compressed JSON Lines (one object per
+// row, row_to_json) into a temporary file, hashing it on the way, then
+// uploads the file. It reads in one REPEATABLE READ transaction, so the
+// count, the bounds and the rows agree.
+func (s *Sweeper) export(ctx context.Context, q querier, ti *tableInfo, e journalEntry, dataKey string, opts MaintainOptions) (Manifest, error) {
+	man := Manifest{Version: 1, Table: ti.table.String(), Partition: e.name.String(), Object: dataKey, Format: "jsonl.gz",
+		RangeFrom: e.from, RangeTo: e.to}
+	tmp, err := os.CreateTemp("", "walbox-export-*.jsonl.gz")
+	if err != nil {
+		return man, err
+	}
+	defer os.Remove(tmp.Name())
+	defer tmp.Close()
+	h := sha256.New()
+	cw := &countWriter{w: io.MultiWriter(tmp, h)}
+	zw, _ := gzip.NewWriterLevel(cw, gzip.DefaultCompression)
+	bw := bufio.NewWriterSize(zw, 256<<10)
+	b, ok := q.(txStarter)
+	if !ok {
+		return man, errors.New("internal: export needs a connection")
+	}
+	tx, err := b.Begin(ctx)
+	if err != nil {
+		return man, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if _, err := tx.Exec(ctx, "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"); err != nil {
+		return man, err
+	}
+	col := ti.partCol
+	if col == "" {
+		col = ti.createdCol
+	}
+	var minC, maxC *time.Time
+	if err := tx.QueryRow(ctx, fmt.Sprintf("SELECT min(%[1]s)::timestamptz, max(%[1]s)::timestamptz FROM %[2]s", cdc.QuoteIdent(col), e.name.Quoted())).Scan(&minC, &maxC); err != nil {
+		return man, fmt.Errorf("export %s: %w", e.name, err)
+	}
+	man.MinCreatedAt, man.MaxCreatedAt = minC, maxC
+	rows, err := tx.Query(ctx, fmt.Sprintf("SELECT row_to_json(t)::text FROM %s t", e.name.Quoted()), pgx.QueryResultFormats{pgx.TextFormatCode})
+	if err != nil {
+		return man, fmt.Errorf("export %s: %w", e.name, err)
+	}
+	pr := newProgress(opts.Progress, "export "+e.name.String())
+	for rows.Next() {
+		raw := rows.RawValues()
+		if len(raw) != 1 {
+			rows.Close()
+			return man, errors.New("export: unexpected row shape")
+		}
+		bw.Write(raw[0])
+		bw.WriteByte('\n')
+		man.Rows++
+		if man.Rows&0x3fff == 0 {
+			pr.update(man.Rows, cw.n)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return man, fmt.Errorf("export %s: %w", e.name, err)
+	}
+	if err := bw.Flush(); err != nil {
+		return man, err
+	}
+	if err := zw.Close(); err != nil {
+		return man, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return man, err
+	}
+	pr.done(man.Rows, cw.n)
+	man.Bytes = cw.n
+	man.SHA256 = hex.EncodeToString(h.Sum(nil))
+	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
+		return man, err
+	}
+	if err := s.cfg.Archive.Store.Put(ctx, dataKey, tmp, man.Bytes); err != nil {
+		return man, fmt.Errorf("upload %s: %w", dataKey, err)
+	}
+	man.ExportedAt = time.Now().UTC()
+	return man, nil
+}
+
+// deleteExpired deletes exports whose newest row is older than DeleteAfter,
+// judged by the manifest: the data object first, then the manifest, so a
+// crash in between is finished by the next run.
+func (s *Sweeper) deleteExpired(ctx context.Context, q querier, ti *tableInfo, rep *Report, opts MaintainOptions) error {
+	due, err := s.journal(ctx, q, "state = $2 AND coalesce(max_created_at, range_end) < now() - make_interval(secs => $3)",
+		stateExported, s.cfg.Archive.DeleteAfter.Seconds())
+	if err != nil {
+		return err
+	}
+	var now time.Time
+	if err := q.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
+		return err
+	}
+	store := s.cfg.Archive.Store
+	for _, e := range due {
+		dataKey, manKey := exportKeys(ti.table, e.name)
+		raw, err := store.Get(ctx, manKey)
+		switch {
+		case errors.Is(err, ErrNotExist):
+			// Deleted already (the manifest goes last).
+		case err != nil:
+			return err
+		default:
+			var man Manifest
+			if err := json.Unmarshal(raw, &man); err != nil {
+				return fmt.Errorf("manifest %s in %s is unreadable: %w", manKey, store, err)
+			}
+			newest := e.end
+			if man.MaxCreatedAt != nil {
+				newest = *man.MaxCreatedAt
+			}
+			if !newest.Before(now.Add(-s.cfg.Archive.DeleteAfter)) {
+				continue // the manifest disagrees with the journal: keep it
+			}
+			if opts.DryRun {
+				rep.Deleted = append(rep.Deleted, dataKey)
+				continue
+			}
+			if err := store.Delete(ctx, dataKey); err != nil {
+				return err
+			}
+			if err := store.Delete(ctx, manKey); err != nil {
+				return err
+			}
+		}
+		if opts.DryRun {
+			continue
+		}
+		if _, err := q.Exec(ctx, `UPDATE walbox.archive_partitions SET state = $3, updated_at = now() WHERE source = $1 AND partition_name = $2`,
+			s.cfg.Table.String(), e.name.String(), stateDeleted); err != nil {
+			return err
+		}
+		rep.Deleted = append(rep.Deleted, dataKey)
+		s.log.Info().Str("object", dataKey).Str("store", store.String()).Msg("export past the retention age deleted")
+	}
+	return nil
+}
+
+type countWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}

@@ -1,0 +1,202 @@
+package sweep
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// Report says what one maintenance run did (or, in a dry run, would do).
+type Report struct {
+	DryRun bool
+	Table  string
+	// Skipped is set when another walbox was maintaining the table.
+	Skipped string
+	// PartitionsCreated are the partitions created ahead.
+	PartitionsCreated []string
+	// Moved are the ranges moved out of the default partition.
+	Moved []RangeMove
+	// Resumed are partitions a stopped run had detached, attached now.
+	Resumed []string
+	// Archived are the partitions moved into the archive table.
+	Archived []string
+	// RowsArchived counts rows moved (unpartitioned tables).
+	RowsArchived int64
+	// Blocked are partitions old enough that still hold unprocessed rows.
+	Blocked []Blocked
+	// Exported are partitions written to cold storage and dropped.
+	Exported []Export
+	// Deleted are cold-storage objects deleted after the retention age.
+	Deleted []string
+	// Errors are the steps that failed; the others still ran.
+	Errors []string
+}
+
+// Empty reports whether the run found nothing to do.
+func (r *Report) Empty() bool {
+	return len(r.PartitionsCreated) == 0 && len(r.Moved) == 0 && len(r.Resumed) == 0 && len(r.Archived) == 0 &&
+		r.RowsArchived == 0 && len(r.Blocked) == 0 && len(r.Exported) == 0 && len(r.Deleted) == 0 && len(r.Errors) == 0
+}
+
+func (r *Report) log(l zerolog.Logger) {
+	if r.Skipped != "" {
+		l.Debug().Str("why", r.Skipped).Msg("maintenance skipped")
+		return
+	}
+	for _, b := range r.Blocked {
+		l.Warn().Str("partition", b.Partition).Int64("unprocessed", b.Unprocessed).
+			Msg("not archived: rows not marked processed (walbox_archive_blocked_partitions)")
+	}
+	if len(r.PartitionsCreated)+len(r.Moved)+len(r.Archived)+len(r.Exported)+len(r.Deleted)+len(r.Resumed) > 0 || r.RowsArchived > 0 {
+		l.Info().Int("partitions_created", len(r.PartitionsCreated)).Int("default_ranges_moved", len(r.Moved)).
+			Int("archived", len(r.Archived)+len(r.Resumed)).Int64("rows_archived", r.RowsArchived).Int("exported", len(r.Exported)).
+			Int("deleted", len(r.Deleted)).Msg("maintenance done")
+	}
+}
+
+// lockKey is the advisory lock that serializes maintenance of one table
+// across processes (relays and `walbox archive`).
+func lockKey(table string) int64 {
+	h := fnv.New64a()
+	h.Write([]byte("walbox.sweep/" + table))
+	return int64(h.Sum64() >> 1)
+}
+
+// Maintain runs the maintenance steps once: partitions ahead, rows out of
+// the default partition, archival, export and deletion. A step that fails
+// is reported and the later ones still run (an export does not wait for a
+// partition DDL problem); the error joins the failures.
+func (s *Sweeper) Maintain(ctx context.Context, opts MaintainOptions) (*Report, error) {
+	s.maint.Lock()
+	defer s.maint.Unlock()
+	rep := &Report{DryRun: opts.DryRun, Table: s.cfg.Table.String()}
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return rep, err
+	}
+	defer conn.Release()
+	if !opts.DryRun {
+		key := lockKey(s.cfg.Table.String())
+		if opts.Wait {
+			if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", key); err != nil {
+				return rep, err
+			}
+		} else {
+			var ok bool
+			if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", key).Scan(&ok); err != nil {
+				return rep, err
+			}
+			if !ok {
+				rep.Skipped = "another walbox is maintaining " + s.cfg.Table.String()
+				return rep, nil
+			}
+		}
+		defer func() {
+			uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			if _, err := conn.Exec(uctx, "SELECT pg_advisory_unlock($1)", key); err != nil {
+				conn.Conn().Close(uctx) // the session (and its lock) ends with the connection
+			}
+		}()
+	}
+	ti, err := inspect(ctx, conn, s.cfg.Table, s.cfg.Columns)
+	if err != nil {
+		return rep, err
+	}
+	s.info.Store(ti)
+
+	var errs []error
+	step := func(name string, f func() error) {
+		if ctx.Err() != nil {
+			return
+		}
+		if err := f(); err != nil {
+			rep.Errors = append(rep.Errors, name+": "+err.Error())
+			errs = append(errs, fmt.Errorf("%s: %w", name, err))
+		}
+	}
+	archiving := s.cfg.Archive.After > 0
+	exporting := archiving && s.cfg.Archive.ExportAfter > 0 && s.cfg.Archive.Store != nil
+	if !opts.DryRun && archiving {
+		step("archive table", func() error { _, err := ensureArchive(ctx, conn, ti); return err })
+	}
+	step("partitions", func() error { return s.ensurePartitions(ctx, conn, ti, rep, opts) })
+	step("default partition", func() error {
+		n := len(rep.Moved)
+		if err := s.moveDefault(ctx, conn, ti, rep, opts); err != nil {
+			return err
+		}
+		if len(rep.Moved) > n && !opts.DryRun {
+			// Ranges ensure_partitions skipped for the rows in default.
+			return s.ensurePartitions(ctx, conn, ti, rep, opts)
+		}
+		return nil
+	})
+	if archiving {
+		if !ti.processed {
+			s.warn("noarchive", "outbox table has no boolean processed column: nothing is archived (archival moves only processed rows)")
+		} else if ti.partitioned {
+			step("archive", func() error { return s.archivePartitioned(ctx, conn, ti, rep, opts) })
+		} else {
+			step("archive", func() error { return s.archiveRows(ctx, conn, ti, rep, opts) })
+		}
+	}
+	if exporting && ti.partitioned {
+		step("export", func() error { return s.exportArchived(ctx, conn, ti, rep, opts) })
+	}
+	if exporting && s.cfg.Archive.DeleteAfter > 0 {
+		step("delete", func() error { return s.deleteExpired(ctx, conn, ti, rep, opts) })
+	}
+	if err := ctx.Err(); err != nil {
+		errs = append(errs, err)
+	}
+	return rep, errors.Join(errs...)
+}
+
+// progress prints a line now and then during a long step.
+type progress struct {
+	w       io.Writer
+	what    string
+	started time.Time
+	last    time.Time
+}
+
+func newProgress(w io.Writer, what string) *progress {
+	now := time.Now()
+	return &progress{w: w, what: what, started: now, last: now}
+}
+
+func (p *progress) update(rows, bytes int64) {
+	if p.w == nil || time.Since(p.last) < 2*time.Second {
+		return
+	}
+	p.last = time.Now()
+	p.line(rows, bytes, "…")
+}
+
+func (p *progress) done(rows, bytes int64) {
+	if p.w == nil || time.Since(p.started) < 2*time.Second {
+		return
+	}
+	p.line(rows, bytes, "done")
+}
+
+func (p *progress) line(rows, bytes int64, state string) {
+	el := time.Since(p.started)
+	var b strings.Builder
+	fmt.Fprintf(&b, "  %s: %d rows", p.what, rows)
+	if bytes > 0 {
+		fmt.Fprintf(&b, ", %.1f MB", float64(bytes)/1e6)
+	}
+	fmt.Fprintf(&b, ", %s (%.0f rows/s) %s\n", el.Round(100*time.Millisecond), float64(rows)/el.Seconds(), state)
+	io.WriteString(p.w, b.String())
+}
+
+func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }

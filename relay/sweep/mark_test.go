@@ -1,0 +1,294 @@
+package sweep_test
+
+import (
+	"context"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/walbox/walbox/cdc"
+	"github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/relay"
+	"github.com/walbox/walbox/relay/sweep"
+)
+
+// Rows are marked processed with the ack time, and only after the ack:
+// while NATS is down nothing is acked and nothing is marked.
+func TestMarksProcessedOnlyAfterAck(t *testing.T) {
+	d := newDB(t, true)
+	e := newRelayEnv(t, d)
+	e.start()
+
+	d.exec(`INSERT INTO outbox_events (topic, payload) SELECT 'orders.created', jsonb_build_object('n', g) FROM generate_series(1, 50) g`)
+	waitFor(t, 30*time.Second, "50 rows marked processed", func() bool {
+		return d.int(`SELECT count(*) FROM outbox_events WHERE processed`) == 50
+	})
+	if n := d.int(`SELECT count(*) FROM outbox_events WHERE processed_at IS NULL`); n != 0 {
+		t.Fatalf("%d processed rows have no processed_at", n)
+	}
+	// processed_at is the ack time the relay reported.
+	acked := map[string]time.Time{}
+	for len(acked) < 50 {
+		select {
+		case dl := <-e.delivered:
+			acked[dl.ID] = dl.AckedAt
+		case <-time.After(10 * time.Second):
+			t.Fatalf("only %d deliveries reported", len(acked))
+		}
+	}
+	rows, err := d.pool.Query(context.Background(), `SELECT id::text, processed_at FROM outbox_events`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var id string
+		var at time.Time
+		if err := rows.Scan(&id, &at); err != nil {
+			t.Fatal(err)
+		}
+		want, ok := acked[id]
+		if !ok {
+			t.Fatalf("row %s marked but never reported delivered", id)
+		}
+		if !at.Equal(want.Truncate(time.Microsecond)) {
+			t.Errorf("row %s: processed_at %v, acked at %v", id, at, want)
+		}
+	}
+	rows.Close()
+
+	// NATS down: events cannot be acked, so their rows must stay unprocessed.
+	e.nats.Stop()
+	d.exec(`INSERT INTO outbox_events (topic, payload) SELECT 'orders.late', jsonb_build_object('n', g) FROM generate_series(1, 20) g`)
+	time.Sleep(1500 * time.Millisecond)
+	if n := d.int(`SELECT count(*) FROM outbox_events WHERE topic = 'orders.late' AND processed`); n != 0 {
+		t.Fatalf("%d rows marked processed while NATS was down (before any ack)", n)
+	}
+	if err := e.nats.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 60*time.Second, "the late rows marked after NATS came back", func() bool {
+		return d.int(`SELECT count(*) FROM outbox_events WHERE processed`) == 70
+	})
+	if got := e.streamMsgs("ORDERS"); got != 70 {
+		t.Errorf("stream holds %d messages, want 70", got)
+	}
+	if v := metricValue(t, e.reg, "walbox_sweeper_marked_total"); v != 70 {
+		t.Errorf("walbox_sweeper_marked_total = %v, want 70", v)
+	}
+}
+
+// A dead-lettered row gets its reason in error and attempts + 1; since the
+// dead letter was stored, it also counts as processed.
+func TestDeadLetteredRowGetsErrorAndAttempts(t *testing.T) {
+	d := newDB(t, true)
+	e := newRelayEnv(t, d)
+	e.start()
+	d.exec(`INSERT INTO outbox_events (topic, payload) VALUES ('nowhere.at.all', '{"a":1}'), ('orders.ok', '{"b":2}')`)
+	waitFor(t, 30*time.Second, "both rows marked", func() bool {
+		return d.int(`SELECT count(*) FROM outbox_events WHERE processed`) == 2
+	})
+	var errText string
+	var attempts int
+	if err := d.pool.QueryRow(context.Background(), `SELECT coalesce(error, ''), attempts FROM outbox_events WHERE topic = 'nowhere.at.all'`).Scan(&errText, &attempts); err != nil {
+		t.Fatal(err)
+	}
+	if errText == "" || attempts != 1 {
+		t.Fatalf("dead-lettered row: error %q, attempts %d; want a reason and 1", errText, attempts)
+	}
+	if !strings.Contains(errText, "stream") {
+		t.Errorf("error %q does not say why (no stream for the subject)", errText)
+	}
+	if n := d.int(`SELECT count(*) FROM outbox_events WHERE topic = 'orders.ok' AND (error IS NOT NULL OR attempts <> 0)`); n != 0 {
+		t.Error("the acked row got an error")
+	}
+}
+
+// Killing the sweeper's connection does not stop publishing; the marks
+// catch up once it reconnects.
+func TestMarksCatchUpAfterSweeperConnectionIsKilled(t *testing.T) {
+	d := newDB(t, true)
+	e := newRelayEnv(t, d)
+	e.start()
+	d.exec(`INSERT INTO outbox_events (topic, payload) SELECT 'orders.a', '{}' FROM generate_series(1, 100)`)
+	waitFor(t, 30*time.Second, "first rows marked", func() bool {
+		return d.int(`SELECT count(*) FROM outbox_events WHERE processed`) == 100
+	})
+	kill := func() int64 {
+		return d.int(`SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+			WHERE application_name = $1 AND datname = current_database()) k`, sweep.ApplicationName)
+	}
+	if n := kill(); n == 0 {
+		t.Fatal("found no sweeper backend to terminate")
+	}
+	for i := 0; i < 5; i++ {
+		d.exec(`INSERT INTO outbox_events (topic, payload) SELECT 'orders.b', '{}' FROM generate_series(1, 100)`)
+		kill()
+		time.Sleep(50 * time.Millisecond)
+	}
+	waitFor(t, 30*time.Second, "publishing to go on", func() bool { return e.streamMsgs("ORDERS") == 600 })
+	waitFor(t, 60*time.Second, "marks to catch up after reconnecting", func() bool {
+		return d.int(`SELECT count(*) FROM outbox_events WHERE processed`) == 600
+	})
+}
+
+// A full queue drops marks at once (the relay never waits) and counts them.
+func TestFullQueueDropsMarksWithoutBlocking(t *testing.T) {
+	d := newDB(t, true)
+	d.exec(`INSERT INTO outbox_events (topic, payload) SELECT 'orders.x', '{}' FROM generate_series(1, 25)`)
+	sw := d.sweeper(func(c *sweep.Config) { c.QueueSize = 10 })
+	rows, err := d.pool.Query(context.Background(), `SELECT id::text, created_at::text FROM outbox_events`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ds []relay.Delivered
+	for rows.Next() {
+		var dl relay.Delivered
+		if err := rows.Scan(&dl.ID, &dl.CreatedAt); err != nil {
+			t.Fatal(err)
+		}
+		dl.AckedAt, dl.Stream, dl.Seq = time.Now(), "ORDERS", 1
+		ds = append(ds, dl)
+	}
+	rows.Close()
+	for _, dl := range ds {
+		sw.OnDelivered(dl) // nothing drains the queue yet
+	}
+	if sw.Pending() != 10 || sw.Dropped() != 15 {
+		t.Fatalf("pending %d, dropped %d; want 10 and 15", sw.Pending(), sw.Dropped())
+	}
+	if v := testutil.ToFloat64(sw.Metrics().Dropped); v != 15 {
+		t.Errorf("walbox_sweeper_dropped_total = %v, want 15", v)
+	}
+	stop := sw.Start(context.Background())
+	waitFor(t, 20*time.Second, "the queued marks written", func() bool {
+		return d.int(`SELECT count(*) FROM outbox_events WHERE processed`) == 10
+	})
+	stop()
+	// Re-marking is harmless: the dropped ones can be delivered again later.
+	sw2 := d.sweeper()
+	stop2 := sw2.Start(context.Background())
+	for _, dl := range ds {
+		sw2.OnDelivered(dl)
+	}
+	stop2() // stop flushes what is queued
+	if n := d.int(`SELECT count(*) FROM outbox_events WHERE processed`); n != 25 {
+		t.Fatalf("%d rows processed after marking again, want 25", n)
+	}
+	if sw2.Marked() != 15 {
+		t.Errorf("second sweeper marked %d rows, want 15 (the 10 already processed are left alone)", sw2.Marked())
+	}
+}
+
+// The DAARION layout: id text, no attempts column, and no created_at role
+// mapped, so rows are matched by id alone.
+func TestMarksDAARIONLayoutByID(t *testing.T) {
+	d := newDB(t, false)
+	d.exec(`CREATE TABLE daarion_outbox (id text PRIMARY KEY, stream text, topic text, payload jsonb,
+		created_at timestamptz NOT NULL DEFAULT now(), processed boolean NOT NULL DEFAULT false, processed_at timestamptz, error text)`)
+	d.exec(`INSERT INTO daarion_outbox (id, topic, payload) VALUES ('a', 'orders.a', '{}'), ('b', 'orders.b', '{}'), ('c', 'orders.c', '{}'), ('d', 'orders.d', '{}')`)
+	cols := cdc.DefaultColumns()
+	for _, r := range []cdc.Role{cdc.RoleEventType, cdc.RoleAggregateType, cdc.RoleAggregateID, cdc.RolePartitionKey, cdc.RoleHeaders, cdc.RoleCreatedAt} {
+		cols[r] = ""
+	}
+	sw := d.sweeper(func(c *sweep.Config) {
+		c.Table = cdc.TableName{Schema: "public", Name: "daarion_outbox"}
+		c.Columns = cols
+	})
+	stop := sw.Start(context.Background())
+	at := time.Date(2030, 1, 2, 3, 4, 5, 6000, time.UTC)
+	sw.OnDelivered(relay.Delivered{ID: "a", AckedAt: at, Stream: "ORDERS", Seq: 1})
+	sw.OnDelivered(relay.Delivered{ID: "b", AckedAt: at, Stream: "WALBOX_DLQ", Seq: 2, DeadLetter: true, Reason: "too large"})
+	sw.OnDelivered(relay.Delivered{ID: "c", AckedAt: at, DeadLetter: true, Reason: "dead-letter stream refused it"})
+	stop()
+	type row struct {
+		processed bool
+		at        *time.Time
+		err       *string
+	}
+	get := func(id string) row {
+		var r row
+		if err := d.pool.QueryRow(context.Background(), `SELECT processed, processed_at, error FROM daarion_outbox WHERE id = $1`, id).Scan(&r.processed, &r.at, &r.err); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	if r := get("a"); !r.processed || r.at == nil || !r.at.Equal(at) || r.err != nil {
+		t.Errorf("acked row a: %+v", r)
+	}
+	if r := get("b"); !r.processed || r.err == nil || *r.err != "too large" {
+		t.Errorf("stored dead letter b: %+v", r)
+	}
+	// A dead letter no stream stored is the only record of the event: its
+	// row keeps processed = false (and blocks archival) with the reason.
+	if r := get("c"); r.processed || r.err == nil || *r.err != "dead-letter stream refused it" {
+		t.Errorf("unstored dead letter c: %+v", r)
+	}
+	if r := get("d"); r.processed || r.err != nil {
+		t.Errorf("undelivered row d was touched: %+v", r)
+	}
+}
+
+// mark_processed: false turns marking off.
+func TestMarkProcessedOff(t *testing.T) {
+	d := newDB(t, true)
+	e := newRelayEnv(t, d, func(c *config.Config) { c.Sweeper.MarkProcessed = false })
+	e.start()
+	d.exec(`INSERT INTO outbox_events (topic, payload) SELECT 'orders.x', '{}' FROM generate_series(1, 10)`)
+	waitFor(t, 30*time.Second, "delivery", func() bool { return e.streamMsgs("ORDERS") == 10 })
+	e.stop()
+	if n := d.int(`SELECT count(*) FROM outbox_events WHERE processed`); n != 0 {
+		t.Fatalf("%d rows marked with mark_processed off", n)
+	}
+}
+
+// Dropped marks are caught up once the relay's confirmed position has passed
+// a horizon taken after the drop: rows of transactions that finished before
+// it are marked; newer ones are not.
+func TestDroppedMarksAreCaughtUpOnceConfirmedPastThem(t *testing.T) {
+	d := newDB(t, true)
+	d.exec(`INSERT INTO outbox_events (topic, payload) SELECT 'orders.a', '{}' FROM generate_series(1, 100)`)
+	sw := d.sweeper(func(c *sweep.Config) { c.QueueSize = 10; c.StatsInterval = 20 * time.Millisecond })
+	var confirmed atomic.Uint64 // the relay's confirmed position
+	sw.SetConfirmed(func() cdc.LSN { return cdc.LSN(confirmed.Load()) })
+	rows, err := d.pool.Query(context.Background(), `SELECT id::text, created_at::text FROM outbox_events`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		dl := relay.Delivered{AckedAt: time.Now(), Stream: "ORDERS", Seq: 1}
+		rows.Scan(&dl.ID, &dl.CreatedAt)
+		sw.OnDelivered(dl)
+	}
+	rows.Close()
+	if sw.Dropped() != 90 {
+		t.Fatalf("dropped %d", sw.Dropped())
+	}
+	stop := sw.Start(context.Background())
+	defer stop()
+	waitFor(t, 10*time.Second, "the catch-up horizon", sw.CatchUpWaiting)
+	// Committed after the horizon: not known to be delivered.
+	d.exec(`INSERT INTO outbox_events (topic, payload) SELECT 'orders.after', '{}' FROM generate_series(1, 5)`)
+	waitFor(t, 10*time.Second, "the queued marks", func() bool { return d.int(`SELECT count(*) FROM outbox_events WHERE processed`) == 10 })
+	time.Sleep(200 * time.Millisecond)
+	if n := d.int(`SELECT count(*) FROM outbox_events WHERE processed`); n != 10 {
+		t.Fatalf("%d rows processed before the slot passed the horizon, want the 10 marked", n)
+	}
+	// The relay confirms everything so far (as it does once acked).
+	var lsn string
+	if err := d.pool.QueryRow(context.Background(), `SELECT pg_current_wal_lsn()::text`).Scan(&lsn); err != nil {
+		t.Fatal(err)
+	}
+	l, _ := pglogrepl.ParseLSN(lsn)
+	confirmed.Store(uint64(l))
+	waitFor(t, 10*time.Second, "the catch-up", func() bool { return !sw.CatchUpWaiting() })
+	if n := d.int(`SELECT count(*) FROM outbox_events WHERE topic = 'orders.a' AND processed AND processed_at IS NOT NULL`); n != 100 {
+		t.Fatalf("%d of the 100 delivered rows processed after the catch-up", n)
+	}
+	if n := d.int(`SELECT count(*) FROM outbox_events WHERE topic = 'orders.after' AND processed`); n != 0 {
+		t.Fatalf("%d rows newer than the horizon marked", n)
+	}
+}

@@ -1,0 +1,243 @@
+package sweep
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/walbox/walbox/cdc"
+)
+
+// ensurePartitions calls walbox.ensure_partitions (sql/001) so that the
+// partitions of the coming days exist before rows arrive.
+func (s *Sweeper) ensurePartitions(ctx context.Context, q querier, ti *tableInfo, rep *Report, opts MaintainOptions) error {
+	if !ti.partitioned {
+		return nil
+	}
+	var fn bool
+	if err := q.QueryRow(ctx, `SELECT to_regprocedure('walbox.ensure_partitions(regclass,integer,text)') IS NOT NULL`).Scan(&fn); err != nil {
+		return err
+	}
+	if !fn {
+		s.warn("noensure", "walbox.ensure_partitions is missing (run walbox migrate): partitions are not created ahead")
+		return nil
+	}
+	if opts.DryRun {
+		// What the function would create: the same walk, without DDL.
+		rows, err := q.Query(ctx, `
+			SELECT name FROM (
+			  SELECT $3 || '_p' || to_char(d, CASE $1 WHEN 'day' THEN 'YYYYMMDD' ELSE 'YYYYMM' END) AS name
+			  FROM generate_series(date_trunc($1, now() - interval '1 day')::date::timestamp,
+			                       (now() + make_interval(days => $2))::date::timestamp,
+			                       ('1 ' || $1)::interval) d) x
+			WHERE to_regclass(format('%I.%I', $4::text, name)) IS NULL`,
+			s.cfg.PartitionStep, s.cfg.PartitionsAhead, ti.table.Name, ti.table.Schema)
+		if err != nil {
+			return err
+		}
+		names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return err
+		}
+		for _, n := range names {
+			rep.PartitionsCreated = append(rep.PartitionsCreated, ti.table.Schema+"."+n)
+		}
+		return nil
+	}
+	before, err := partitions(ctx, q, ti.table, ti.partType)
+	if err != nil {
+		return err
+	}
+	if _, err := q.Exec(ctx, `SELECT walbox.ensure_partitions($1::regclass, $2, $3)`, ti.table.Quoted(), s.cfg.PartitionsAhead, s.cfg.PartitionStep); err != nil {
+		return fmt.Errorf("walbox.ensure_partitions: %w", err)
+	}
+	after, err := partitions(ctx, q, ti.table, ti.partType)
+	if err != nil {
+		return err
+	}
+	had := map[cdc.TableName]bool{}
+	for _, p := range before {
+		had[p.name] = true
+	}
+	for _, p := range after {
+		if !had[p.name] {
+			rep.PartitionsCreated = append(rep.PartitionsCreated, p.name.String())
+		}
+	}
+	return nil
+}
+
+// RangeMove is a range of rows found in the default partition and moved
+// into a partition of their own.
+type RangeMove struct {
+	Partition string
+	From, To  time.Time
+	Rows      int64
+}
+
+// moveDefault moves rows out of the default partition into dated partitions.
+//
+// Rows land in the default partition when no partition covers their
+// created_at (the sweeper was down for longer than partitions_ahead, or a
+// producer wrote a far past or future time). While they are there, the
+// partition for their range cannot be created. For each such range, in one
+// transaction that holds the outbox table's lock:
+//
+//  1. DETACH the default partition (it leaves the publication with it);
+//  2. CREATE the dated table as a plain table, not yet a partition;
+//  3. INSERT the range's rows into it and DELETE them from the detached default;
+//  4. ATTACH the dated table for its range, and the default again as DEFAULT.
+//
+// The rows are only ever inserted into tables that are not part of the
+// outbox at that moment, so pgoutput does not publish them: the relay does
+// not send them again (TestMoveDefaultRowsIsNotRepublished checks this with
+// a pgoutput slot of its own). Producers wait for the lock for as long as
+// the copy takes; rows in the default partition are normally few.
+func (s *Sweeper) moveDefault(ctx context.Context, q querier, ti *tableInfo, rep *Report, opts MaintainOptions) error {
+	if !ti.partitioned || ti.partCol == "" {
+		return nil
+	}
+	switch ti.partType {
+	case "timestamp with time zone", "timestamp without time zone":
+	default:
+		return nil
+	}
+	parts, err := partitions(ctx, q, ti.table, ti.partType)
+	if err != nil {
+		return err
+	}
+	var def *partition
+	for i := range parts {
+		if parts[i].isDefault {
+			def = &parts[i]
+		}
+	}
+	if def == nil {
+		return nil
+	}
+	type rng struct {
+		from, to, suffix string
+		start, end       time.Time
+		rows             int64
+	}
+	fmtStep := "YYYYMMDD"
+	if s.cfg.PartitionStep == "month" {
+		fmtStep = "YYYYMM"
+	}
+	col := cdc.QuoteIdent(ti.partCol)
+	// date_trunc in the session's time zone, as ensure_partitions does.
+	rows, err := q.Query(ctx, fmt.Sprintf(`
+		SELECT r.lo::text, (r.lo + ('1 ' || $1)::interval)::text, r.lo::timestamptz, (r.lo + ('1 ' || $1)::interval)::timestamptz,
+		       to_char(r.lo, '%s'), count(*)
+		FROM (SELECT date_trunc($1, %s) AS lo FROM %s) r
+		WHERE r.lo IS NOT NULL GROUP BY r.lo ORDER BY r.lo`, fmtStep, col, def.name.Quoted()), s.cfg.PartitionStep)
+	if err != nil {
+		return fmt.Errorf("read default partition %s: %w", def.name, err)
+	}
+	var ranges []rng
+	for rows.Next() {
+		var r rng
+		if err := rows.Scan(&r.from, &r.to, &r.start, &r.end, &r.suffix, &r.rows); err != nil {
+			rows.Close()
+			return err
+		}
+		ranges = append(ranges, r)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for _, r := range ranges {
+		overlap := false
+		for _, p := range parts {
+			if p.bounded && p.start.Before(r.end) && r.start.Before(p.end) {
+				overlap = true
+			}
+		}
+		if overlap {
+			rep.Errors = append(rep.Errors, fmt.Sprintf("default partition %s holds %d rows in [%s, %s), which overlaps an existing partition with other bounds: move them by hand",
+				def.name, r.rows, r.from, r.to))
+			continue
+		}
+		name, err := s.freeName(ctx, q, cdc.TableName{Schema: ti.table.Schema, Name: ti.table.Name + "_p" + r.suffix})
+		if err != nil {
+			return err
+		}
+		mv := RangeMove{Partition: name.String(), From: r.start, To: r.end, Rows: r.rows}
+		if opts.DryRun {
+			rep.Moved = append(rep.Moved, mv)
+			continue
+		}
+		started := time.Now()
+		err = s.inTx(ctx, q, func(tx pgx.Tx) error {
+			cols := ti.columnList()
+			where := fmt.Sprintf("%s >= %s AND %s < %s", col, cdc.QuoteLiteral(r.from), col, cdc.QuoteLiteral(r.to))
+			stmts := []string{
+				"SET LOCAL lock_timeout = '10s'",
+				fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s", ti.table.Quoted(), def.name.Quoted()),
+				fmt.Sprintf("CREATE TABLE %s (LIKE %s INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING GENERATED)", name.Quoted(), ti.table.Quoted()),
+				fmt.Sprintf("INSERT INTO %s (%s) SELECT %s FROM %s WHERE %s", name.Quoted(), cols, cols, def.name.Quoted(), where),
+				fmt.Sprintf("DELETE FROM %s WHERE %s", def.name.Quoted(), where),
+				fmt.Sprintf("ALTER TABLE %s ATTACH PARTITION %s FOR VALUES FROM (%s) TO (%s)", ti.table.Quoted(), name.Quoted(), cdc.QuoteLiteral(r.from), cdc.QuoteLiteral(r.to)),
+				fmt.Sprintf("ALTER TABLE %s ATTACH PARTITION %s DEFAULT", ti.table.Quoted(), def.name.Quoted()),
+			}
+			for _, st := range stmts {
+				if _, err := tx.Exec(ctx, st); err != nil {
+					return fmt.Errorf("%s: %w", st, err)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("move %d rows of [%s, %s) out of the default partition %s: %w", r.rows, r.from, r.to, def.name, err)
+		}
+		rep.Moved = append(rep.Moved, mv)
+		s.log.Info().Str("partition", name.String()).Int64("rows", r.rows).Dur("took", time.Since(started)).
+			Msg("moved rows out of the default partition into a partition of their own")
+	}
+	return nil
+}
+
+// freeName returns name, or name_2, name_3, ... when a table of that name
+// exists or an earlier partition of that name was archived (its export
+// would be overwritten).
+func (s *Sweeper) freeName(ctx context.Context, q querier, name cdc.TableName) (cdc.TableName, error) {
+	var journal bool
+	if err := q.QueryRow(ctx, `SELECT to_regclass('walbox.archive_partitions') IS NOT NULL`).Scan(&journal); err != nil {
+		return name, err
+	}
+	base := name.Name
+	for i := 2; ; i++ {
+		var taken bool
+		err := q.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, name.Quoted()).Scan(&taken)
+		if err != nil {
+			return name, err
+		}
+		if !taken && journal {
+			err = q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM walbox.archive_partitions WHERE partition_name = $1)`, name.String()).Scan(&taken)
+			if err != nil {
+				return name, err
+			}
+		}
+		if !taken {
+			return name, nil
+		}
+		name.Name = fmt.Sprintf("%s_%d", base, i)
+	}
+}
+
+// txStarter is a querier that can begin a transaction.
+type txStarter interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// inTx runs f in a transaction on q (which must be able to begin one).
+func (s *Sweeper) inTx(ctx context.Context, q querier, f func(pgx.Tx) error) error {
+	b, ok := q.(txStarter)
+	if !ok {
+		return fmt.Errorf("internal: %T cannot begin a transaction", q)
+	}
+	return pgx.BeginFunc(ctx, b, f)
+}

@@ -1,0 +1,250 @@
+package sweep
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/walbox/walbox/cdc"
+)
+
+// querier is what the sweeper needs of a connection, a pool or a transaction.
+type querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// tableInfo is what the sweeper learns about the outbox table from the
+// catalog at start (and again before every maintenance run): which optional
+// columns exist, their types, and how the table is partitioned.
+type tableInfo struct {
+	table       cdc.TableName
+	partitioned bool
+	partCol     string // the range partition key column ("" when not partitioned by one column range)
+	partType    string // its type, e.g. "timestamp with time zone"
+	cols        []column
+
+	idCol, idType         string
+	createdCol, createdTy string // "" when the created_at role is unmapped or the column is missing
+
+	processed, processedAt, errorCol, attempts bool
+}
+
+type column struct {
+	name      string
+	typ       string
+	generated bool
+}
+
+func (ti *tableInfo) has(name string) bool {
+	for _, c := range ti.cols {
+		if c.name == name {
+			return true
+		}
+	}
+	return false
+}
+
+func (ti *tableInfo) typeOf(name string) string {
+	for _, c := range ti.cols {
+		if c.name == name {
+			return c.typ
+		}
+	}
+	return ""
+}
+
+// columnList is the quoted, comma-separated list of the stored (not
+// generated) columns, for INSERT ... SELECT between tables of the same shape.
+func (ti *tableInfo) columnList() string {
+	var names []string
+	for _, c := range ti.cols {
+		if !c.generated {
+			names = append(names, cdc.QuoteIdent(c.name))
+		}
+	}
+	return strings.Join(names, ", ")
+}
+
+// inspect reads the outbox table's shape from pg_attribute and pg_class.
+func inspect(ctx context.Context, q querier, table cdc.TableName, roles cdc.Columns) (*tableInfo, error) {
+	ti := &tableInfo{table: table}
+	var relkind string
+	err := q.QueryRow(ctx, `SELECT c.relkind::text FROM pg_class c WHERE c.oid = to_regclass($1)`, table.Quoted()).Scan(&relkind)
+	if err == pgx.ErrNoRows {
+		return nil, fmt.Errorf("outbox table %s does not exist (run walbox migrate, or fix outbox.table)", table)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("inspect %s: %w", table, err)
+	}
+	ti.partitioned = relkind == "p"
+	rows, err := q.Query(ctx, `SELECT attname::text, format_type(atttypid, atttypmod), attgenerated <> ''
+		FROM pg_attribute WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped ORDER BY attnum`, table.Quoted())
+	if err != nil {
+		return nil, fmt.Errorf("inspect columns of %s: %w", table, err)
+	}
+	for rows.Next() {
+		var c column
+		if err := rows.Scan(&c.name, &c.typ, &c.generated); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		ti.cols = append(ti.cols, c)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("inspect columns of %s: %w", table, err)
+	}
+	if ti.partitioned {
+		err := q.QueryRow(ctx, `SELECT a.attname::text, format_type(a.atttypid, a.atttypmod)
+			FROM pg_partitioned_table p JOIN pg_attribute a ON a.attrelid = p.partrelid AND a.attnum = p.partattrs[0]
+			WHERE p.partrelid = to_regclass($1) AND p.partstrat = 'r' AND p.partnatts = 1`, table.Quoted()).Scan(&ti.partCol, &ti.partType)
+		if err != nil && err != pgx.ErrNoRows {
+			return nil, fmt.Errorf("inspect partition key of %s: %w", table, err)
+		}
+	}
+	ti.idCol = roles[cdc.RoleID]
+	ti.idType = ti.typeOf(ti.idCol)
+	if ti.idType == "" {
+		return nil, fmt.Errorf("outbox table %s has no column %q (outbox.columns.id)", table, ti.idCol)
+	}
+	if c := roles[cdc.RoleCreatedAt]; c != "" && ti.has(c) {
+		ti.createdCol, ti.createdTy = c, ti.typeOf(c)
+	}
+	ti.processed = ti.typeOf("processed") == "boolean"
+	ti.processedAt = ti.has("processed_at")
+	ti.errorCol = ti.has("error")
+	ti.attempts = ti.has("attempts")
+	return ti, nil
+}
+
+// archiveName is the archive table of an outbox table: walbox.<table>_archive
+// for a table in schema public, walbox.<schema>_<table>_archive otherwise.
+// sql/migrate.go names it the same way.
+func archiveName(t cdc.TableName) cdc.TableName {
+	if t.Schema == "public" {
+		return cdc.TableName{Schema: "walbox", Name: t.Name + "_archive"}
+	}
+	return cdc.TableName{Schema: "walbox", Name: t.Schema + "_" + t.Name + "_archive"}
+}
+
+// objectDir is the folder (key prefix) of a table's exports in cold storage.
+func objectDir(t cdc.TableName) string {
+	if t.Schema == "public" {
+		return t.Name
+	}
+	return t.Schema + "." + t.Name
+}
+
+// journalDDL creates the archive journal: one row per partition the
+// archiver has taken out of the outbox, with the step it has reached. Every
+// step updates it in the same transaction as its DDL, so a crash leaves the
+// journal and the catalog in agreement. sql/005_archive.sql holds the same.
+const journalDDL = `CREATE SCHEMA IF NOT EXISTS walbox;
+CREATE TABLE IF NOT EXISTS walbox.archive_partitions (
+    source         text        NOT NULL,
+    partition_name text        NOT NULL,
+    range_from     text        NOT NULL,
+    range_to       text        NOT NULL,
+    range_start    timestamptz,
+    range_end      timestamptz,
+    state          text        NOT NULL,
+    rows           bigint,
+    bytes          bigint,
+    sha256         text,
+    object         text,
+    min_created_at timestamptz,
+    max_created_at timestamptz,
+    updated_at     timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (source, partition_name)
+)`
+
+// ensureArchive creates the journal and the archive table: partitioned like
+// the outbox when the outbox is partitioned (partitions move by DETACH and
+// ATTACH, which needs identical columns), a plain table with an index on
+// created_at otherwise (rows move in batches).
+func ensureArchive(ctx context.Context, q querier, ti *tableInfo) (cdc.TableName, error) {
+	arch := archiveName(ti.table)
+	if _, err := q.Exec(ctx, journalDDL); err != nil {
+		return arch, fmt.Errorf("create walbox.archive_partitions: %w", err)
+	}
+	var exists bool
+	if err := q.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, arch.Quoted()).Scan(&exists); err != nil {
+		return arch, err
+	}
+	if exists {
+		return arch, nil
+	}
+	var ddl string
+	if ti.partitioned {
+		if ti.partCol == "" {
+			return arch, fmt.Errorf("%s is not partitioned by a range of one column: archival needs RANGE (created_at)", ti.table)
+		}
+		ddl = fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (LIKE %s INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING GENERATED) PARTITION BY RANGE (%s)`,
+			arch.Quoted(), ti.table.Quoted(), cdc.QuoteIdent(ti.partCol))
+	} else {
+		ddl = fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (LIKE %s INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING GENERATED)`,
+			arch.Quoted(), ti.table.Quoted())
+		if ti.createdCol != "" {
+			ddl += fmt.Sprintf(`; CREATE INDEX IF NOT EXISTS %s ON %s (%s)`,
+				cdc.QuoteIdent(arch.Name+"_created_idx"), arch.Quoted(), cdc.QuoteIdent(ti.createdCol))
+		}
+	}
+	if _, err := q.Exec(ctx, ddl); err != nil {
+		return arch, fmt.Errorf("create archive table %s: %w", arch, err)
+	}
+	return arch, nil
+}
+
+// partition is one range partition with its bounds: the literals as the
+// catalog prints them (reused verbatim in DDL) and as times.
+type partition struct {
+	name       cdc.TableName
+	isDefault  bool
+	from, to   string
+	start, end time.Time
+	bounded    bool // false for MINVALUE/MAXVALUE bounds and the default
+	estRows    int64
+}
+
+// partitions lists the partitions of a partitioned table.
+func partitions(ctx context.Context, q querier, parent cdc.TableName, keyType string) ([]partition, error) {
+	if keyType == "" {
+		keyType = "timestamptz"
+	}
+	// The bound literals are cast through the key's type, so a timestamp
+	// (without time zone) key is read in the session's time zone, as the
+	// partition routing does.
+	rows, err := q.Query(ctx, fmt.Sprintf(`
+		SELECT n.nspname::text, c.relname::text, pg_get_expr(c.relpartbound, c.oid) = 'DEFAULT',
+		       coalesce(b[1], ''), coalesce(b[2], ''),
+		       (b[1])::%[1]s::timestamptz, (b[2])::%[1]s::timestamptz, greatest(c.reltuples, 0)::bigint
+		FROM pg_inherits i
+		JOIN pg_class c ON c.oid = i.inhrelid
+		JOIN pg_namespace n ON n.oid = c.relnamespace
+		LEFT JOIN LATERAL regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \(''([^'']*)''\) TO \(''([^'']*)''\)') b ON true
+		WHERE i.inhparent = to_regclass($1)
+		ORDER BY 6 NULLS LAST, 2`, keyType), parent.Quoted())
+	if err != nil {
+		return nil, fmt.Errorf("list partitions of %s: %w", parent, err)
+	}
+	defer rows.Close()
+	var out []partition
+	for rows.Next() {
+		var p partition
+		var start, end *time.Time
+		if err := rows.Scan(&p.name.Schema, &p.name.Name, &p.isDefault, &p.from, &p.to, &start, &end, &p.estRows); err != nil {
+			return nil, err
+		}
+		if start != nil && end != nil {
+			p.start, p.end, p.bounded = *start, *end, true
+		}
+		out = append(out, p)
+	}
+	return out, rows.Err()
+}

@@ -1,0 +1,181 @@
+package sweep
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/walbox/walbox/cdc"
+)
+
+// Status is the outbox table's state as the sweeper sees it, for
+// `walbox status` and humans.
+type Status struct {
+	Table       string
+	Partitioned bool
+	// HasProcessed is false when the table has no processed column; the
+	// counts below are then zero.
+	HasProcessed bool
+	// Unprocessed rows and the age of the oldest one (0 when none).
+	Unprocessed       int64
+	OldestUnprocessed time.Duration
+	// DeadLettered counts rows whose error column is set (-1: no such column).
+	DeadLettered int64
+	// Partitions of the outbox table in range order, the default partition last.
+	Partitions []PartitionStatus
+	// DefaultRows are the rows waiting in the default partition to be moved.
+	DefaultRows int64
+	Archive     ArchiveStatus
+	// This process's marking: queued, marked and dropped since start.
+	Queue   int
+	Marked  uint64
+	Dropped uint64
+}
+
+// PartitionStatus is one partition.
+type PartitionStatus struct {
+	Name          string
+	From, To      time.Time // zero for the default partition
+	Default       bool
+	EstimatedRows int64 // from pg_class.reltuples (-1 or 0 until analyzed)
+}
+
+// ArchiveStatus is the archive's side.
+type ArchiveStatus struct {
+	// Table is the archive table; Exists is false until the first archival.
+	Table  string
+	Exists bool
+	// Partitions attached to the archive (partitioned outbox).
+	Partitions []PartitionStatus
+	// EstimatedRows in the archive table (unpartitioned outbox).
+	EstimatedRows int64
+	// Blocked are partitions past archive.after that hold unprocessed rows.
+	Blocked []Blocked
+	// Pending are partitions detached from the outbox and not yet attached
+	// to the archive (finished by the next run).
+	Pending []string
+	// Exported partitions now only in cold storage, their rows, and the
+	// ones deleted after the retention age.
+	Exported     int
+	ExportedRows int64
+	Deleted      int
+	// Store names the cold storage ("" when export is off).
+	Store string
+}
+
+// Status reads the table's state. It needs no running sweeper: `walbox
+// status` builds one from the config and calls it.
+func (s *Sweeper) Status(ctx context.Context) (*Status, error) {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Release()
+	ti, err := inspect(ctx, conn, s.cfg.Table, s.cfg.Columns)
+	if err != nil {
+		return nil, err
+	}
+	st := &Status{Table: ti.table.String(), Partitioned: ti.partitioned, HasProcessed: ti.processed, DeadLettered: -1,
+		Queue: s.Pending(), Marked: s.Marked(), Dropped: s.Dropped()}
+	if ti.processed {
+		if st.Unprocessed, st.OldestUnprocessed, err = unprocessed(ctx, conn, ti); err != nil {
+			return nil, err
+		}
+	}
+	if ti.errorCol {
+		if err := conn.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s WHERE error IS NOT NULL", ti.table.Quoted())).Scan(&st.DeadLettered); err != nil {
+			return nil, err
+		}
+	}
+	var now time.Time
+	if err := conn.QueryRow(ctx, "SELECT now()").Scan(&now); err != nil {
+		return nil, err
+	}
+	cutoff := now.Add(-s.cfg.Archive.After)
+	arch := archiveName(ti.table)
+	st.Archive.Table = arch.String()
+	if s.cfg.Archive.Store != nil && s.cfg.Archive.ExportAfter > 0 {
+		st.Archive.Store = s.cfg.Archive.Store.String()
+	}
+	if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", arch.Quoted()).Scan(&st.Archive.Exists); err != nil {
+		return nil, err
+	}
+	if ti.partitioned {
+		parts, err := partitions(ctx, conn, ti.table, ti.partType)
+		if err != nil {
+			return nil, err
+		}
+		for _, p := range parts {
+			ps := PartitionStatus{Name: p.name.String(), From: p.start, To: p.end, Default: p.isDefault, EstimatedRows: p.estRows}
+			st.Partitions = append(st.Partitions, ps)
+			if p.isDefault {
+				if err := conn.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s", p.name.Quoted())).Scan(&st.DefaultRows); err != nil {
+					return nil, err
+				}
+				continue
+			}
+			if ti.processed && s.cfg.Archive.After > 0 && p.bounded && !p.end.After(cutoff) {
+				var n int64
+				if err := conn.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s WHERE NOT processed", p.name.Quoted())).Scan(&n); err != nil {
+					return nil, err
+				}
+				if n > 0 {
+					st.Archive.Blocked = append(st.Archive.Blocked, Blocked{Partition: p.name.String(), Unprocessed: n})
+				}
+			}
+		}
+		if st.Archive.Exists {
+			aparts, err := partitions(ctx, conn, arch, ti.partType)
+			if err != nil {
+				return nil, err
+			}
+			for _, p := range aparts {
+				st.Archive.Partitions = append(st.Archive.Partitions, PartitionStatus{Name: p.name.String(), From: p.start, To: p.end, EstimatedRows: p.estRows})
+			}
+		}
+	} else {
+		if ti.processed && ti.createdCol != "" && s.cfg.Archive.After > 0 {
+			var n int64
+			if err := conn.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s WHERE NOT processed AND %s < $1", ti.table.Quoted(), cdc.QuoteIdent(ti.createdCol)), cutoff).Scan(&n); err != nil {
+				return nil, err
+			}
+			if n > 0 {
+				st.Archive.Blocked = append(st.Archive.Blocked, Blocked{Partition: ti.table.String(), Unprocessed: n})
+			}
+		}
+		if st.Archive.Exists {
+			if err := conn.QueryRow(ctx, "SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = to_regclass($1)", arch.Quoted()).Scan(&st.Archive.EstimatedRows); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if ok, err := journalExists(ctx, conn); err != nil {
+		return nil, err
+	} else if ok {
+		rows, err := conn.Query(ctx, `SELECT partition_name, state, coalesce(rows, 0) FROM walbox.archive_partitions WHERE source = $1`, ti.table.String())
+		if err != nil {
+			return nil, err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var name, state string
+			var n int64
+			if err := rows.Scan(&name, &state, &n); err != nil {
+				return nil, err
+			}
+			switch state {
+			case stateDetached:
+				st.Archive.Pending = append(st.Archive.Pending, name)
+			case stateExported:
+				st.Archive.Exported++
+				st.Archive.ExportedRows += n
+			case stateDeleted:
+				st.Archive.Deleted++
+			}
+		}
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+	}
+	return st, nil
+}

@@ -1,0 +1,728 @@
+// Package sweep is walbox's sweeper: it marks outbox rows processed after
+// JetStream has acknowledged them (and records dead letters on their rows),
+// keeps the outbox's partitions created ahead, moves rows that landed in the
+// default partition into a dated one, and archives old partitions: into the
+// archive table, then to cold storage (a directory or an S3-compatible
+// bucket), then deletes them after the retention age.
+//
+// It runs beside the relay and never slows it down: the relay hands every
+// delivered event to OnDelivered, which only appends to a bounded queue; a
+// goroutine writes the marks in batches on its own connections. When the
+// queue is full marks are dropped and counted; the flag is an index (the
+// stream is the truth), and marking a row again later is harmless.
+//
+// The sweeper never inserts into a table that is in walbox's publication,
+// so nothing it does is published again: see docs/sweeper.md.
+package sweep
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/walbox/walbox/cdc"
+	"github.com/walbox/walbox/relay"
+)
+
+// ApplicationName is the application_name of the sweeper's connections
+// (pg_stat_activity shows it).
+const ApplicationName = "walbox-sweeper"
+
+// Config configures a Sweeper. Zero values take the defaults noted.
+type Config struct {
+	// ConnString is the database URL (a normal, not a replication, connection).
+	ConnString string
+	Table      cdc.TableName
+	Columns    cdc.Columns
+	// MarkProcessed: write processed/processed_at after the ack, and
+	// error/attempts for dead letters. false: the sweeper never updates rows.
+	MarkProcessed bool
+	// BatchSize is the most marks one UPDATE carries (default 1000).
+	BatchSize int
+	// Interval is how long a partial batch waits before it is written (default 200 ms).
+	Interval time.Duration
+	// QueueSize bounds the marks waiting to be written (default 10 × BatchSize,
+	// about 1.6 MB). Marks beyond it are dropped and caught up later.
+	QueueSize int
+	// PartitionStep is "day" (default) or "month"; PartitionsAhead how many
+	// days ahead partitions exist (default 7).
+	PartitionStep   string
+	PartitionsAhead int
+	// MaintenanceInterval: partitions and archival run at start and then this
+	// often (default 10 min). StatsInterval: the unprocessed gauges (default 30 s).
+	MaintenanceInterval time.Duration
+	StatsInterval       time.Duration
+	Archive             ArchiveConfig
+	// BackoffInitial and BackoffMax bound the pause after a database error
+	// (default 1 s doubling to 60 s).
+	BackoffInitial time.Duration
+	BackoffMax     time.Duration
+	// StopTimeout bounds the final flush of the queue at Stop (default 5 s).
+	StopTimeout time.Duration
+	Logger      zerolog.Logger
+	// Registry receives the metrics; nil leaves them unregistered.
+	Registry prometheus.Registerer
+}
+
+// ArchiveConfig is the archival part of the sweeper's config.
+type ArchiveConfig struct {
+	// After: partitions (or, unpartitioned, rows) whose every row is older
+	// than this and processed move to the archive table. 0 turns archival off.
+	After time.Duration
+	// ExportAfter: archived partitions older than this are exported to Store
+	// and dropped. 0 turns export off.
+	ExportAfter time.Duration
+	// DeleteAfter: exports whose newest row is older than this are deleted
+	// from Store. 0 keeps them forever.
+	DeleteAfter time.Duration
+	// Store is the cold storage; nil turns export off.
+	Store ColdStore
+	// RowBatch is the rows one batch moves for an unpartitioned table (default 10,000).
+	RowBatch int
+}
+
+func (c *Config) defaults() {
+	if c.BatchSize <= 0 {
+		c.BatchSize = 1000
+	}
+	if c.Interval <= 0 {
+		c.Interval = 200 * time.Millisecond
+	}
+	if c.QueueSize <= 0 {
+		c.QueueSize = 10 * c.BatchSize
+	}
+	if c.PartitionStep == "" {
+		c.PartitionStep = "day"
+	}
+	if c.PartitionsAhead <= 0 {
+		c.PartitionsAhead = 7
+	}
+	if c.MaintenanceInterval <= 0 {
+		c.MaintenanceInterval = 10 * time.Minute
+	}
+	if c.StatsInterval <= 0 {
+		c.StatsInterval = 30 * time.Second
+	}
+	if c.BackoffInitial <= 0 {
+		c.BackoffInitial = time.Second
+	}
+	if c.BackoffMax < c.BackoffInitial {
+		c.BackoffMax = 60 * time.Second
+	}
+	if c.StopTimeout <= 0 {
+		c.StopTimeout = 5 * time.Second
+	}
+	if c.Archive.RowBatch <= 0 {
+		c.Archive.RowBatch = 10000
+	}
+}
+
+// mark is one delivered event waiting to be written to its row.
+type mark struct {
+	id, createdAt string
+	at            time.Time
+	dlq           bool
+	stored        bool // acked by JetStream (for a dead letter: the DLQ stream stored it)
+	reason        string
+}
+
+// Sweeper marks delivered rows and maintains the outbox table.
+type Sweeper struct {
+	cfg  Config
+	log  zerolog.Logger
+	m    *Metrics
+	pool *pgxpool.Pool
+
+	mu    sync.Mutex
+	queue []mark
+	head  int
+	wake  chan struct{}
+
+	dropped atomic.Uint64
+	marked  atomic.Uint64
+	info    atomic.Pointer[tableInfo]
+
+	maint    sync.Mutex // one maintenance run at a time in this process
+	warnOnce sync.Map
+
+	// catch-up of dropped marks (statsLoop's goroutine only)
+	caughtUp uint64      // dropped count covered by the last catch-up
+	horizon  *horizon    // taken, waiting for the slot to pass it
+	waiting  atomic.Bool // a horizon is taken (for tests)
+
+	confirmed atomic.Pointer[func() cdc.LSN]
+}
+
+// SetConfirmed gives the sweeper the relay's confirmed position
+// (cdc.Source.Confirmed): the LSN up to which every transaction was acked by
+// JetStream in this process. The catch-up of dropped marks needs it; without
+// it dropped marks are not caught up.
+func (s *Sweeper) SetConfirmed(f func() cdc.LSN) { s.confirmed.Store(&f) }
+
+// horizon is a point in time as the catch-up needs it: every transaction
+// with an xid below xmin had finished, and its commit record was before lsn.
+type horizon struct {
+	xmin, lsn string
+	dropped   uint64
+}
+
+// New returns a sweeper. It does not connect: Start and the other methods
+// do, and retry while the database is away.
+func New(cfg Config) (*Sweeper, error) {
+	cfg.defaults()
+	switch cfg.PartitionStep {
+	case "day", "month":
+	default:
+		return nil, fmt.Errorf("partition step %q: use day or month", cfg.PartitionStep)
+	}
+	pcfg, err := pgxpool.ParseConfig(cfg.ConnString)
+	if err != nil {
+		return nil, err
+	}
+	pcfg.MaxConns = 4
+	pcfg.MinConns = 0
+	pcfg.ConnConfig.RuntimeParams["application_name"] = ApplicationName
+	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	if err != nil {
+		return nil, err
+	}
+	s := &Sweeper{
+		cfg:  cfg,
+		log:  cfg.Logger.With().Str("component", "sweeper").Logger(),
+		m:    newMetrics(cfg.Registry),
+		pool: pool,
+		wake: make(chan struct{}, 1),
+	}
+	return s, nil
+}
+
+// Metrics returns the sweeper's metrics.
+func (s *Sweeper) Metrics() *Metrics { return s.m }
+
+// Close releases the sweeper's connections. Start's stop function calls it.
+func (s *Sweeper) Close() { s.pool.Close() }
+
+// OnDelivered queues the row of a delivered event to be marked. It is called
+// from the relay's publisher goroutine and never blocks: when the queue is
+// full the mark is dropped and counted.
+func (s *Sweeper) OnDelivered(d relay.Delivered) {
+	if !s.cfg.MarkProcessed || d.ID == "" {
+		return
+	}
+	mk := mark{id: d.ID, createdAt: d.CreatedAt, at: d.AckedAt, dlq: d.DeadLetter, stored: d.Seq > 0, reason: d.Reason}
+	s.mu.Lock()
+	if len(s.queue)-s.head >= s.cfg.QueueSize {
+		s.mu.Unlock()
+		s.dropped.Add(1)
+		s.m.Dropped.Inc()
+		return
+	}
+	s.queue = append(s.queue, mk)
+	n := len(s.queue) - s.head
+	s.mu.Unlock()
+	if n >= s.cfg.BatchSize {
+		select {
+		case s.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Hook returns the function to pass as relay.Config.OnDelivered: it queues
+// the mark, then calls next (may be nil).
+func (s *Sweeper) Hook(next func(relay.Delivered)) func(relay.Delivered) {
+	return func(d relay.Delivered) {
+		s.OnDelivered(d)
+		if next != nil {
+			next(d)
+		}
+	}
+}
+
+// take removes up to n marks from the head of the queue.
+func (s *Sweeper) take(n int, into []mark) []mark {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	avail := len(s.queue) - s.head
+	if n > avail {
+		n = avail
+	}
+	into = append(into[:0], s.queue[s.head:s.head+n]...)
+	clear(s.queue[s.head : s.head+n])
+	s.head += n
+	if s.head == len(s.queue) {
+		s.queue, s.head = s.queue[:0], 0
+	} else if s.head > 4096 && s.head > len(s.queue)/2 {
+		k := copy(s.queue, s.queue[s.head:])
+		clear(s.queue[k:])
+		s.queue, s.head = s.queue[:k], 0
+	}
+	s.m.Queue.Set(float64(len(s.queue) - s.head))
+	return into
+}
+
+// Pending is the number of marks waiting in the queue.
+func (s *Sweeper) Pending() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.queue) - s.head
+}
+
+// Start runs the sweeper's goroutines (marks, gauges, maintenance) until the
+// returned stop function is called. stop writes what is still queued (for
+// at most Config.StopTimeout), then returns; ctx cancellation alone does not
+// stop the sweeper, so the relay's final acks can still be marked.
+func (s *Sweeper) Start(ctx context.Context) (stop func()) {
+	base, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stopping := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(3)
+	go func() { defer wg.Done(); s.markLoop(base, stopping) }()
+	go func() { defer wg.Done(); s.statsLoop(base, stopping) }()
+	go func() { defer wg.Done(); s.maintenanceLoop(base, stopping) }()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			close(stopping)
+			timer := time.AfterFunc(s.cfg.StopTimeout, cancel)
+			wg.Wait()
+			timer.Stop()
+			cancel()
+			if n := s.Pending(); n > 0 {
+				s.dropped.Add(uint64(n))
+				s.m.Dropped.Add(float64(n))
+				s.log.Warn().Int("marks", n).Msg("stopping with marks not written; those rows stay unprocessed (harmless: the stream has them)")
+			}
+			s.Close()
+		})
+	}
+}
+
+func (s *Sweeper) markLoop(ctx context.Context, stopping <-chan struct{}) {
+	ticker := time.NewTicker(s.cfg.Interval)
+	defer ticker.Stop()
+	var batch []mark
+	lastDropped := uint64(0)
+	for {
+		final := false
+		select {
+		case <-ctx.Done():
+			return
+		case <-stopping:
+			final = true
+		case <-s.wake:
+		case <-ticker.C:
+		}
+		for {
+			batch = s.take(s.cfg.BatchSize, batch)
+			if len(batch) == 0 {
+				break
+			}
+			s.write(ctx, batch)
+			if ctx.Err() != nil {
+				return
+			}
+			if len(batch) < s.cfg.BatchSize && !final {
+				break
+			}
+		}
+		if d := s.dropped.Load(); d != lastDropped {
+			s.log.Warn().Uint64("dropped_total", d).Uint64("new", d-lastDropped).Int("queue", s.cfg.QueueSize).
+				Msg("mark queue full: marks dropped (the relay never waits); the catch-up marks those rows once the slot has confirmed past them")
+			lastDropped = d
+		}
+		if final {
+			return
+		}
+	}
+}
+
+// write applies one batch, retrying with back-off while the database is away
+// or the connection broke. A batch the database refuses for good (say,
+// permission denied) is dropped and counted.
+func (s *Sweeper) write(ctx context.Context, batch []mark) {
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval = s.cfg.BackoffInitial
+	bo.MaxInterval = s.cfg.BackoffMax
+	bo.MaxElapsedTime = 0
+	bo.Reset()
+	permanentFailures := 0
+	for attempt := 1; ; attempt++ {
+		err := s.apply(ctx, batch)
+		if err == nil {
+			if attempt > 1 {
+				s.log.Info().Int("attempts", attempt).Msg("marks written again after a database error")
+			}
+			return
+		}
+		if ctx.Err() != nil {
+			s.dropped.Add(uint64(len(batch)))
+			s.m.Dropped.Add(float64(len(batch)))
+			return
+		}
+		s.info.Store(nil) // the table may have changed: look again
+		if !transient(err) {
+			permanentFailures++
+			if permanentFailures >= 2 {
+				s.log.Error().Err(err).Int("marks", len(batch)).Msg("marking rows failed; dropping this batch (the rows stay unprocessed)")
+				s.dropped.Add(uint64(len(batch)))
+				s.m.Dropped.Add(float64(len(batch)))
+				return
+			}
+		}
+		wait := bo.NextBackOff()
+		if attempt == 1 || attempt%10 == 0 {
+			s.log.Warn().Err(err).Dur("retry_in", wait).Int("attempt", attempt).Msg("marking rows failed; retrying (publishing goes on)")
+		}
+		select {
+		case <-ctx.Done():
+			s.dropped.Add(uint64(len(batch)))
+			s.m.Dropped.Add(float64(len(batch)))
+			return
+		case <-time.After(wait):
+		}
+	}
+}
+
+// transient reports whether err may go away by itself: a broken connection,
+// a restart, a lock or resource shortage. Anything else (permissions, a
+// missing column) is permanent.
+func transient(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return true // network, EOF, closed connection, timeout
+	}
+	switch pgErr.Code[:2] {
+	case "08", "40", "53", "57", "58", "25":
+		return true
+	}
+	return pgErr.Code == "55P03" || pgErr.Code == "55006"
+}
+
+// tableInfo returns the outbox table's shape, inspecting it when unknown.
+func (s *Sweeper) tableInfo(ctx context.Context) (*tableInfo, error) {
+	if ti := s.info.Load(); ti != nil {
+		return ti, nil
+	}
+	ti, err := inspect(ctx, s.pool, s.cfg.Table, s.cfg.Columns)
+	if err != nil {
+		return nil, err
+	}
+	if s.cfg.MarkProcessed && !ti.processed {
+		s.warn("noprocessed", "outbox table has no boolean processed column: rows are not marked (archival needs it)")
+	}
+	s.info.Store(ti)
+	return ti, nil
+}
+
+func (s *Sweeper) warn(key, msg string) {
+	if _, loaded := s.warnOnce.LoadOrStore(key, true); !loaded {
+		s.log.Warn().Str("table", s.cfg.Table.String()).Msg(msg)
+	}
+}
+
+// apply writes one batch: processed (and processed_at) for acked events and
+// stored dead letters, error (and attempts) for dead letters, matching rows
+// by id and created_at (so only the partition holding the row is touched),
+// or by id alone when the table has no created_at role.
+func (s *Sweeper) apply(ctx context.Context, batch []mark) error {
+	ti, err := s.tableInfo(ctx)
+	if err != nil {
+		return err
+	}
+	type group struct {
+		ids, cas, reasons []string
+		ats               []time.Time
+	}
+	var proc, procByID, dlq, dlqByID group
+	for i := range batch {
+		mk := &batch[i]
+		byID := ti.createdCol == "" || mk.createdAt == ""
+		if ti.processed && (!mk.dlq || mk.stored) {
+			g := &proc
+			if byID {
+				g = &procByID
+			}
+			g.ids, g.cas, g.ats = append(g.ids, mk.id), append(g.cas, mk.createdAt), append(g.ats, mk.at)
+		}
+		if mk.dlq && ti.errorCol {
+			g := &dlq
+			if byID {
+				g = &dlqByID
+			}
+			g.ids, g.cas, g.reasons = append(g.ids, mk.id), append(g.cas, mk.createdAt), append(g.reasons, mk.reason)
+		}
+	}
+	b := &pgx.Batch{}
+	nproc := 0
+	tq := ti.table.Quoted()
+	idCond := fmt.Sprintf("t.%s = u.id::%s", cdc.QuoteIdent(ti.idCol), ti.idType)
+	caCond := ""
+	if ti.createdCol != "" {
+		caCond = fmt.Sprintf(" AND t.%s = u.created_at::%s", cdc.QuoteIdent(ti.createdCol), ti.createdTy)
+	}
+	set := "processed = true"
+	if ti.processedAt {
+		set += ", processed_at = u.acked_at"
+	}
+	if len(proc.ids) > 0 {
+		b.Queue(fmt.Sprintf(`UPDATE %s t SET %s FROM unnest($1::text[], $2::text[], $3::timestamptz[]) AS u(id, created_at, acked_at)
+			WHERE %s%s AND NOT t.processed`, tq, set, idCond, caCond), proc.ids, proc.cas, proc.ats)
+		nproc++
+	}
+	if len(procByID.ids) > 0 {
+		b.Queue(fmt.Sprintf(`UPDATE %s t SET %s FROM unnest($1::text[], $2::timestamptz[]) AS u(id, acked_at)
+			WHERE %s AND NOT t.processed`, tq, set, idCond), procByID.ids, procByID.ats)
+		nproc++
+	}
+	eset := "error = u.reason"
+	if ti.attempts {
+		eset += ", attempts = t.attempts + 1"
+	}
+	if len(dlq.ids) > 0 {
+		b.Queue(fmt.Sprintf(`UPDATE %s t SET %s FROM unnest($1::text[], $2::text[], $3::text[]) AS u(id, created_at, reason)
+			WHERE %s%s`, tq, eset, idCond, caCond), dlq.ids, dlq.cas, dlq.reasons)
+	}
+	if len(dlqByID.ids) > 0 {
+		b.Queue(fmt.Sprintf(`UPDATE %s t SET %s FROM unnest($1::text[], $2::text[]) AS u(id, reason) WHERE %s`, tq, eset, idCond),
+			dlqByID.ids, dlqByID.reasons)
+	}
+	if b.Len() == 0 {
+		return nil
+	}
+	// A batch runs as one implicit transaction: all or nothing, so a retry
+	// after a failure does not count attempts twice.
+	br := s.pool.SendBatch(ctx, b)
+	var marked int64
+	for i := range b.Len() {
+		tag, err := br.Exec()
+		if err != nil {
+			br.Close()
+			return err
+		}
+		if i < nproc {
+			marked += tag.RowsAffected()
+		}
+	}
+	if err := br.Close(); err != nil {
+		return err
+	}
+	s.marked.Add(uint64(marked))
+	s.m.Marked.Add(float64(marked))
+	return nil
+}
+
+// Marked is the number of rows this sweeper marked processed.
+func (s *Sweeper) Marked() uint64 { return s.marked.Load() }
+
+// Dropped is the number of marks this sweeper dropped.
+func (s *Sweeper) Dropped() uint64 { return s.dropped.Load() }
+
+// statsLoop refreshes the unprocessed gauges.
+func (s *Sweeper) statsLoop(ctx context.Context, stopping <-chan struct{}) {
+	// The catch-up of dropped marks looks every 2 s (cheap: one look at
+	// pg_replication_slots, and only after a drop); the gauges every
+	// StatsInterval.
+	tick := min(2*time.Second, s.cfg.StatsInterval)
+	ticker := time.NewTicker(tick)
+	defer ticker.Stop()
+	var lastGauges time.Time
+	for {
+		if err := s.catchUp(ctx); err != nil && ctx.Err() == nil {
+			s.log.Warn().Err(err).Msg("catch-up of dropped marks failed; will retry")
+		}
+		if time.Since(lastGauges) >= s.cfg.StatsInterval-tick/2 {
+			lastGauges = time.Now()
+			if err := s.refreshGauges(ctx); err != nil && ctx.Err() == nil {
+				s.log.Debug().Err(err).Msg("unprocessed gauges not updated")
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-stopping:
+			return
+		case <-ticker.C:
+		}
+	}
+}
+
+func (s *Sweeper) refreshGauges(ctx context.Context) error {
+	ti, err := s.tableInfo(ctx)
+	if err != nil {
+		return err
+	}
+	if !ti.processed {
+		return nil
+	}
+	n, age, err := unprocessed(ctx, s.pool, ti)
+	if err != nil {
+		return err
+	}
+	s.m.Unprocessed.Set(float64(n))
+	s.m.OldestUnprocessed.Set(age.Seconds())
+	return nil
+}
+
+// catchUp marks the rows whose marks were dropped, without knowing them.
+//
+// After a drop it records a horizon: the xmin of a fresh snapshot (every
+// transaction with an older xid had finished) and the current WAL insert
+// position (their commit records lie before it). Once the relay's confirmed
+// position has passed that position, each of those transactions was fully
+// acked by JetStream (the relay confirms only up to fully acked
+// transactions), so every row still unprocessed whose xmin is older
+// than the horizon was delivered and is marked now, with processed_at =
+// now(). A row's xmin is never older than its inserting transaction (a later
+// update only makes it newer), so the test errs on the side of not marking.
+// Rows with an error (dead letters no stream stored) are left alone.
+func (s *Sweeper) catchUp(ctx context.Context) error {
+	confirmed := s.confirmed.Load()
+	if !s.cfg.MarkProcessed || confirmed == nil {
+		return nil
+	}
+	dropped := s.dropped.Load()
+	if s.horizon == nil {
+		if dropped == s.caughtUp {
+			return nil
+		}
+		h := &horizon{dropped: dropped}
+		err := s.pool.QueryRow(ctx, `SELECT (pg_snapshot_xmin(pg_current_snapshot())::text::bigint % 4294967296)::text,
+			pg_current_wal_insert_lsn()::text`).Scan(&h.xmin, &h.lsn)
+		if err != nil {
+			return err
+		}
+		s.horizon = h
+		s.waiting.Store(true)
+		return nil
+	}
+	// The relay's own confirmed position, not the slot's: a slot dropped
+	// and created again starts at its new consistent point before the
+	// backfill is acked, while the relay confirms only acked transactions.
+	lsn, err := pglogrepl.ParseLSN(s.horizon.lsn)
+	if err != nil {
+		return err
+	}
+	if (*confirmed)() < lsn {
+		return nil
+	}
+	ti, err := s.tableInfo(ctx)
+	if err != nil {
+		return err
+	}
+	if !ti.processed {
+		s.horizon, s.caughtUp = nil, s.horizon.dropped
+		s.waiting.Store(false)
+		return nil
+	}
+	key, sel := cdc.QuoteIdent(ti.idCol), cdc.QuoteIdent(ti.idCol)
+	if ti.createdCol != "" {
+		sel += ", " + cdc.QuoteIdent(ti.createdCol)
+		key = "(" + sel + ")"
+	}
+	set := "processed = true"
+	if ti.processedAt {
+		set += ", processed_at = now()"
+	}
+	cond := "NOT processed AND age(xmin) > age($1::xid)"
+	if ti.errorCol {
+		cond += " AND error IS NULL"
+	}
+	stmt := fmt.Sprintf(`UPDATE %[1]s SET %[2]s WHERE %[3]s AND %[4]s IN (SELECT %[5]s FROM %[1]s WHERE %[3]s LIMIT 10000)`,
+		ti.table.Quoted(), set, cond, key, sel)
+	var total int64
+	for {
+		tag, err := s.pool.Exec(ctx, stmt, s.horizon.xmin)
+		if err != nil {
+			return err
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < 10000 {
+			break
+		}
+	}
+	s.marked.Add(uint64(total))
+	s.m.Marked.Add(float64(total))
+	s.log.Info().Int64("rows", total).Uint64("dropped_marks", s.horizon.dropped-s.caughtUp).
+		Msg("caught up dropped marks: rows acked before the slot's confirmed position marked processed")
+	s.horizon, s.caughtUp = nil, s.horizon.dropped
+	s.waiting.Store(false)
+	return nil
+}
+
+// unprocessed counts the rows not marked processed and the age of the oldest.
+func unprocessed(ctx context.Context, q querier, ti *tableInfo) (int64, time.Duration, error) {
+	age := "0::float8"
+	if ti.createdCol != "" {
+		age = fmt.Sprintf("coalesce(extract(epoch from now() - min(%s)::timestamptz), 0)::float8", cdc.QuoteIdent(ti.createdCol))
+	}
+	var n int64
+	var secs float64
+	err := q.QueryRow(ctx, fmt.Sprintf("SELECT count(*), %s FROM %s WHERE NOT processed", age, ti.table.Quoted())).Scan(&n, &secs)
+	if secs < 0 {
+		secs = 0
+	}
+	return n, time.Duration(secs * float64(time.Second)), err
+}
+
+// maintenanceLoop runs Maintain at start and every MaintenanceInterval.
+func (s *Sweeper) maintenanceLoop(ctx context.Context, stopping <-chan struct{}) {
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval = s.cfg.BackoffInitial
+	bo.MaxInterval = s.cfg.MaintenanceInterval
+	bo.MaxElapsedTime = 0
+	bo.Reset()
+	for {
+		mctx, cancel := context.WithCancel(ctx)
+		go func() {
+			select {
+			case <-stopping:
+				cancel()
+			case <-mctx.Done():
+			}
+		}()
+		rep, err := s.Maintain(mctx, MaintainOptions{})
+		cancel()
+		wait := s.cfg.MaintenanceInterval
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			wait = bo.NextBackOff()
+			s.log.Warn().Err(err).Dur("retry_in", wait).Msg("maintenance failed")
+		} else {
+			bo.Reset()
+			rep.log(s.log)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-stopping:
+			return
+		case <-time.After(wait):
+		}
+	}
+}
+
+// MaintainOptions adjust one maintenance run.
+type MaintainOptions struct {
+	// DryRun reports what would be done and changes nothing.
+	DryRun bool
+	// Wait for another walbox's maintenance of this table to finish instead
+	// of skipping the run.
+	Wait bool
+	// Progress, if set, receives a line now and then during long steps.
+	Progress io.Writer
+}
