@@ -15,9 +15,12 @@ import (
 // exists the server never sends the snapshot's rows. If walbox stopped before
 // every backfilled row was acked, only the marker says so.
 
+// isMissingTable: the marker table is missing or walbox may not use it
+// (migrations not applied, or grants missing). The relay then runs without
+// the marker rather than not at all.
 func isMissingTable(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000")
+	return errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000" || pgErr.Code == "42501")
 }
 
 // markerExec runs one statement on a short-lived regular connection.
@@ -62,7 +65,7 @@ func (s *Source) markBackfillStarted(ctx context.Context) error {
 
 func (s *Source) warnNoMarker() {
 	if s.noMarkerWarned.CompareAndSwap(false, true) {
-		s.log.Warn().Msg("walbox.slot_backfill does not exist (run `walbox migrate`): a backfill interrupted by a crash cannot be detected and redone")
+		s.log.Warn().Msg("walbox.slot_backfill is missing or not writable (run `walbox migrate`, see `walbox migrate --print-grants`): a backfill interrupted by a crash cannot be detected and redone")
 	}
 }
 
