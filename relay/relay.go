@@ -47,6 +47,11 @@ type Config struct {
 	Window int
 	// DLQPrefix is the subject prefix of dead letters (default "walbox.dlq.").
 	DLQPrefix string
+	// StrictOrder sets Nats-Expected-Last-Msg-Id on every publish to the id
+	// published before it in the same stream. A stream then refuses a
+	// message whose predecessor it lost (an R3 leader change mid-window),
+	// instead of storing it first and the predecessor after the resend.
+	StrictOrder bool
 	// BackoffInitial and BackoffMax bound the pause after a transient publish
 	// error: 1 s doubling to 60 s with jitter by default.
 	BackoffInitial time.Duration
@@ -179,7 +184,8 @@ type loop struct {
 	cur    []cdc.Change
 	curPos int
 
-	tails map[string]StoredTail // what each stream holds of this source, for the resume check
+	tails  map[string]StoredTail // what each stream holds of this source, for the resume check
+	lastID map[string]string     // strict order: the id last published to each stream
 }
 
 func (r *Relay) run(ctx context.Context, in <-chan []cdc.Change, conf Confirmer) error {
@@ -357,6 +363,13 @@ func (l *loop) send(p *pending) {
 		return
 	}
 	p.sentAt = time.Now()
+	if l.r.cfg.StrictOrder && !p.dlq && p.stream != "" {
+		if prev, ok := l.lastID[p.stream]; ok {
+			p.msg.Header[HeaderExpectedLastMsgID] = []string{prev}
+		} else {
+			delete(p.msg.Header, HeaderExpectedLastMsgID)
+		}
+	}
 	epoch := l.r.sink.Epoch()
 	if len(l.window) > 0 && l.window[len(l.window)-1].epoch != epoch {
 		l.publishFailed(p, errConnectionChanged)
@@ -368,6 +381,12 @@ func (l *loop) send(p *pending) {
 		return
 	}
 	p.epoch = epoch
+	if l.r.cfg.StrictOrder && !p.dlq && p.stream != "" {
+		if l.lastID == nil {
+			l.lastID = make(map[string]string)
+		}
+		l.lastID[p.stream] = p.ev.ID
+	}
 	if l.r.sink.Epoch() != epoch {
 		p.epoch = ^uint64(0) // reconnected during the call: which connection is unknown
 	}

@@ -22,6 +22,9 @@ type StoredTail struct {
 	Oldest cdc.Position
 	Newest cdc.Position
 	Found  bool // at least one message of this source in the tail
+	// LastID is the Nats-Msg-Id of the stream's newest message (any
+	// source): the expectation for the next strict-order publish.
+	LastID string
 }
 
 // TailReader reads back the newest messages of a stream. The relay uses it
@@ -69,6 +72,9 @@ func (s *JetStreamSink) StoredTail(ctx context.Context, stream, source string, n
 			got++
 			if md, err := m.Metadata(); err == nil {
 				seq = md.Sequence.Stream
+				if seq == last {
+					tail.LastID = m.Headers().Get(HeaderMsgID)
+				}
 			}
 			pos, ok := PositionFromHeaders(m.Headers(), source)
 			if !ok {
@@ -118,6 +124,7 @@ func (l *loop) refreshResume() {
 		return
 	}
 	l.tails = make(map[string]StoredTail)
+	l.lastID = make(map[string]string)
 	for _, rt := range l.r.router.routes {
 		if slices.Contains(rt.Subjects, l.r.cfg.DLQPrefix+">") {
 			continue // dead letters are never skipped
@@ -131,6 +138,9 @@ func (l *loop) refreshResume() {
 		}
 		if tail.Found {
 			l.tails[rt.Stream] = tail
+		}
+		if tail.LastID != "" {
+			l.lastID[rt.Stream] = tail.LastID
 		}
 	}
 }

@@ -16,16 +16,19 @@ import (
 // Header names walbox sets on every message. The position headers let a
 // restarted relay read back the last position it stored in each stream.
 const (
-	HeaderMsgID         = "Nats-Msg-Id"
-	HeaderCommitLSN     = "Walbox-Commit-Lsn"
-	HeaderIndex         = "Walbox-Txn-Index"
-	HeaderSource        = "Walbox-Source"
-	HeaderCommitTime    = "Walbox-Commit-Time"
-	HeaderEventType     = "Walbox-Event-Type"
-	HeaderAggregateType = "Walbox-Aggregate-Type"
-	HeaderAggregateID   = "Walbox-Aggregate-Id"
-	HeaderPartitionKey  = "Walbox-Partition-Key"
-	HeaderCreatedAt     = "Walbox-Created-At"
+	HeaderMsgID = "Nats-Msg-Id"
+	// HeaderExpectedLastMsgID makes JetStream refuse a message unless the
+	// stream's newest message has this id (strict order).
+	HeaderExpectedLastMsgID = "Nats-Expected-Last-Msg-Id"
+	HeaderCommitLSN         = "Walbox-Commit-Lsn"
+	HeaderIndex             = "Walbox-Txn-Index"
+	HeaderSource            = "Walbox-Source"
+	HeaderCommitTime        = "Walbox-Commit-Time"
+	HeaderEventType         = "Walbox-Event-Type"
+	HeaderAggregateType     = "Walbox-Aggregate-Type"
+	HeaderAggregateID       = "Walbox-Aggregate-Id"
+	HeaderPartitionKey      = "Walbox-Partition-Key"
+	HeaderCreatedAt         = "Walbox-Created-At"
 
 	HeaderDLQReason          = "Walbox-Dlq-Reason"
 	HeaderDLQOriginalSubject = "Walbox-Dlq-Original-Subject"

@@ -95,9 +95,10 @@ func ClassifyJetStream(err error) ErrorClass {
 		switch apiErr.ErrorCode {
 		case jetstream.JSErrCodeStreamNotFound:
 			return Transient
+		case 10070: // wrong last msg id: strict order found a gap (or another writer); resend in order
+			return Transient
 		case 10054, // message size exceeds maximum allowed
-			10060, // expected stream does not match
-			10070: // wrong last msg id
+			10060: // expected stream does not match
 			return Permanent
 		}
 		if apiErr.Code >= 500 || apiErr.Code == 0 {

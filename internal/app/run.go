@@ -117,6 +117,7 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 	r := relay.New(relay.Config{
 		Window:         cfg.NATS.Window,
 		DLQPrefix:      cfg.NATS.DLQ.SubjectPrefix,
+		StrictOrder:    cfg.NATS.StrictOrder,
 		BackoffInitial: cfg.Retry.Initial,
 		BackoffMax:     cfg.Retry.Max,
 		OnDelivered:    sw.Hook(opts.OnDelivered),

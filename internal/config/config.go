@@ -67,8 +67,13 @@ type NATS struct {
 	SubjectPrefix string        `yaml:"subject_prefix" env:"SUBJECT_PREFIX"`
 	AckTimeout    time.Duration `yaml:"ack_timeout" env:"ACK_TIMEOUT"`
 	Window        int           `yaml:"window" env:"WINDOW"`
-	Streams       []Stream      `yaml:"streams"`
-	DLQ           DLQ           `yaml:"dlq" envPrefix:"DLQ_"`
+	// StrictOrder puts Nats-Expected-Last-Msg-Id on every publish, so a
+	// stream rejects a message whose predecessor was lost (a leader change
+	// in a cluster) and walbox resends in order. Turn it off only when
+	// several writers share a stream.
+	StrictOrder bool     `yaml:"strict_order" env:"STRICT_ORDER"`
+	Streams     []Stream `yaml:"streams"`
+	DLQ         DLQ      `yaml:"dlq" envPrefix:"DLQ_"`
 	// TLS and authentication (nats_auth.go). Secrets never reach logs.
 	TLS         NATSTLS `yaml:"tls" envPrefix:"TLS_"`
 	Credentials string  `yaml:"credentials" env:"CREDENTIALS"`
@@ -162,7 +167,7 @@ func Default() Config {
 		Postgres: Postgres{Slot: "walbox", Publication: "walbox_outbox", CreatePublication: true, StatusInterval: 10 * time.Second,
 			OnSlotLost: "recreate", HeartbeatInterval: 30 * time.Second},
 		Outbox: Outbox{Table: "public.outbox_events"},
-		NATS: NATS{URL: "nats://127.0.0.1:4222", AckTimeout: 10 * time.Second, Window: 1024,
+		NATS: NATS{URL: "nats://127.0.0.1:4222", AckTimeout: 10 * time.Second, Window: 1024, StrictOrder: true,
 			DLQ: DLQ{Stream: "WALBOX_DLQ", SubjectPrefix: "walbox.dlq."}},
 		Retry:   Retry{Initial: time.Second, Max: 60 * time.Second},
 		Metrics: Metrics{Listen: "127.0.0.1:9187"},
