@@ -76,6 +76,6 @@ func TestChaos(t *testing.T) {
 	default:
 	}
 	rep := e.check(w, res)
-	t.Logf("chaos: %v, events checked %d, rolled-back inserts %d, faults %v; lost=%d duplicated=%d out_of_order=%d from_rolled_back=%d",
-		duration, rep.Checked, len(res.RolledBack), faults, rep.Lost, rep.Duplicated, rep.OutOfOrder, rep.FromRolledBack)
+	t.Logf("chaos: %v, events checked %d, rolled-back inserts %d, faults %v; lost=%d duplicated=%d out_of_order=%d from_rolled_back=%d; republished from snapshots %d (%d of them out of commit order)",
+		duration, rep.Checked, len(res.RolledBack), faults, rep.Lost, rep.Duplicated, rep.OutOfOrder, rep.FromRolledBack, rep.Snapshot, rep.SnapshotOutOfOrder)
 }
