@@ -43,6 +43,9 @@ type params struct {
 	Stall        time.Duration // a phase without progress this long aborts
 	SyncCommit   string        // synchronous_commit of the live producer sessions
 	Out          string        // results file ("" = default)
+	LatencyCSV   string        // directory for per-event live latencies ("" = none)
+	CPUProfile   string        // directory for relay CPU profiles ("" = run the walbox binary)
+	Sets         []string      // overrides of the relay config, key.path=value
 }
 
 func parseFlags() (params, error) {
@@ -54,11 +57,15 @@ func parseFlags() (params, error) {
 	stall := flag.Duration("stall", 60*time.Second, "abort a phase that makes no progress for this long")
 	sync := flag.String("producer-sync-commit", "on", "synchronous_commit of the live producer sessions (the cluster default is off)")
 	out := flag.String("out", "", "results file (default bench/results/latest.md, or latest-quick.md with -quick)")
+	latCSV := flag.String("latency-csv", "", "write each live event's commit time and latency to DIR/live-<rate>.csv")
+	cpuprof := flag.String("cpuprofile", "", "run the relay in-process of a bench child with a CPU profile per phase in DIR (figures include profiling overhead)")
+	var sets multiFlag
+	flag.Var(&sets, "set", "override a key of the relay's config, e.g. -set sweeper.mark_processed=false (repeatable)")
 	flag.Parse()
 	p := params{
 		Quick: *quick, Events: 300_000, TxnRows: 10, Loaders: 4, PayloadBytes: 200,
 		Rates: []int{1000, 2000, 5000}, LiveFor: 20 * time.Second, BigRows: 1_000_000,
-		Window: 1024, Stall: *stall, SyncCommit: *sync, Out: *out,
+		Window: 1024, Stall: *stall, SyncCommit: *sync, Out: *out, LatencyCSV: *latCSV, CPUProfile: *cpuprof, Sets: sets,
 	}
 	if p.Quick {
 		p.Events, p.Rates, p.LiveFor, p.BigRows = 50_000, []int{1000, 2000}, 5*time.Second, 200_000
@@ -92,6 +99,9 @@ func parseFlags() (params, error) {
 }
 
 func main() {
+	if len(os.Args) == 4 && os.Args[1] == profiledRelayArg {
+		os.Exit(runProfiledRelay(os.Args[2], os.Args[3]))
+	}
 	p, err := parseFlags()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -124,6 +134,9 @@ type bench struct {
 
 	env *environment
 	res results
+
+	seen      map[int]procSample // children of the postmaster and of this process, most CPU seen
+	accounted map[int]bool       // ... and those known to be gone
 }
 
 // onCleanup registers f to run at the end, in reverse order of registration.
@@ -161,6 +174,18 @@ func (b *bench) run(ctx context.Context) error {
 	}
 	b.env = env
 	b.res.env = env.info
+	// Other load on the machine skews every figure: measure it for a second.
+	m := b.startPhase(0)
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(time.Second):
+	}
+	b.res.idleBusy, b.res.idleWhere, _ = m.stop()
+	if b.res.idleBusy > 0.10 {
+		b.logf("WARNING: the machine is %.0f%% busy before the benchmark starts (%s); the figures will be noisy",
+			b.res.idleBusy*100, b.res.whereString(b.res.idleWhere))
+	}
 	if err := b.catchUp(ctx); err != nil {
 		return fmt.Errorf("catch-up: %w", err)
 	}
@@ -181,7 +206,7 @@ func (b *bench) run(ctx context.Context) error {
 	b.res.took = time.Since(b.start)
 	table := b.res.render()
 	fmt.Println()
-	fmt.Print(table.text())
+	fmt.Print(b.res.text(table))
 	out := b.p.Out
 	if out == "" {
 		name := "latest.md"
@@ -189,6 +214,12 @@ func (b *bench) run(ctx context.Context) error {
 			name = "latest-quick.md"
 		}
 		out = filepath.Join(env.moduleDir, "bench", "results", name)
+		switch {
+		case b.p.CPUProfile != "": // profiled figures are not the results
+			out = filepath.Join(b.p.CPUProfile, "results.md")
+		case len(b.p.Sets) > 0: // neither are those of another config
+			out = filepath.Join(env.moduleDir, "bench", "results", "latest-custom.md")
+		}
 	}
 	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
 		return err
@@ -241,3 +272,9 @@ func cause(ctx context.Context, err error) error {
 	}
 	return err
 }
+
+// multiFlag collects a repeatable string flag.
+type multiFlag []string
+
+func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
+func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }

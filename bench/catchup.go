@@ -1,0 +1,448 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// catchupResult is phase 1's relay run.
+type catchupResult struct {
+	Events       int
+	PayloadBytes int // payload::text length as stored
+	LoadTook     time.Duration
+	Took         time.Duration // relay spawn -> last ack (stored timestamp)
+	FirstAck     time.Duration // relay spawn -> first ack
+	CPU          time.Duration // relay user+sys, spawn -> last ack
+	HWM          int64         // relay VmHWM
+	WalsenderCPU time.Duration
+	DriverCPU    time.Duration // this process: nats-server + polling
+	Busy         float64       // share of all CPUs busy
+	Where        []cpuShare    // CPU by process group
+	Span         time.Duration // time the CPU figures cover
+	endLSN       string
+}
+
+// ceilingResult is one of the two ceilings.
+type ceilingResult struct {
+	Events    int
+	Took      time.Duration
+	ServerCPU time.Duration // walsender (decoding) or nats-server+publisher (publishing)
+	ClientCPU time.Duration // pg_recvlogical (decoding)
+	Busy      float64
+	Where     []cpuShare
+	Span      time.Duration
+}
+
+func rate(n int, d time.Duration) float64 {
+	if d <= 0 {
+		return 0
+	}
+	return float64(n) / d.Seconds()
+}
+
+// payloadPad is long enough for any payload size asked for.
+var payloadPad = strings.Repeat("x", 64<<10)
+
+// payloadFor returns a JSON object of exactly size bytes in jsonb's own text
+// form (keys sorted by length, ", " and ": " separators), so the payload
+// the relay reads back from the WAL has that size too.
+func payloadFor(i, size int) string {
+	head := fmt.Sprintf(`{"id": "%09d", "pad": "`, i%1_000_000_000)
+	const tail = `", "kind": "bench.event"}`
+	n := size - len(head) - len(tail)
+	if n < 0 {
+		n = 0
+	}
+	return head + payloadPad[:n] + tail
+}
+
+const insertRows = `INSERT INTO outbox_events (topic, payload) SELECT $1, p::jsonb FROM unnest($2::text[]) WITH ORDINALITY AS t(p, i) ORDER BY i`
+
+func (b *bench) catchUp(ctx context.Context) error {
+	p := b.p
+	b.logf("catch-up: first relay start creates slot %q, then SIGTERM", slotName)
+	t0 := time.Now()
+	r, err := b.startRelay("create-slot")
+	if err != nil {
+		return err
+	}
+	if _, err := b.waitSlot(ctx, slotName, true, r); err != nil {
+		return err
+	}
+	// A relay stopped before its first backfill is confirmed redoes it at
+	// the next start (dropping and recreating the slot): let it finish.
+	if err := b.waitBackfillDone(ctx, r); err != nil {
+		return err
+	}
+	if err := b.stopRelay(r); err != nil {
+		return err
+	}
+	if _, err := b.waitSlot(ctx, slotName, false, nil); err != nil {
+		return err
+	}
+	// The decoding ceiling's slot, created before the backlog so that it
+	// decodes exactly the same WAL.
+	var out tailBuffer
+	cmd := b.recvlogical(ctx, &out, "--slot", ceilingSlot, "--create-slot", "--plugin", "pgoutput")
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("pg_recvlogical --create-slot: %w\n%s", err, out.String())
+	}
+	b.logf("catch-up: slots %q (relay, stopped) and %q (pg_recvlogical) ready in %.1fs; loading %d events (%d per transaction, %d connections)",
+		slotName, ceilingSlot, time.Since(t0).Seconds(), p.Events, p.TxnRows, p.Loaders)
+
+	res := &b.res.catchup
+	res.Events = p.Events
+	res.LoadTook, err = b.loadBacklog(ctx, "bench.catchup", p.Events)
+	if err != nil {
+		return err
+	}
+	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	err = b.env.pool.QueryRow(qctx, "SELECT pg_current_wal_lsn()::text").Scan(&res.endLSN)
+	if err == nil {
+		err = b.env.pool.QueryRow(qctx, "SELECT octet_length(payload::text) FROM outbox_events LIMIT 1").Scan(&res.PayloadBytes)
+	}
+	cancel()
+	if err != nil {
+		return err
+	}
+	b.logf("catch-up: backlog committed in %.1fs (%.0f events/s, payload %d bytes); starting the relay",
+		res.LoadTook.Seconds(), rate(p.Events, res.LoadTook), res.PayloadBytes)
+
+	base, err := b.streamMsgs(ctx, benchStream)
+	if err != nil {
+		return err
+	}
+	target := base + uint64(p.Events)
+	meter, self0 := b.startPhase(0), selfCPU()
+	r, err = b.startRelay("catch-up")
+	if err != nil {
+		return err
+	}
+	meter.relay = r.pid()
+	var acked atomic.Int64
+	wctx, done := b.watch(ctx, "catch-up", acked.Load, func(v int64) string { return fmt.Sprintf("%d/%d acked", v, p.Events) })
+	defer done()
+	wsPID := 0
+	for {
+		if wsPID == 0 {
+			if active, pid, err := b.slotState(wctx, slotName); err == nil && active {
+				wsPID = pid
+			}
+		}
+		n, err := b.streamMsgs(wctx, benchStream)
+		if err == nil {
+			acked.Store(int64(n - base))
+			if n >= target {
+				break
+			}
+		}
+		if r.exited() {
+			return fmt.Errorf("relay exited during catch-up (%s):\n%s", r.cmd.ProcessState, r.logs)
+		}
+		select {
+		case <-wctx.Done():
+			return cause(wctx, wctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	res.CPU, err = r.cpu()
+	if err != nil {
+		return err
+	}
+	res.HWM, err = r.hwm()
+	if err != nil {
+		return err
+	}
+	firstWS := wsPID
+	// The walsender serving the relay now (it may have reconnected).
+	if active, pid, err := b.slotState(ctx, slotName); err == nil && active {
+		wsPID = pid
+	}
+	if wsPID != 0 {
+		res.WalsenderCPU, _ = procCPU(wsPID)
+	}
+	if firstWS != wsPID {
+		b.logf("  the relay's walsender changed during catch-up (pid %d, then %d): the relay reconnected", firstWS, wsPID)
+	}
+	res.DriverCPU = selfCPU() - self0
+	res.Busy, res.Where, res.Span = meter.stop()
+	done()
+	first, err := b.streamMsg(ctx, benchStream, base+1)
+	if err != nil {
+		return err
+	}
+	last, err := b.streamMsg(ctx, benchStream, target)
+	if err != nil {
+		return err
+	}
+	res.FirstAck, res.Took = first.Time.Sub(r.started), last.Time.Sub(r.started)
+	if err := b.stopRelay(r); err != nil {
+		return err
+	}
+	b.logf("catch-up: %d events relayed in %.2fs: %.0f events/s; relay CPU %.2fs, peak RSS %.1f MB",
+		p.Events, res.Took.Seconds(), rate(p.Events, res.Took), res.CPU.Seconds(), mb(res.HWM))
+	return nil
+}
+
+// loadBacklog commits n events in transactions of TxnRows rows over Loaders
+// connections.
+func (b *bench) loadBacklog(ctx context.Context, topic string, n int) (time.Duration, error) {
+	p := b.p
+	txns := (n + p.TxnRows - 1) / p.TxnRows
+	var next, loaded atomic.Int64
+	wctx, done := b.watch(ctx, "backlog load", loaded.Load, func(v int64) string { return fmt.Sprintf("%d/%d committed", v, n) })
+	defer done()
+	var wg sync.WaitGroup
+	var errOnce sync.Once
+	var firstErr error
+	t0 := time.Now()
+	for range p.Loaders {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			fail := func(err error) { errOnce.Do(func() { firstErr = cause(wctx, err) }) }
+			conn, err := pgx.Connect(wctx, b.env.dbURL)
+			if err != nil {
+				fail(err)
+				return
+			}
+			defer conn.Close(context.Background())
+			rows := make([]string, p.TxnRows)
+			for {
+				t := int(next.Add(1) - 1)
+				if t >= txns {
+					return
+				}
+				k := min(p.TxnRows, n-t*p.TxnRows)
+				for j := range k {
+					rows[j] = payloadFor(t*p.TxnRows+j, p.PayloadBytes)
+				}
+				if _, err := conn.Exec(wctx, insertRows, topic, rows[:k]); err != nil {
+					fail(err)
+					return
+				}
+				loaded.Add(int64(k))
+			}
+		}()
+	}
+	wg.Wait()
+	return time.Since(t0), firstErr
+}
+
+// recvlogical prepares a pg_recvlogical command against the bench database.
+func (b *bench) recvlogical(ctx context.Context, out *tailBuffer, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, filepath.Join(b.env.pg.BinDir(), "pg_recvlogical"), append([]string{"-d", b.env.dbURL}, args...)...)
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "PG") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.WaitDelay = 5 * time.Second
+	return cmd
+}
+
+// decodeCeiling times pg_recvlogical draining the backlog with pgoutput.
+func (b *bench) decodeCeiling(ctx context.Context) error {
+	endLSN := b.res.catchup.endLSN
+	b.logf("decoding ceiling: pg_recvlogical --start on slot %q to %s (pgoutput, proto_version=1, -f /dev/null)", ceilingSlot, endLSN)
+	var wsCPU atomic.Int64
+	wctx, done := b.watch(ctx, "pg_recvlogical", wsCPU.Load, nil)
+	defer done()
+	var out tailBuffer
+	cmd := b.recvlogical(wctx, &out, "--slot", ceilingSlot, "--start", "-f", "/dev/null", "-F", "0", "--no-loop",
+		"--endpos", endLSN, "-o", "proto_version=1", "-o", "publication_names="+publication)
+	meter := b.startPhase(0)
+	t0 := time.Now()
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	wsPID := 0
+	tk := time.NewTicker(5 * time.Millisecond)
+	defer tk.Stop()
+	var err error
+wait:
+	for {
+		select {
+		case err = <-exited:
+			break wait
+		case <-tk.C:
+		}
+		if wsPID == 0 {
+			if active, pid, err := b.slotState(wctx, ceilingSlot); err == nil && active {
+				wsPID = pid
+			}
+		}
+		if wsPID != 0 {
+			if c, err := procCPU(wsPID); err == nil {
+				wsCPU.Store(int64(c))
+			}
+		}
+	}
+	took := time.Since(t0)
+	if err != nil {
+		return fmt.Errorf("pg_recvlogical: %w\n%s", cause(wctx, err), out.String())
+	}
+	res := &b.res.decode
+	res.Events, res.Took = b.p.Events, took
+	res.ServerCPU = time.Duration(wsCPU.Load())
+	// Let the walsender exit and the postmaster reap it, so that its CPU is
+	// in the postmaster's reaped CPU when the phase's CPU is read.
+	if _, err := b.waitSlot(ctx, ceilingSlot, false, nil); err != nil {
+		return err
+	}
+	time.Sleep(200 * time.Millisecond)
+	res.Busy, res.Where, res.Span = meter.stop()
+	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+		res.ClientCPU = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	done()
+	// Drop the slot so it holds no WAL back during the later phases.
+	if _, err := b.waitSlot(ctx, ceilingSlot, false, nil); err != nil {
+		return err
+	}
+	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := b.env.pool.Exec(qctx, "SELECT pg_drop_replication_slot($1)", ceilingSlot); err != nil {
+		return fmt.Errorf("drop slot %s: %w", ceilingSlot, err)
+	}
+	b.logf("decoding ceiling: %d events decoded in %.2fs: %.0f events/s (walsender CPU %.2fs)",
+		res.Events, took.Seconds(), rate(res.Events, took), res.ServerCPU.Seconds())
+	return nil
+}
+
+// publishCeiling times an async JetStream publisher with a bounded window
+// writing N pre-built messages into a file stream.
+func (b *bench) publishCeiling(ctx context.Context) error {
+	p := b.p
+	n := p.Events
+	b.logf("publishing ceiling: building %d messages of %d bytes with Nats-Msg-Id", n, p.PayloadBytes)
+	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	_, err := b.env.js.CreateStream(qctx, jetstream.StreamConfig{Name: ceilStream, Subjects: []string{"ceil.>"},
+		Storage: jetstream.FileStorage, Duplicates: dupWindow})
+	cancel()
+	if err != nil {
+		return err
+	}
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = b.env.js.DeleteStream(dctx, ceilStream)
+	}()
+	msgs := make([]*nats.Msg, n)
+	for i := range msgs {
+		msgs[i] = &nats.Msg{Subject: "ceil.events", Data: []byte(payloadFor(i, p.PayloadBytes)),
+			Header: nats.Header{"Nats-Msg-Id": []string{uuid.NewString()}}}
+	}
+	nc, err := nats.Connect(b.env.ns.URL(), nats.Name("walbox-bench-publisher"))
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4*p.Window), jetstream.WithPublishAsyncTimeout(30*time.Second))
+	if err != nil {
+		return err
+	}
+	b.logf("publishing ceiling: publishing %d messages, window %d in flight", n, p.Window)
+	var acked atomic.Int64
+	wctx, done := b.watch(ctx, "publishing ceiling", acked.Load, nil)
+	defer done()
+	ring := make([]jetstream.PubAckFuture, p.Window)
+	head, inflight := 0, 0
+	waitOldest := func() error {
+		f := ring[head]
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			return fmt.Errorf("publish: %w", err)
+		case <-wctx.Done():
+			return cause(wctx, wctx.Err())
+		}
+		ring[head] = nil
+		head = (head + 1) % len(ring)
+		inflight--
+		acked.Add(1)
+		return nil
+	}
+	meter, self0 := b.startPhase(0), selfCPU()
+	t0 := time.Now()
+	for _, m := range msgs {
+		if inflight == len(ring) {
+			if err := waitOldest(); err != nil {
+				return err
+			}
+		}
+		f, err := js.PublishMsgAsync(m, jetstream.WithRetryAttempts(0))
+		if err != nil {
+			return fmt.Errorf("publish: %w", err)
+		}
+		ring[(head+inflight)%len(ring)] = f
+		inflight++
+	}
+	for inflight > 0 {
+		if err := waitOldest(); err != nil {
+			return err
+		}
+	}
+	took := time.Since(t0)
+	res := &b.res.publish
+	res.Events, res.Took, res.ServerCPU = n, took, selfCPU()-self0
+	res.Busy, res.Where, res.Span = meter.stop()
+	done()
+	got, err := b.streamMsgs(ctx, ceilStream)
+	if err != nil {
+		return err
+	}
+	if got != uint64(n) {
+		return fmt.Errorf("stream %s holds %d messages, want %d", ceilStream, got, n)
+	}
+	b.logf("publishing ceiling: %d messages acked in %.2fs: %.0f msgs/s", n, took.Seconds(), rate(n, took))
+	return nil
+}
+
+func mb(bytes int64) float64 { return float64(bytes) / (1 << 20) }
+
+// waitBackfillDone waits until the relay has cleared its backfill marker
+// (walbox.slot_backfill), if this version of walbox keeps one.
+func (b *bench) waitBackfillDone(ctx context.Context, r *relayProc) error {
+	deadline := time.Now().Add(b.p.Stall)
+	for {
+		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		var hasTable, pending bool
+		err := b.env.pool.QueryRow(qctx, "SELECT to_regclass('walbox.slot_backfill') IS NOT NULL").Scan(&hasTable)
+		if err == nil && hasTable {
+			err = b.env.pool.QueryRow(qctx, "SELECT EXISTS (SELECT 1 FROM walbox.slot_backfill WHERE slot_name = $1)", slotName).Scan(&pending)
+		}
+		cancel()
+		if err == nil && !pending {
+			return nil
+		}
+		if r.exited() {
+			return fmt.Errorf("relay exited (%s):\n%s", r.cmd.ProcessState, r.logs)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the relay's first backfill was not confirmed within %s (last error: %v)", b.p.Stall, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}

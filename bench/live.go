@@ -1,0 +1,423 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// liveResult is one live rate.
+type liveResult struct {
+	Rate         int // asked
+	Producers    int
+	Events       int
+	Achieved     float64 // committed events/s
+	P50, P90     time.Duration
+	P99, Max     time.Duration
+	InsertP50    time.Duration // producer side: INSERT + COMMIT round trip
+	InsertP99    time.Duration
+	CPU          time.Duration // relay, over the run
+	WalsenderCPU time.Duration
+	Busy         float64
+	Where        []cpuShare
+	Span         time.Duration
+}
+
+// bigResult is the single large transaction.
+type bigResult struct {
+	Rows         int
+	InsertTook   time.Duration // INSERT ... SELECT generate_series, incl. commit
+	FirstAck     time.Duration // commit -> first ack
+	Took         time.Duration // commit -> last ack
+	CPU          time.Duration // relay, from before the INSERT to the last ack
+	HWM          int64         // relay VmHWM (a fresh process)
+	WalsenderCPU time.Duration
+	Busy         float64
+	Where        []cpuShare
+	Span         time.Duration
+}
+
+func (b *bench) live(ctx context.Context) error {
+	maxProducers := 0
+	for _, r := range b.p.Rates {
+		maxProducers = max(maxProducers, producersFor(r))
+	}
+	cfg, err := pgxpool.ParseConfig(b.env.dbURL)
+	if err != nil {
+		return err
+	}
+	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = b.p.SyncCommit
+	cfg.MaxConns, cfg.MinConns = int32(maxProducers), int32(maxProducers)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	b.logf("live: starting the relay (a fresh process)")
+	r, err := b.startRelay("live")
+	if err != nil {
+		return err
+	}
+	wsPID, err := b.waitSlot(ctx, slotName, true, r)
+	if err != nil {
+		return err
+	}
+	for _, rate := range b.p.Rates {
+		res, err := b.liveRate(ctx, r, wsPID, pool, rate)
+		if err != nil {
+			return err
+		}
+		b.res.live = append(b.res.live, res)
+	}
+	return b.stopRelay(r)
+}
+
+// producersFor is the number of paced producer goroutines for a rate: each
+// commits at most 125 events/s, far below what one connection can do.
+func producersFor(rate int) int { return max(4, (rate+124)/125) }
+
+func (b *bench) liveRate(ctx context.Context, r *relayProc, wsPID int, pool *pgxpool.Pool, rate int) (liveResult, error) {
+	res := liveResult{Rate: rate, Producers: producersFor(rate)}
+	subject := fmt.Sprintf("bench.live.r%d", rate)
+	g := res.Producers
+	interval := time.Duration(int64(time.Second) * int64(g) / int64(rate))
+	b.logf("live %d/s: %d producers (one single-event transaction every %v each, synchronous_commit=%s) for %v",
+		rate, g, interval, b.p.SyncCommit, b.p.LiveFor)
+
+	// Warm every connection, so connecting is not measured.
+	conns := make([]*pgxpool.Conn, 0, g)
+	for range g {
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			return res, err
+		}
+		conns = append(conns, c)
+	}
+	for _, c := range conns {
+		if err := c.Ping(ctx); err != nil {
+			return res, err
+		}
+		c.Release()
+	}
+
+	// The ack time of each event is its JetStream stored timestamp, read
+	// from an ordered consumer's metadata; the commit time is the relay's
+	// Walbox-Commit-Time header (the transaction's commit timestamp).
+	var mu sync.Mutex
+	lats := make([]time.Duration, 0, rate*int(b.p.LiveFor/time.Second+1))
+	var samples []latSample // for -latency-csv
+	var commits []latSample // each INSERT's start and return, producer side
+	var received, bad atomic.Int64
+	cons, err := b.env.js.OrderedConsumer(ctx, benchStream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}})
+	if err != nil {
+		return res, err
+	}
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		md, err := m.Metadata()
+		ct, err2 := time.Parse(time.RFC3339Nano, m.Headers().Get("Walbox-Commit-Time"))
+		if err != nil || err2 != nil {
+			bad.Add(1)
+		} else {
+			mu.Lock()
+			lats = append(lats, md.Timestamp.Sub(ct))
+			if b.p.LatencyCSV != "" {
+				samples = append(samples, latSample{ct, md.Timestamp})
+			}
+			mu.Unlock()
+		}
+		received.Add(1)
+	})
+	if err != nil {
+		return res, err
+	}
+	defer cc.Stop()
+
+	// One probe event first: a freshly started relay's walsender first
+	// re-reads the WAL from the slot's restart_lsn, which is not latency.
+	if err := b.probe(ctx, pool, r, subject+".probe"); err != nil {
+		return res, err
+	}
+
+	cpu0, err := r.cpu()
+	if err != nil {
+		return res, err
+	}
+	ws0, _ := procCPU(wsPID)
+	meter := b.startPhase(r.pid())
+	var committed, lastCommit atomic.Int64
+	wctx, done := b.watch(ctx, fmt.Sprintf("live %d/s", rate), func() int64 { return committed.Load() + received.Load() }, nil)
+	defer done()
+	var wg sync.WaitGroup
+	var errOnce sync.Once
+	var prodErr error
+	start := time.Now().Add(20 * time.Millisecond)
+	end := start.Add(b.p.LiveFor)
+	for i := range g {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			payload := payloadFor(i, b.p.PayloadBytes)
+			// Spread the producers over the interval, not in bursts.
+			select {
+			case <-time.After(time.Until(start.Add(interval * time.Duration(i) / time.Duration(g)))):
+			case <-wctx.Done():
+				return
+			}
+			tk := time.NewTicker(interval)
+			defer tk.Stop()
+			var mine []latSample
+			defer func() {
+				mu.Lock()
+				commits = append(commits, mine...)
+				mu.Unlock()
+			}()
+			for time.Now().Before(end) {
+				t0 := time.Now()
+				if _, err := pool.Exec(wctx, "INSERT INTO outbox_events (topic, payload) VALUES ($1, $2::jsonb)", subject, payload); err != nil {
+					errOnce.Do(func() { prodErr = cause(wctx, err) })
+					return
+				}
+				t1 := time.Now()
+				mine = append(mine, latSample{t0, t1})
+				committed.Add(1)
+				lastCommit.Store(t1.UnixNano())
+				select {
+				case <-tk.C:
+				case <-wctx.Done():
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if prodErr != nil {
+		return res, fmt.Errorf("producer: %w", prodErr)
+	}
+	res.Events = int(committed.Load())
+	res.Achieved = rate2(res.Events, time.Unix(0, lastCommit.Load()).Sub(start))
+	for received.Load() < int64(res.Events) {
+		if r.exited() {
+			return res, fmt.Errorf("relay exited (%s):\n%s", r.cmd.ProcessState, r.logs)
+		}
+		select {
+		case <-wctx.Done():
+			return res, fmt.Errorf("%w (received %d of %d)", cause(wctx, wctx.Err()), received.Load(), res.Events)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	cpu1, err := r.cpu()
+	if err != nil {
+		return res, err
+	}
+	res.CPU, res.WalsenderCPU = cpu1-cpu0, b.walsenderSince(ctx, wsPID, ws0)
+	res.Busy, res.Where, res.Span = meter.stop()
+	if bad.Load() > 0 {
+		return res, fmt.Errorf("%d messages without a readable Walbox-Commit-Time header or metadata", bad.Load())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(lats) == 0 {
+		return res, errors.New("no events received")
+	}
+	if b.p.LatencyCSV != "" {
+		if err := writeLatencyCSV(b.p.LatencyCSV, fmt.Sprintf("live-%d.csv", rate), start, samples); err != nil {
+			return res, err
+		}
+		if err := writeLatencyCSV(b.p.LatencyCSV, fmt.Sprintf("live-%d-insert.csv", rate), start, commits); err != nil {
+			return res, err
+		}
+	}
+	cl := make([]time.Duration, len(commits))
+	for i, c := range commits {
+		cl[i] = c.ack.Sub(c.commit)
+	}
+	slices.Sort(cl)
+	if len(cl) > 0 {
+		res.InsertP50, res.InsertP99 = pct(cl, 0.5), pct(cl, 0.99)
+	}
+	slices.Sort(lats)
+	res.P50, res.P90, res.P99, res.Max = pct(lats, 0.50), pct(lats, 0.90), pct(lats, 0.99), lats[len(lats)-1]
+	b.logf("live %d/s: %d events at %.0f/s: commit-to-ack p50 %s p90 %s p99 %s max %s",
+		rate, res.Events, res.Achieved, ms(res.P50), ms(res.P90), ms(res.P99), ms(res.Max))
+	return res, nil
+}
+
+// rate2 is rate, counting the first event at time 0.
+func rate2(n int, d time.Duration) float64 {
+	if n <= 1 || d <= 0 {
+		return 0
+	}
+	return float64(n-1) / d.Seconds()
+}
+
+// pct is the nearest-rank percentile of sorted values.
+func pct(sorted []time.Duration, q float64) time.Duration {
+	i := int(float64(len(sorted))*q+0.999999) - 1
+	return sorted[max(0, min(i, len(sorted)-1))]
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond)) }
+
+func (b *bench) bigTxn(ctx context.Context) error {
+	rows := b.p.BigRows
+	b.logf("large transaction: starting the relay (a fresh process, so its peak RSS is this phase's)")
+	r, err := b.startRelay("large-txn")
+	if err != nil {
+		return err
+	}
+	wsPID, err := b.waitSlot(ctx, slotName, true, r)
+	if err != nil {
+		return err
+	}
+	base, err := b.streamMsgs(ctx, benchStream)
+	if err != nil {
+		return err
+	}
+	res := &b.res.big
+	res.Rows = rows
+	cpu0, err := r.cpu()
+	if err != nil {
+		return err
+	}
+	ws0, _ := procCPU(wsPID)
+	meter := b.startPhase(r.pid())
+	b.logf("large transaction: INSERT ... SELECT generate_series(1, %d) in one transaction", rows)
+	wctx, done := b.watch(ctx, "large INSERT", func() int64 { return b.walLSN(ctx) }, nil)
+	t0 := time.Now()
+	_, err = b.env.pool.Exec(wctx, `INSERT INTO outbox_events (topic, payload) SELECT 'bench.big', $1::jsonb FROM generate_series(1, $2::int)`,
+		payloadFor(0, b.p.PayloadBytes), rows)
+	res.InsertTook = time.Since(t0)
+	done()
+	if err != nil {
+		return fmt.Errorf("insert: %w", cause(wctx, err))
+	}
+	b.logf("large transaction: committed in %.1fs; relaying", res.InsertTook.Seconds())
+	target := base + uint64(rows)
+	var acked, wsCPU atomic.Int64
+	wctx, done = b.watch(ctx, "large transaction relay", func() int64 { return acked.Load() + wsCPU.Load() },
+		func(v int64) string { return fmt.Sprintf("%d/%d acked", acked.Load(), rows) })
+	defer done()
+	for {
+		if c, err := procCPU(wsPID); err == nil {
+			wsCPU.Store(int64(c))
+		}
+		n, err := b.streamMsgs(wctx, benchStream)
+		if err == nil {
+			acked.Store(int64(n - base))
+			if n >= target {
+				break
+			}
+		}
+		if r.exited() {
+			return fmt.Errorf("relay exited (%s):\n%s", r.cmd.ProcessState, r.logs)
+		}
+		select {
+		case <-wctx.Done():
+			return cause(wctx, wctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	cpu1, err := r.cpu()
+	if err != nil {
+		return err
+	}
+	res.CPU = cpu1 - cpu0
+	if res.HWM, err = r.hwm(); err != nil {
+		return err
+	}
+	res.WalsenderCPU = b.walsenderSince(ctx, wsPID, ws0)
+	res.Busy, res.Where, res.Span = meter.stop()
+	done()
+	first, err := b.streamMsg(ctx, benchStream, base+1)
+	if err != nil {
+		return err
+	}
+	last, err := b.streamMsg(ctx, benchStream, target)
+	if err != nil {
+		return err
+	}
+	commit, err := time.Parse(time.RFC3339Nano, first.Header.Get("Walbox-Commit-Time"))
+	if err != nil {
+		return fmt.Errorf("first message's Walbox-Commit-Time: %w", err)
+	}
+	res.FirstAck, res.Took = first.Time.Sub(commit), last.Time.Sub(commit)
+	if err := b.stopRelay(r); err != nil {
+		return err
+	}
+	b.logf("large transaction: %d rows relayed in %.2fs after commit: %.0f events/s; relay CPU %.2fs, peak RSS %.1f MB",
+		rows, res.Took.Seconds(), rate(rows, res.Took), res.CPU.Seconds(), mb(res.HWM))
+	return nil
+}
+
+// latSample is one event's commit and ack (stored) time.
+type latSample struct{ commit, ack time.Time }
+
+// writeLatencyCSV writes one line per event: commit time since the start of
+// the rate, and commit-to-ack latency, both in ms, in commit order.
+func writeLatencyCSV(dir, name string, start time.Time, s []latSample) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	slices.SortFunc(s, func(a, b latSample) int { return a.commit.Compare(b.commit) })
+	var sb strings.Builder
+	sb.WriteString("commit_ms,latency_ms\n")
+	for _, x := range s {
+		fmt.Fprintf(&sb, "%.3f,%.3f\n", msf(x.commit.Sub(start)), msf(x.ack.Sub(x.commit)))
+	}
+	return os.WriteFile(filepath.Join(dir, name), []byte(sb.String()), 0o644)
+}
+
+// probe commits one event on subject and waits until the relay has acked it.
+func (b *bench) probe(ctx context.Context, pool *pgxpool.Pool, r *relayProc, subject string) error {
+	before, err := b.streamMsgs(ctx, benchStream)
+	if err != nil {
+		return err
+	}
+	if _, err := pool.Exec(ctx, "INSERT INTO outbox_events (topic, payload) VALUES ($1, $2::jsonb)", subject, payloadFor(0, b.p.PayloadBytes)); err != nil {
+		return fmt.Errorf("probe event: %w", err)
+	}
+	deadline := time.Now().Add(b.p.Stall)
+	for {
+		n, err := b.streamMsgs(ctx, benchStream)
+		if err == nil && n > before {
+			return nil
+		}
+		if r.exited() {
+			return fmt.Errorf("relay exited (%s):\n%s", r.cmd.ProcessState, r.logs)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("probe event not acked within %s", b.p.Stall)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// walsenderSince returns the CPU the relay's walsender used since it was
+// pid with CPU cpu0; if the relay reconnected meanwhile, the new walsender's
+// whole CPU (the old one's is lost).
+func (b *bench) walsenderSince(ctx context.Context, pid int, cpu0 time.Duration) time.Duration {
+	if active, now, err := b.slotState(ctx, slotName); err == nil && active && now != pid {
+		c, _ := procCPU(now)
+		return c
+	}
+	c, err := procCPU(pid)
+	if err != nil {
+		return 0
+	}
+	return c - cpu0
+}

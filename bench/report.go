@@ -1,0 +1,308 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// results is everything one run measured.
+type results struct {
+	params   params
+	env      envInfo
+	finished time.Time
+	took     time.Duration
+	catchup  catchupResult
+	decode   ceilingResult
+	publish  ceilingResult
+	live     []liveResult
+	big      bigResult
+
+	idleBusy  float64 // machine busy share before the run
+	idleWhere []cpuShare
+
+	relayWarnings []string // what the relay logged, per run
+}
+
+// Targets from issue 7.
+const (
+	targetRatio     = 0.9
+	targetCPUPerEv  = 8 * time.Microsecond
+	targetRSS       = 64 << 20
+	targetP50At2k   = 2 * time.Millisecond
+	targetP99At2k   = 10 * time.Millisecond
+	targetP99At5k   = 25 * time.Millisecond
+	targetRSSString = "≤ 64 MB"
+)
+
+type row struct {
+	section bool // a heading row: only measure is set
+	measure string
+	result  string
+	target  string
+	verdict string // "ok", "MISS" or ""
+}
+
+type table []row
+
+func verdict(ok bool) string {
+	if ok {
+		return "ok"
+	}
+	return "MISS"
+}
+
+func perEvent(cpu time.Duration, n int) time.Duration {
+	if n <= 0 {
+		return 0
+	}
+	return cpu / time.Duration(n)
+}
+
+func per100k(cpu time.Duration, n int) string {
+	if n <= 0 {
+		return "n/a"
+	}
+	d := perEvent(cpu, n)
+	return fmt.Sprintf("%.2f s (%.1f µs/event)", d.Seconds()*100_000, float64(d)/float64(time.Microsecond))
+}
+
+func (r *results) render() table {
+	var t table
+	add := func(measure, result, target, v string) {
+		t = append(t, row{measure: measure, result: result, target: target, verdict: v})
+	}
+	head := func(s string) { t = append(t, row{section: true, measure: s}) }
+	c, d, p := r.catchup, r.decode, r.publish
+	n := c.Events
+	cores := float64(r.env.CPUs)
+
+	head(fmt.Sprintf("1. Catch-up: %d events, %d-byte JSON payloads, %d rows per transaction", n, c.PayloadBytes, r.params.TxnRows))
+	relayRate, decRate, pubRate := rate(n, c.Took), rate(d.Events, d.Took), rate(p.Events, p.Took)
+	add("relay: spawn → last ack", fmt.Sprintf("%.0f events/s (%.2f s; first ack %.0f ms after spawn)", relayRate, c.Took.Seconds(), float64(c.FirstAck)/1e6), "", "")
+	add("decoding ceiling: pg_recvlogical, pgoutput → /dev/null", fmt.Sprintf("%.0f events/s (%.2f s)", decRate, d.Took.Seconds()), "", "")
+	add(fmt.Sprintf("publishing ceiling: async JetStream, window %d", r.params.Window), fmt.Sprintf("%.0f msgs/s (%.2f s)", pubRate, p.Took.Seconds()), "", "")
+	ceil := min(decRate, pubRate)
+	ratio := 0.0
+	if ceil > 0 {
+		ratio = relayRate / ceil
+	}
+	which := "decoding"
+	if pubRate < decRate {
+		which = "publishing"
+	}
+	add("relay / min(ceilings)", fmt.Sprintf("%.2f (of the %s ceiling)", ratio, which), fmt.Sprintf("≥ %.1f", targetRatio), verdict(ratio >= targetRatio))
+	add("relay CPU (user+sys) per 100,000 events", per100k(c.CPU, n), "≤ 0.80 s (8 µs/event)", verdict(perEvent(c.CPU, n) <= targetCPUPerEv))
+	add("relay peak RSS (VmHWM)", fmt.Sprintf("%.1f MB", mb(c.HWM)), targetRSSString, verdict(c.HWM <= targetRSS))
+	add("  walsender CPU per 100,000: relay run / pg_recvlogical run", per100k(c.WalsenderCPU, n)+" / "+per100k(d.ServerCPU, d.Events), "", "")
+	add("  nats-server (in-process) + driver CPU per 100,000: relay run / publisher", per100k(c.DriverCPU, n)+" / "+per100k(p.ServerCPU, p.Events), "", "")
+	add("  pg_recvlogical's own CPU per 100,000", per100k(d.ClientCPU, d.Events), "", "")
+	add("  machine CPU busy: relay run / decoding / publishing",
+		fmt.Sprintf("%.0f%% / %.0f%% / %.0f%% of %d CPUs", c.Busy*100, d.Busy*100, p.Busy*100, int(cores)), "", "")
+	add("  backlog load (4 connections, not a target)", fmt.Sprintf("%.0f events/s", rate(n, c.LoadTook)), "", "")
+
+	head(fmt.Sprintf("2. Live: single-event transactions at a fixed rate, %v each, producer synchronous_commit=%s", r.params.LiveFor, r.params.SyncCommit))
+	for _, l := range r.live {
+		add(fmt.Sprintf("%d/s: achieved rate (%d producers)", l.Rate, l.Producers), fmt.Sprintf("%.0f events/s (%d events)", l.Achieved, l.Events), "", "")
+		add(fmt.Sprintf("%d/s: commit → ack p50 / p90 / p99 / max", l.Rate),
+			fmt.Sprintf("%.2f / %.2f / %.2f / %.2f ms", msf(l.P50), msf(l.P90), msf(l.P99), msf(l.Max)), "", "")
+		add(fmt.Sprintf("  %d/s: producer INSERT+COMMIT round trip p50 / p99", l.Rate), fmt.Sprintf("%.2f / %.2f ms", msf(l.InsertP50), msf(l.InsertP99)), "", "")
+		switch l.Rate {
+		case 2000:
+			add("2000/s: p50", ms(l.P50), "≤ 2 ms", verdict(l.P50 <= targetP50At2k))
+			add("2000/s: p99", ms(l.P99), "≤ 10 ms", verdict(l.P99 <= targetP99At2k))
+		case 5000:
+			add("5000/s: p99", ms(l.P99), "≤ 25 ms", verdict(l.P99 <= targetP99At5k))
+		}
+		add(fmt.Sprintf("  %d/s: relay / walsender CPU per event; machine busy", l.Rate),
+			fmt.Sprintf("%.1f / %.1f µs; %.0f%% of %d CPUs", us(perEvent(l.CPU, l.Events)), us(perEvent(l.WalsenderCPU, l.Events)), l.Busy*100, int(cores)), "", "")
+	}
+
+	g := r.big
+	head(fmt.Sprintf("3. One transaction of %d rows (INSERT ... SELECT generate_series)", g.Rows))
+	add("insert + commit (not a target)", fmt.Sprintf("%.2f s", g.InsertTook.Seconds()), "", "")
+	add("commit → first ack / last ack", fmt.Sprintf("%.2f s / %.2f s (%.0f events/s)", g.FirstAck.Seconds(), g.Took.Seconds(), rate(g.Rows, g.Took)), "", "")
+	add("relay CPU (user+sys) per 100,000 events", per100k(g.CPU, g.Rows), "(catch-up target: 0.80 s)", "")
+	add("relay peak RSS (VmHWM, fresh process)", fmt.Sprintf("%.1f MB", mb(g.HWM)), targetRSSString, verdict(g.HWM <= targetRSS))
+	add("  walsender CPU per 100,000; machine busy", fmt.Sprintf("%s; %.0f%% of %d CPUs", per100k(g.WalsenderCPU, g.Rows), g.Busy*100, int(cores)), "", "")
+
+	name, f := r.worstForeign()
+	head("Machine")
+	v := "ok"
+	if f > 0.10 {
+		v = "NOISY"
+	}
+	add("foreign load (processes not part of the benchmark), worst phase",
+		fmt.Sprintf("%.0f%% of %d CPUs (%s); %.0f%% busy before the start", f*100, int(cores), name, r.idleBusy*100), "< 10%", v)
+	return t
+}
+
+func msf(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+func us(d time.Duration) float64  { return float64(d) / float64(time.Microsecond) }
+
+// text renders the table for the terminal.
+func (t table) text() string {
+	var sb strings.Builder
+	w := tabwriter.NewWriter(&sb, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "MEASURE\tRESULT\tTARGET\t")
+	for _, r := range t {
+		if r.section {
+			fmt.Fprintf(w, "\t\t\t\n%s\t\t\t\n", r.measure)
+			continue
+		}
+		fmt.Fprintf(w, "  %s\t%s\t%s\t%s\n", r.measure, r.result, r.target, r.verdict)
+	}
+	w.Flush()
+	return sb.String()
+}
+
+func (r *results) text(t table) string {
+	var sb strings.Builder
+	e := r.env
+	mode := "full"
+	if r.params.Quick {
+		mode = "quick"
+	}
+	if r.params.CPUProfile != "" {
+		mode += ", relay profiled"
+	}
+	if len(r.params.Sets) > 0 {
+		mode += ", relay config: " + strings.Join(r.params.Sets, ", ")
+	}
+	fmt.Fprintf(&sb, "walbox bench (%s), %s: walbox %s; %d CPUs (%s), %s, Linux %s; %s, PostgreSQL %s (%s), nats-server %s\n\n",
+		mode, r.finished.UTC().Format("2006-01-02 15:04 MST"), e.Walbox, e.CPUs, e.CPUModel, e.MemTotal, e.Kernel, e.GoVersion, e.PGVersion, e.PGSet, e.NATS)
+	sb.WriteString(t.text())
+	sb.WriteString("\nWhere the CPU went (user+sys by process group):\n")
+	for _, l := range r.whereLines() {
+		sb.WriteString("  " + l + "\n")
+	}
+	return sb.String()
+}
+
+// markdown renders the whole report for bench/results.
+func (r *results) markdown(t table) string {
+	var sb strings.Builder
+	mode := "full (`make bench`)"
+	if r.params.Quick {
+		mode = "quick (`make bench-quick`)"
+	}
+	e := r.env
+	fmt.Fprintf(&sb, "# walbox benchmark\n\n")
+	fmt.Fprintf(&sb, "- Date: %s (run took %s)\n", r.finished.UTC().Format("2006-01-02 15:04 MST"), r.took.Round(time.Second))
+	if r.params.CPUProfile != "" {
+		mode += ", relay run with a CPU profile (figures include the profiling overhead)"
+	}
+	if len(r.params.Sets) > 0 {
+		mode += fmt.Sprintf(", relay config overrides: %s", strings.Join(r.params.Sets, ", "))
+	}
+	fmt.Fprintf(&sb, "- Mode: %s\n", mode)
+	fmt.Fprintf(&sb, "- Machine: %d CPUs (%s), %s memory, Linux %s\n", e.CPUs, e.CPUModel, e.MemTotal, e.Kernel)
+	fmt.Fprintf(&sb, "- Versions: walbox %s, %s, PostgreSQL %s, nats-server %s (embedded)\n", e.Walbox, e.GoVersion, e.PGVersion, e.NATS)
+	fmt.Fprintf(&sb, "- PostgreSQL: throwaway cluster from internal/pgtest (%s, wal_level=logical); "+
+		"live producers use synchronous_commit=%s per session\n", e.PGSet, r.params.SyncCommit)
+	fmt.Fprintf(&sb, "- JetStream: one file-storage stream, duplicate window %s, default sync (an ack is not an fsync)\n", dupWindow)
+	fmt.Fprintf(&sb, "- Relay: `walbox run` as a subprocess, default config (window %d); CPU from /proc/<pid>/stat, peak RSS = VmHWM\n\n", r.params.Window)
+	sb.WriteString("| Measure | Result | Target | |\n|---|---|---|---|\n")
+	for _, row := range t {
+		if row.section {
+			fmt.Fprintf(&sb, "| **%s** | | | |\n", row.measure)
+			continue
+		}
+		fmt.Fprintf(&sb, "| %s | %s | %s | %s |\n", strings.TrimSpace(row.measure), row.result, row.target, row.verdict)
+	}
+	sb.WriteString("\nWhere the CPU went (user+sys by process group, from /proc):\n\n")
+	for _, l := range r.whereLines() {
+		sb.WriteString("- " + l + "\n")
+	}
+	if len(r.relayWarnings) > 0 {
+		sb.WriteString("\nThe relay logged (warn level and up):\n\n")
+		for _, w := range r.relayWarnings {
+			sb.WriteString("- " + w + "\n")
+		}
+	}
+	sb.WriteString(`
+How it is measured:
+
+- Catch-up: the relay is started once to create its slot, stopped with SIGTERM, and the backlog is
+  committed while it is stopped (parallel connections, 10-row transactions). The time runs from
+  spawning the relay to the JetStream stored timestamp of the last message, so it includes process
+  start, connecting and stream set-up. The decoding ceiling is pg_recvlogical (pgoutput,
+  proto_version=1, the same publication) draining an identical backlog from a slot created just
+  before it; the publishing ceiling is one async publisher with Nats-Msg-Id headers and at most
+  1,024 messages in flight, into a file stream like the relay's.
+- Live: paced producers (one ticker each, spread over the interval) commit single-event
+  transactions; latency = JetStream stored timestamp (ordered consumer's metadata) minus the
+  relay's Walbox-Commit-Time header (the transaction's commit timestamp). Same host, same clock.
+- Everything (PostgreSQL, nats-server, relay, producers) shares this machine's CPUs, as the
+  "machine busy" rows show; a relay on its own host would have more room.
+`)
+	return sb.String()
+}
+
+// whereLines says where the CPU went in each phase, by process group.
+func (r *results) whereLines() []string {
+	line := func(name string, wall time.Duration, busy float64, w []cpuShare) string {
+		return fmt.Sprintf("%s (%.2f s wall, %.0f%% of %d CPUs busy, foreign load %.0f%%): %s",
+			name, wall.Seconds(), busy*100, r.env.CPUs, r.foreign(w, wall)*100, r.whereString(w))
+	}
+	out := []string{
+		line("before the start, idle", time.Second, r.idleBusy, r.idleWhere),
+		line("catch-up, relay", r.catchup.Span, r.catchup.Busy, r.catchup.Where),
+		line("decoding ceiling", r.decode.Span, r.decode.Busy, r.decode.Where),
+		line("publishing ceiling", r.publish.Span, r.publish.Busy, r.publish.Where),
+	}
+	for _, l := range r.live {
+		out = append(out, line(fmt.Sprintf("live %d/s", l.Rate), l.Span, l.Busy, l.Where))
+	}
+	out = append(out, line("large transaction (insert + relay)", r.big.Span, r.big.Busy, r.big.Where))
+	return out
+}
+
+func (r *results) whereString(w []cpuShare) string {
+	var parts []string
+	for i, s := range w {
+		if i == 7 || s.CPU < 10*time.Millisecond {
+			break
+		}
+		parts = append(parts, fmt.Sprintf("%s %.2f s", s.Label, s.CPU.Seconds()))
+	}
+	if len(parts) == 0 {
+		return "nothing measurable"
+	}
+	return strings.Join(parts, ", ")
+}
+
+// foreign is the share of the machine's CPUs used during a phase by
+// processes that are not part of the benchmark (other users of the machine,
+// and processes that exited before the end of the phase).
+func (r *results) foreign(w []cpuShare, wall time.Duration) float64 {
+	var d time.Duration
+	for _, s := range w {
+		if strings.HasPrefix(s.Label, "other: ") || strings.HasPrefix(s.Label, "unattributed") {
+			d += s.CPU
+		}
+	}
+	if wall <= 0 || r.env.CPUs == 0 {
+		return 0
+	}
+	return d.Seconds() / (wall.Seconds() * float64(r.env.CPUs))
+}
+
+// worstForeign returns the phase with the most foreign load.
+func (r *results) worstForeign() (string, float64) {
+	name, worst := "", 0.0
+	check := func(n string, w []cpuShare, wall time.Duration) {
+		if f := r.foreign(w, wall); f > worst {
+			name, worst = n, f
+		}
+	}
+	check("catch-up", r.catchup.Where, r.catchup.Span)
+	check("decoding ceiling", r.decode.Where, r.decode.Span)
+	check("publishing ceiling", r.publish.Where, r.publish.Span)
+	for _, l := range r.live {
+		check(fmt.Sprintf("live %d/s", l.Rate), l.Where, l.Span)
+	}
+	check("large transaction", r.big.Where, r.big.Span)
+	return name, worst
+}
