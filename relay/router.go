@@ -59,12 +59,21 @@ type Router struct {
 	// cache remembers subject -> stream: topics repeat, wildcard matching
 	// splits strings. Bounded so a flood of distinct topics cannot grow it.
 	cache map[string]string
+
+	// Set by NewRouterWithOptions (envelope.go); nil/zero: prefix + topic,
+	// raw payload, no rules.
+	template []tmplSeg
+	buckets  uint32
+	envelope string
+	ceSource string
+	rules    []RoutingRule
 }
 
 // NewRouter builds a router. source identifies this relay's database and slot
 // in the position headers.
 func NewRouter(prefix, source string, routes []Route) *Router {
-	return &Router{prefix: prefix, source: source, routes: routes, cache: make(map[string]string)}
+	return &Router{prefix: prefix, source: source, routes: routes, cache: make(map[string]string),
+		buckets: DefaultPartitionBuckets, envelope: EnvelopeRaw, ceSource: "walbox/" + source}
 }
 
 // SetMaxPayload sets the largest message the server accepts (0: unchecked).
@@ -98,7 +107,7 @@ func (r *Router) Message(ev *cdc.Event) (*nats.Msg, string, error) {
 	if ev.ID == "" {
 		return nil, "", poison("id is NULL or empty")
 	}
-	subject := r.prefix + ev.Topic
+	subject := r.subject(ev)
 	if err := ValidSubject(subject); err != nil {
 		return nil, "", poison("invalid subject %q: %v", subject, err)
 	}
@@ -108,6 +117,10 @@ func (r *Router) Message(ev *cdc.Event) (*nats.Msg, string, error) {
 	}
 	if ev.Stream != "" && ev.Stream != stream {
 		return nil, "", poison("row names stream %q but subject %q is captured by stream %q", ev.Stream, subject, stream)
+	}
+	if rule, ok := r.ruleFor(ev.Topic); ok && rule.Stream != stream {
+		return nil, "", poison("topic %q matches routing rule topic_prefix %q (nats.routes), which requires stream %q, but subject %q is captured by stream %q",
+			ev.Topic, rule.TopicPrefix, rule.Stream, subject, stream)
 	}
 	if ev.PayloadNull {
 		return nil, "", poison("payload is NULL")
@@ -136,14 +149,19 @@ func (r *Router) Message(ev *cdc.Event) (*nats.Msg, string, error) {
 	if ev.PartitionKey != "" {
 		h[HeaderPartitionKey] = []string{ev.PartitionKey}
 	}
+	r.envelopeHeaders(h, ev)
 	if len(ev.Headers) > 0 {
 		if err := addJSONHeaders(h, ev.Headers); err != nil {
 			return nil, "", poison("headers column: %v", err)
 		}
 	}
-	m := &nats.Msg{Subject: subject, Data: ev.Payload, Header: h}
-	if r.maxBytes > 0 && len(ev.Payload)+headerSize(h) > r.maxBytes {
-		return nil, "", poison("message of %d bytes exceeds the server's max_payload of %d", len(ev.Payload)+headerSize(h), r.maxBytes)
+	data, err := r.envelopeData(ev)
+	if err != nil {
+		return nil, "", poison("%s envelope: %v", r.envelope, err)
+	}
+	m := &nats.Msg{Subject: subject, Data: data, Header: h}
+	if r.maxBytes > 0 && len(data)+headerSize(h) > r.maxBytes {
+		return nil, "", poison("message of %d bytes exceeds the server's max_payload of %d", len(data)+headerSize(h), r.maxBytes)
 	}
 	return m, stream, nil
 }
@@ -208,7 +226,7 @@ func validHeaderKey(k string) bool {
 // published: the original payload (dropped if it alone is too large) and
 // headers naming the original subject and the reason.
 func (r *Router) DeadLetter(ev *cdc.Event, dlqPrefix, reason string) *nats.Msg {
-	orig := r.prefix + ev.Topic
+	orig := r.subject(ev)
 	suffix := orig
 	if ev.TopicNull || ValidSubject(orig) != nil {
 		suffix = "invalid"

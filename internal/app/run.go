@@ -104,7 +104,10 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 		return nil
 	}
 	source := pgcfg.Database + "/" + cfg.Postgres.Slot
-	router := relay.NewRouter(cfg.NATS.SubjectPrefix, source, routes)
+	router, err := relay.NewRouterWithOptions(cfg.NATS.SubjectPrefix, source, routes, cfg.RouterOptions())
+	if err != nil {
+		return err
+	}
 	// The sweeper marks acked rows and maintains partitions and the archive;
 	// stopping it writes the marks of the relay's final acks.
 	sw, err := NewSweeper(cfg, log, reg)

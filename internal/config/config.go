@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -73,7 +74,19 @@ type NATS struct {
 	// several writers share a stream.
 	StrictOrder bool     `yaml:"strict_order" env:"STRICT_ORDER"`
 	Streams     []Stream `yaml:"streams"`
-	DLQ         DLQ      `yaml:"dlq" envPrefix:"DLQ_"`
+	// Routes assert the stream of topics by prefix: an event whose topic
+	// starts with TopicPrefix must land in Stream, else it is dead-lettered.
+	Routes []RouteRule `yaml:"routes"`
+	// SubjectTemplate builds the subject (before subject_prefix) from
+	// {topic}, {partition}, {bucket}, {event_type}, {aggregate_type}.
+	SubjectTemplate string `yaml:"subject_template" env:"SUBJECT_TEMPLATE"`
+	// PartitionBuckets is the number of {bucket} values.
+	PartitionBuckets int `yaml:"partition_buckets" env:"PARTITION_BUCKETS"`
+	// Envelope: raw, cloudevents, cloudevents-structured or envelope.
+	Envelope string `yaml:"envelope" env:"ENVELOPE"`
+	// CloudEventsSource is ce-source; "" means walbox/<database>/<slot>.
+	CloudEventsSource string `yaml:"cloudevents_source" env:"CLOUDEVENTS_SOURCE"`
+	DLQ               DLQ    `yaml:"dlq" envPrefix:"DLQ_"`
 	// TLS and authentication (nats_auth.go). Secrets never reach logs.
 	TLS         NATSTLS `yaml:"tls" envPrefix:"TLS_"`
 	Credentials string  `yaml:"credentials" env:"CREDENTIALS"`
@@ -81,6 +94,12 @@ type NATS struct {
 	User        string  `yaml:"user" env:"USER"`
 	Password    string  `yaml:"password" env:"PASSWORD"`
 	Token       string  `yaml:"token" env:"TOKEN"`
+}
+
+// RouteRule routes topics with a prefix to one stream (nats.routes).
+type RouteRule struct {
+	TopicPrefix string `yaml:"topic_prefix"`
+	Stream      string `yaml:"stream"`
 }
 
 // Stream is one JetStream stream.
@@ -168,6 +187,7 @@ func Default() Config {
 			OnSlotLost: "recreate", HeartbeatInterval: 30 * time.Second},
 		Outbox: Outbox{Table: "public.outbox_events"},
 		NATS: NATS{URL: "nats://127.0.0.1:4222", AckTimeout: 10 * time.Second, Window: 1024, StrictOrder: true,
+			SubjectTemplate: relay.DefaultSubjectTemplate, PartitionBuckets: relay.DefaultPartitionBuckets, Envelope: relay.EnvelopeRaw,
 			DLQ: DLQ{Stream: "WALBOX_DLQ", SubjectPrefix: "walbox.dlq."}},
 		Retry:   Retry{Initial: time.Second, Max: 60 * time.Second},
 		Metrics: Metrics{Listen: "127.0.0.1:9187"},
@@ -200,7 +220,7 @@ func Load(path string, environ []string) (Config, error) {
 var notFoundRe = regexp.MustCompile(`field (\S+) not found in type config\.(\w+)`)
 
 var sectionOf = map[string]string{
-	"Config": "", "Postgres": "postgres.", "Outbox": "outbox.", "NATS": "nats.", "Stream": "nats.streams[].",
+	"Config": "", "Postgres": "postgres.", "Outbox": "outbox.", "NATS": "nats.", "Stream": "nats.streams[].", "RouteRule": "nats.routes[].",
 	"DLQ": "nats.dlq.", "NATSTLS": "nats.tls.", "Retry": "retry.", "Metrics": "metrics.", "Log": "log.",
 	"Sweeper": "sweeper.", "Archive": "archive.", "S3": "archive.s3.",
 }
@@ -328,6 +348,7 @@ func (c *Config) Validate() error {
 			}
 		}
 	}
+	c.validateRouting(bad, seen)
 	if c.NATS.DLQ.Stream == "" || !strings.HasSuffix(c.NATS.DLQ.SubjectPrefix, ".") {
 		bad("nats.dlq", "stream must be set and subject_prefix must end with '.'")
 	}
@@ -350,6 +371,51 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("invalid configuration:\n  %s", strings.Join(errs, "\n  "))
 	}
 	return nil
+}
+
+// validateRouting checks nats.routes, subject_template, partition_buckets,
+// envelope. streams holds the declared stream names.
+func (c *Config) validateRouting(bad func(key, format string, args ...any), streams map[string]bool) {
+	seen := map[string]bool{}
+	for i, r := range c.NATS.Routes {
+		key := fmt.Sprintf("nats.routes[%d]", i)
+		if r.TopicPrefix == "" {
+			bad(key+".topic_prefix", "is required, e.g. \"agent.run.\"")
+		} else if seen[r.TopicPrefix] {
+			bad(key+".topic_prefix", "%q is listed twice", r.TopicPrefix)
+		}
+		seen[r.TopicPrefix] = true
+		switch {
+		case r.Stream == "":
+			bad(key+".stream", "is required: the stream events with topic prefix %q must land in", r.TopicPrefix)
+		case r.Stream == c.NATS.DLQ.Stream:
+			bad(key+".stream", "%q is the dead-letter stream (nats.dlq.stream)", r.Stream)
+		case !streams[r.Stream]:
+			bad(key+".stream", "%q is not declared in nats.streams", r.Stream)
+		}
+	}
+	if err := relay.ValidateSubjectTemplate(c.NATS.SubjectTemplate); err != nil {
+		bad("nats.subject_template", "%v", err)
+	}
+	if c.NATS.PartitionBuckets < 1 || c.NATS.PartitionBuckets > 65536 {
+		bad("nats.partition_buckets", "%d: must be between 1 and 65536", c.NATS.PartitionBuckets)
+	}
+	if !slices.Contains(relay.Envelopes, c.NATS.Envelope) {
+		bad("nats.envelope", "%q: use %s", c.NATS.Envelope, strings.Join(relay.Envelopes, ", "))
+	}
+	if strings.ContainsAny(c.NATS.CloudEventsSource, "\r\n") {
+		bad("nats.cloudevents_source", "must be one line")
+	}
+}
+
+// RouterOptions converts the routing and envelope config for the relay.
+func (c *Config) RouterOptions() relay.RouterOptions {
+	o := relay.RouterOptions{SubjectTemplate: c.NATS.SubjectTemplate, PartitionBuckets: c.NATS.PartitionBuckets,
+		Envelope: c.NATS.Envelope, CloudEventsSource: c.NATS.CloudEventsSource}
+	for _, r := range c.NATS.Routes {
+		o.Rules = append(o.Rules, relay.RoutingRule{TopicPrefix: r.TopicPrefix, Stream: r.Stream})
+	}
+	return o
 }
 
 func validIdent(s string) bool {

@@ -122,6 +122,7 @@ log:
 	want.Postgres.CreatePublication, want.Postgres.StatusInterval = false, 5*time.Second
 	want.Outbox = Outbox{Table: "app.events", Columns: map[string]string{"id": "event_id", "topic": "subject"}}
 	want.NATS = NATS{URL: "nats://nats:4222", SubjectPrefix: "app.", AckTimeout: 3 * time.Second, Window: 256, StrictOrder: true,
+		SubjectTemplate: "{topic}", PartitionBuckets: 16, Envelope: "raw",
 		Streams: []Stream{
 			{Name: "ORDERS", Subjects: []string{"app.orders.>"}, Storage: "memory", Replicas: 3,
 				DuplicateWindow: 10 * time.Minute, MaxAge: 72 * time.Hour, Manage: &f},

@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
@@ -260,5 +261,62 @@ func TestMissingReplicationPrivilegeNamesTheFix(t *testing.T) {
 	err = src.Run(runCtx, make(chan []cdc.Change, 1))
 	if err == nil || !strings.Contains(err.Error(), "REPLICATION") {
 		t.Fatalf("error %v does not name the fix (ALTER ROLE ... WITH REPLICATION)", err)
+	}
+}
+
+func TestEnvelopesAsAConsumerReceivesThem(t *testing.T) {
+	for _, mode := range []string{"cloudevents", "envelope"} {
+		t.Run(mode, func(t *testing.T) {
+			e := newEnv(t, func(c *config.Config) {
+				c.NATS.Envelope = mode
+				c.NATS.SubjectTemplate = "{topic}.{bucket}"
+			})
+			e.migrate()
+			e.startRelay()
+			ctx := context.Background()
+			if _, err := e.pool.Exec(ctx, `INSERT INTO outbox_events (id, topic, event_type, aggregate_type, aggregate_id, payload, headers)
+				VALUES ('00000000-0000-0000-0000-0000000000aa', 'orders.created', 'OrderCreated', 'order', 'o-1', '{"amount": 5}',
+				        '{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "correlation_id": "c-9"}')`); err != nil {
+				t.Fatal(err)
+			}
+			e.waitDelivered(1, 30*time.Second)
+			st, _ := e.js.Stream(ctx, "ORDERS")
+			m, err := st.GetMsg(ctx, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.HasPrefix(m.Subject, "orders.created.") {
+				t.Fatalf("subject %q, want orders.created.<bucket>", m.Subject)
+			}
+			switch mode {
+			case "cloudevents":
+				for k, want := range map[string]string{"ce-id": "00000000-0000-0000-0000-0000000000aa", "ce-type": "OrderCreated", "ce-subject": "o-1", "ce-specversion": "1.0"} {
+					if got := m.Header.Get(k); got != want {
+						t.Errorf("%s = %q, want %q", k, got, want)
+					}
+				}
+				if string(m.Data) != `{"amount": 5}` {
+					t.Errorf("data %s", m.Data)
+				}
+			case "envelope":
+				var env struct {
+					EventID  string          `json:"event_id"`
+					Type     string          `json:"event_type"`
+					AggID    string          `json:"aggregate_id"`
+					Payload  json.RawMessage `json:"payload"`
+					Metadata map[string]string
+				}
+				if err := json.Unmarshal(m.Data, &env); err != nil {
+					t.Fatalf("envelope does not decode: %v: %s", err, m.Data)
+				}
+				if env.EventID != "00000000-0000-0000-0000-0000000000aa" || env.Type != "OrderCreated" || env.AggID != "o-1" ||
+					string(env.Payload) != `{"amount": 5}` || env.Metadata["trace_id"] != "4bf92f3577b34da6a3ce929d0e0e4736" || env.Metadata["correlation_id"] != "c-9" {
+					t.Fatalf("envelope %s", m.Data)
+				}
+			}
+			if m.Header.Get("Nats-Msg-Id") != "00000000-0000-0000-0000-0000000000aa" {
+				t.Fatal("Nats-Msg-Id missing under an envelope")
+			}
+		})
 	}
 }

@@ -159,7 +159,10 @@ func Replay(ctx context.Context, cfg config.Config, opts ReplayOptions) (*Replay
 	if err != nil {
 		return nil, err
 	}
-	router := relay.NewRouter(cfg.NATS.SubjectPrefix, source(cfg), rts)
+	router, err := relay.NewRouterWithOptions(cfg.NATS.SubjectPrefix, source(cfg), rts, cfg.RouterOptions())
+	if err != nil {
+		return nil, err
+	}
 	router.SetMaxPayload(int(nc.MaxPayload()))
 
 	q, err := newRowQuery(ctx, conn, table, roles, opts)
@@ -183,7 +186,8 @@ func Replay(ctx context.Context, cfg config.Config, opts ReplayOptions) (*Replay
 			from = minCreated.Add(-time.Minute)
 		}
 		filter := ""
-		if opts.Topic != "" {
+		// A subject template adds tokens to the topic: read the whole stream.
+		if opts.Topic != "" && cfg.NATS.SubjectTemplate == relay.DefaultSubjectTemplate {
 			filter = cfg.NATS.SubjectPrefix + opts.Topic
 		}
 		for _, rt := range rts {
