@@ -320,3 +320,39 @@ func TestEnvelopesAsAConsumerReceivesThem(t *testing.T) {
 		})
 	}
 }
+
+func TestDebeziumLayoutRoutedByAggregateType(t *testing.T) {
+	e := newEnv(t, func(c *config.Config) {
+		c.Outbox.Table = "public.outboxevent"
+		// Debezium's outbox table has no topic column: the aggregate type
+		// is the topic, and the subject template routes by it.
+		c.Outbox.Columns = map[string]string{"id": "id", "topic": "aggregatetype", "payload": "payload", "aggregate_type": "aggregatetype",
+			"aggregate_id": "aggregateid", "event_type": "type", "stream": "", "partition_key": "", "headers": "", "created_at": ""}
+		c.NATS.SubjectTemplate = "outbox.{aggregate_type}"
+		c.NATS.Streams = []config.Stream{{Name: "ORDER_EVENTS", Subjects: []string{"outbox.order"}}, {Name: "CUSTOMER_EVENTS", Subjects: []string{"outbox.customer"}}}
+	})
+	ctx := context.Background()
+	if _, err := e.pool.Exec(ctx, `CREATE TABLE outboxevent (id uuid primary key, aggregatetype varchar(255) not null,
+		aggregateid varchar(255) not null, type varchar(255) not null, payload jsonb)`); err != nil {
+		t.Fatal(err)
+	}
+	e.startRelay()
+	for i, agg := range []string{"order", "customer", "order"} {
+		if _, err := e.pool.Exec(ctx, "INSERT INTO outboxevent VALUES (gen_random_uuid(), $1, $2, $3, $4)",
+			agg, fmt.Sprintf("%s-%d", agg, i), agg+"Created", fmt.Sprintf(`{"i": %d}`, i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.waitDelivered(3, 30*time.Second)
+	for name, want := range map[string]uint64{"ORDER_EVENTS": 2, "CUSTOMER_EVENTS": 1} {
+		st, _ := e.js.Stream(ctx, name)
+		info, _ := st.Info(ctx)
+		if info.State.Msgs != want {
+			t.Fatalf("%s holds %d, want %d", name, info.State.Msgs, want)
+		}
+		m, _ := st.GetMsg(ctx, 1)
+		if m.Header.Get("Walbox-Event-Type") == "" || m.Header.Get("Walbox-Aggregate-Id") == "" {
+			t.Fatalf("%s: event type / aggregate id headers missing: %v", name, m.Header)
+		}
+	}
+}
