@@ -356,3 +356,44 @@ func TestDebeziumLayoutRoutedByAggregateType(t *testing.T) {
 		}
 	}
 }
+
+func TestTableLessEventsFromEmitMessage(t *testing.T) {
+	e := newEnv(t)
+	e.migrate()
+	e.startRelay()
+	ctx := context.Background()
+	// Committed: published. Rolled back: never.
+	if _, err := e.pool.Exec(ctx, `SELECT walbox.emit_message('orders.created', '{"n": 1}', event_type => 'OrderCreated', aggregate_id => 'o-1')`); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT walbox.emit_message('orders.created', '{"n": 2}')`); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(ctx, `SELECT walbox.emit_message('orders.created', '{"n": 3}')`); err != nil {
+		t.Fatal(err)
+	}
+	e.waitDelivered(2, 30*time.Second)
+	time.Sleep(500 * time.Millisecond)
+	st, _ := e.js.Stream(ctx, "ORDERS")
+	info, _ := st.Info(ctx)
+	if info.State.Msgs != 2 {
+		t.Fatalf("ORDERS holds %d, want 2 (the rolled-back message must not appear)", info.State.Msgs)
+	}
+	m1, _ := st.GetMsg(ctx, 1)
+	m2, _ := st.GetMsg(ctx, 2)
+	if string(m1.Data) != `{"n": 1}` || string(m2.Data) != `{"n": 3}` || m1.Header.Get("Walbox-Event-Type") != "OrderCreated" || m1.Header.Get("Nats-Msg-Id") == "" {
+		t.Fatalf("got %s %v / %s", m1.Data, m1.Header, m2.Data)
+	}
+	var rows int
+	_ = e.pool.QueryRow(ctx, "SELECT count(*) FROM outbox_events").Scan(&rows)
+	if rows != 0 {
+		t.Fatalf("table-less mode stored %d rows", rows)
+	}
+}
