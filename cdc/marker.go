@@ -77,6 +77,14 @@ func (s *Source) clearMarkerWhenConfirmed(ctx context.Context, consistent LSN) {
 	for {
 		select {
 		case <-ctx.Done():
+			// A clean shutdown drains and confirms before the source stops:
+			// if that covered the backfill, say so now, or the next start
+			// would redo it for nothing.
+			if s.Confirmed() >= consistent {
+				bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+				_, _ = s.markerExec(bg, "DELETE FROM walbox.slot_backfill WHERE slot_name = $1", s.cfg.Slot)
+				cancel()
+			}
 			return
 		case <-t.C:
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -78,6 +79,7 @@ type Source struct {
 	hadSlot   atomic.Bool // the slot existed during this process: its absence is a loss
 
 	noMarkerWarned atomic.Bool
+	background     sync.WaitGroup // marker upkeep; Run waits for it
 }
 
 // NewSource validates cfg and returns a Source.
@@ -125,6 +127,7 @@ func (s *Source) Connected() bool { return s.connected.Load() }
 // handed over in commit order; after a reconnect a KindReset change comes
 // first, because the server resends from the slot's confirmed position.
 func (s *Source) Run(ctx context.Context, out chan<- []Change) error {
+	defer s.background.Wait()
 	if s.cfg.HeartbeatInterval > 0 {
 		hbCtx, cancel := context.WithCancel(ctx)
 		defer cancel()
@@ -224,7 +227,11 @@ func (s *Source) session(ctx context.Context, out chan<- []Change) (streamed boo
 			return false, err
 		}
 		prefix = nil
-		go s.clearMarkerWhenConfirmed(ctx, consistent)
+		s.background.Add(1)
+		go func() {
+			defer s.background.Done()
+			s.clearMarkerWhenConfirmed(ctx, consistent)
+		}()
 	}
 
 	// Start at LSN 0: on an existing slot the server resumes at

@@ -211,7 +211,7 @@ func (r *Relay) run(ctx context.Context, in <-chan []cdc.Change, conf Confirmer)
 	ticks := 0
 	for {
 		if ctx.Err() != nil {
-			return l.drain()
+			return l.drain(in)
 		}
 		l.fill()
 
@@ -231,7 +231,7 @@ func (r *Relay) run(ctx context.Context, in <-chan []cdc.Change, conf Confirmer)
 		}
 		select {
 		case <-ctx.Done():
-			return l.drain()
+			return l.drain(in)
 		case ack := <-okCh:
 			l.acked(ack, nil)
 			l.drainResolved()
@@ -500,6 +500,31 @@ func (l *loop) done(p *pending, ack *jetstream.PubAck) {
 	l.confirm(l.ckpt.Ack(p.seq))
 }
 
+// settleBookkeeping takes, on shutdown, the changes already handed over that
+// need no publish (a commit whose events are all acked, an empty backfill, a
+// keepalive), up to the first event: confirming them costs nothing and saves
+// the next start from redoing them.
+func (l *loop) settleBookkeeping(in <-chan []cdc.Change) {
+	for {
+		if l.curPos >= len(l.cur) {
+			select {
+			case b := <-in:
+				l.cur, l.curPos = b, 0
+			default:
+				return
+			}
+		}
+		for l.curPos < len(l.cur) {
+			c := &l.cur[l.curPos]
+			if c.Kind == cdc.KindEvent || c.Kind == cdc.KindReset {
+				return
+			}
+			l.curPos++
+			l.change(c)
+		}
+	}
+}
+
 // drainResolved takes every already-resolved ack at the head without going
 // back through the select: acks come in bursts.
 func (l *loop) drainResolved() {
@@ -524,9 +549,10 @@ func (l *loop) confirm(lsn cdc.LSN, moved bool) {
 
 // drain waits for the in-flight acks on shutdown so that what JetStream
 // stored gets confirmed, then returns.
-func (l *loop) drain() error {
+func (l *loop) drain(in <-chan []cdc.Change) error {
 	deadline := time.NewTimer(l.r.cfg.DrainTimeout)
 	defer deadline.Stop()
+	l.settleBookkeeping(in)
 	// Nothing new is published. Once one ack fails, later ones cannot be
 	// confirmed (acks count only in order); they are resent on next start.
 	for len(l.window) > 0 {

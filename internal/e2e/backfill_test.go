@@ -65,3 +65,22 @@ func TestBackfillInterruptedByCrashIsRedone(t *testing.T) {
 		t.Fatalf("guarantees broken: %s", rep)
 	}
 }
+
+// TestCleanStopRightAfterFirstStartDoesNotRedoTheBackfill: a SIGTERM just
+// after the slot was created must leave no backfill marker behind when
+// everything was confirmed, or the next start recreates the slot for nothing.
+func TestCleanStopRightAfterFirstStartDoesNotRedoTheBackfill(t *testing.T) {
+	e := newEnv(t)
+	e.migrate()
+	p := e.spawnRelay()
+	if code := p.signal(t, syscall.SIGTERM); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	var n int
+	if err := e.pool.QueryRow(context.Background(), "SELECT count(*) FROM walbox.slot_backfill").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Fatalf("walbox.slot_backfill holds %d rows after a clean stop of an idle first start", n)
+	}
+}
