@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -73,6 +74,15 @@ func TestCleanStopRightAfterFirstStartDoesNotRedoTheBackfill(t *testing.T) {
 	e := newEnv(t)
 	e.migrate()
 	p := e.spawnRelay()
+	// The slot shows active while it is being created; wait until the relay
+	// streams, then stop it at once (before the marker's periodic upkeep).
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(p.output(), "replication started") {
+		if time.Now().After(deadline) {
+			t.Fatalf("relay did not start streaming:\n%s", p.output())
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
 	if code := p.signal(t, syscall.SIGTERM); code != 0 {
 		t.Fatalf("exit %d", code)
 	}
