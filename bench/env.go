@@ -270,31 +270,16 @@ func memTotal() string {
 const clockTick = 10 * time.Millisecond
 
 // procCPU returns user+sys CPU time of pid (all its threads).
-func procCPU(pid int) (time.Duration, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0, err
-	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("/proc/%d/stat: unexpected format", pid)
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 13 {
-		return 0, fmt.Errorf("/proc/%d/stat: unexpected format", pid)
-	}
-	ut, err1 := strconv.ParseInt(f[11], 10, 64)
-	st, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("/proc/%d/stat: unexpected format", pid)
-	}
-	return time.Duration(ut+st) * clockTick, nil
-}
+func procCPU(pid int) (time.Duration, error) { return procStatTicks(pid, 11, 12) }
 
 // procChildCPU returns the user+sys CPU of pid's children that exited and
 // were waited for (cutime+cstime): for the postmaster, its backends and
 // walsenders that ended.
-func procChildCPU(pid int) (time.Duration, error) {
+func procChildCPU(pid int) (time.Duration, error) { return procStatTicks(pid, 13, 14) }
+
+// procStatTicks sums two clock-tick fields of /proc/<pid>/stat, counted from
+// the first field after the command name (which may contain spaces).
+func procStatTicks(pid, first, second int) (time.Duration, error) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
 		return 0, err
@@ -304,15 +289,15 @@ func procChildCPU(pid int) (time.Duration, error) {
 		return 0, fmt.Errorf("/proc/%d/stat: unexpected format", pid)
 	}
 	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 15 {
+	if len(f) <= max(first, second) {
 		return 0, fmt.Errorf("/proc/%d/stat: unexpected format", pid)
 	}
-	cu, err1 := strconv.ParseInt(f[13], 10, 64)
-	cs, err2 := strconv.ParseInt(f[14], 10, 64)
+	x, err1 := strconv.ParseInt(f[first], 10, 64)
+	y, err2 := strconv.ParseInt(f[second], 10, 64)
 	if err1 != nil || err2 != nil {
 		return 0, fmt.Errorf("/proc/%d/stat: unexpected format", pid)
 	}
-	return time.Duration(cu+cs) * clockTick, nil
+	return time.Duration(x+y) * clockTick, nil
 }
 
 // procHWM returns the peak resident set size (VmHWM) of pid in bytes.
