@@ -11,18 +11,25 @@ build:
 # The whole suite, race detector on, against real PostgreSQL and NATS.
 test:
 	$(GO) vet $(PKGS)
+	cd bench && $(GO) vet ./...
+	cd bench/watermill && $(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || (echo "gofmt needed:"; gofmt -l .; exit 1)
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 
 lint:
 	$(GO) vet $(PKGS)
+	cd bench && $(GO) vet ./...
+	cd bench/watermill && $(GO) vet ./...
 	@out=$$(gofmt -l .); test -z "$$out" || (echo "gofmt needed: $$out"; exit 1)
 
+# The benchmark is its own module (bench/go.mod): its peers and chart library
+# stay out of walbox's go.mod. BENCH_ARGS for more flags (see bench/README.md).
+BENCH_ARGS ?=
 bench:
-	$(GO) run ./bench
+	cd bench && $(GO) run . $(BENCH_ARGS)
 
 bench-quick:
-	$(GO) run ./bench -quick
+	cd bench && $(GO) run . -quick $(BENCH_ARGS)
 
 # A throwaway PostgreSQL, an embedded JetStream, the relay and a sample producer.
 # Flags for walbox dev go in DEMO_ARGS, e.g. make demo DEMO_ARGS="--rate 50 --duration 30s".

@@ -1,11 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -58,15 +60,31 @@ var payloadPad = strings.Repeat("x", 64<<10)
 
 // payloadFor returns a JSON object of exactly size bytes in jsonb's own text
 // form (keys sorted by length, ", " and ": " separators), so the payload
-// the relay reads back from the WAL has that size too.
-func payloadFor(i, size int) string {
-	head := fmt.Sprintf(`{"id": "%09d", "pad": "`, i%1_000_000_000)
+// the relay reads back from the WAL has that size too. ts is the insert time
+// (Unix ns) for live events, 0 for the others; every system's live latency
+// is measured from it. bench/watermill writes the same bytes.
+func payloadFor(i, size int, ts int64) string {
+	head := fmt.Sprintf(`{"id": "%09d", "ts": "%019d", "pad": "`, i%1_000_000_000, ts)
 	const tail = `", "kind": "bench.event"}`
 	n := size - len(head) - len(tail)
 	if n < 0 {
 		n = 0
 	}
 	return head + payloadPad[:n] + tail
+}
+
+// payloadTime reads the insert time back from a payload made by payloadFor.
+func payloadTime(data []byte) (time.Time, bool) {
+	const key = `"ts": "`
+	i := bytes.Index(data, []byte(key))
+	if i < 0 || len(data) < i+len(key)+19 {
+		return time.Time{}, false
+	}
+	ns, err := strconv.ParseInt(string(data[i+len(key):i+len(key)+19]), 10, 64)
+	if err != nil || ns == 0 {
+		return time.Time{}, false
+	}
+	return time.Unix(0, ns), true
 }
 
 const insertRows = `INSERT INTO outbox_events (topic, payload) SELECT $1, p::jsonb FROM unnest($2::text[]) WITH ORDINALITY AS t(p, i) ORDER BY i`
@@ -121,19 +139,41 @@ func (b *bench) catchUp(ctx context.Context) error {
 	b.logf("catch-up: backlog committed in %.1fs (%.0f events/s, payload %d bytes); starting the relay",
 		res.LoadTook.Seconds(), rate(p.Events, res.LoadTook), res.PayloadBytes)
 
+	return b.relayCatchup(ctx, "catch-up", res)
+}
+
+// catchUpNoFlag is phase 1 again with the processed flag off
+// (sweeper.mark_processed=false): what the sweeper costs.
+func (b *bench) catchUpNoFlag(ctx context.Context) error {
+	p := b.p
+	res := &b.res.noflag
+	res.Events = p.Events
+	b.logf("catch-up without the processed flag: loading %d events while the relay is stopped", p.Events)
+	var err error
+	if res.LoadTook, err = b.loadBacklog(ctx, "bench.catchup.noflag", p.Events); err != nil {
+		return err
+	}
+	b.logf("catch-up without the processed flag: starting the relay with WALBOX_SWEEPER_MARK_PROCESSED=false")
+	return b.relayCatchup(ctx, "catch-up-noflag", res, "WALBOX_SWEEPER_MARK_PROCESSED=false")
+}
+
+// relayCatchup starts the relay on a committed backlog of res.Events and
+// measures it until the last one is acked, then stops it.
+func (b *bench) relayCatchup(ctx context.Context, phase string, res *catchupResult, env ...string) error {
+	p := b.p
 	base, err := b.streamMsgs(ctx, benchStream)
 	if err != nil {
 		return err
 	}
 	target := base + uint64(p.Events)
 	meter, self0 := b.startPhase(0), selfCPU()
-	r, err = b.startRelay("catch-up")
+	r, err := b.startRelay(phase, env...)
 	if err != nil {
 		return err
 	}
 	meter.relay = r.pid()
 	var acked atomic.Int64
-	wctx, done := b.watch(ctx, "catch-up", acked.Load, func(v int64) string { return fmt.Sprintf("%d/%d acked", v, p.Events) })
+	wctx, done := b.watch(ctx, phase, acked.Load, func(v int64) string { return fmt.Sprintf("%d/%d acked", v, p.Events) })
 	defer done()
 	wsPID := 0
 	for {
@@ -150,7 +190,7 @@ func (b *bench) catchUp(ctx context.Context) error {
 			}
 		}
 		if r.exited() {
-			return fmt.Errorf("relay exited during catch-up (%s):\n%s", r.cmd.ProcessState, r.logs)
+			return fmt.Errorf("relay exited during %s (%s):\n%s", phase, r.cmd.ProcessState, r.logs)
 		}
 		select {
 		case <-wctx.Done():
@@ -192,8 +232,8 @@ func (b *bench) catchUp(ctx context.Context) error {
 	if err := b.stopRelay(r); err != nil {
 		return err
 	}
-	b.logf("catch-up: %d events relayed in %.2fs: %.0f events/s; relay CPU %.2fs, peak RSS %.1f MB",
-		p.Events, res.Took.Seconds(), rate(p.Events, res.Took), res.CPU.Seconds(), mb(res.HWM))
+	b.logf("%s: %d events relayed in %.2fs: %.0f events/s; relay CPU %.2fs, peak RSS %.1f MB",
+		phase, p.Events, res.Took.Seconds(), rate(p.Events, res.Took), res.CPU.Seconds(), mb(res.HWM))
 	return nil
 }
 
@@ -228,7 +268,7 @@ func (b *bench) loadBacklog(ctx context.Context, topic string, n int) (time.Dura
 				}
 				k := min(p.TxnRows, n-t*p.TxnRows)
 				for j := range k {
-					rows[j] = payloadFor(t*p.TxnRows+j, p.PayloadBytes)
+					rows[j] = payloadFor(t*p.TxnRows+j, p.PayloadBytes, 0)
 				}
 				if _, err := conn.Exec(wctx, insertRows, topic, rows[:k]); err != nil {
 					fail(err)
@@ -347,7 +387,7 @@ func (b *bench) publishCeiling(ctx context.Context) error {
 	}()
 	msgs := make([]*nats.Msg, n)
 	for i := range msgs {
-		msgs[i] = &nats.Msg{Subject: "ceil.events", Data: []byte(payloadFor(i, p.PayloadBytes)),
+		msgs[i] = &nats.Msg{Subject: "ceil.events", Data: []byte(payloadFor(i, p.PayloadBytes, 0)),
 			Header: nats.Header{"Nats-Msg-Id": []string{uuid.NewString()}}}
 	}
 	nc, err := nats.Connect(b.env.ns.URL(), nats.Name("walbox-bench-publisher"))

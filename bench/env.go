@@ -79,9 +79,14 @@ func (b *bench) setup(ctx context.Context) (*environment, error) {
 	}
 	out, err := exec.CommandContext(ctx, gobin, "env", "GOMOD").Output()
 	if err != nil || strings.TrimSpace(string(out)) == "" || strings.TrimSpace(string(out)) == os.DevNull {
-		return nil, fmt.Errorf("run from inside the walbox module (go env GOMOD: %q, %v)", strings.TrimSpace(string(out)), err)
+		return nil, fmt.Errorf("run from inside the bench module: cd bench && go run . (go env GOMOD: %q, %v)", strings.TrimSpace(string(out)), err)
 	}
-	env.moduleDir = filepath.Dir(strings.TrimSpace(string(out)))
+	// The benchmark is its own module (bench/go.mod), so that its peers and
+	// chart library stay out of walbox's go.mod; walbox is its parent.
+	env.moduleDir = filepath.Dir(filepath.Dir(strings.TrimSpace(string(out))))
+	if _, err := os.Stat(filepath.Join(env.moduleDir, "cmd", "walbox")); err != nil {
+		return nil, fmt.Errorf("walbox's cmd/walbox not found next to the bench module in %s: run from a walbox checkout", env.moduleDir)
+	}
 
 	env.tmp, err = os.MkdirTemp("", "walbox-bench-")
 	if err != nil {
@@ -403,12 +408,18 @@ type relayProc struct {
 }
 
 // startRelay spawns the relay. It is killed at cleanup if still running.
-func (b *bench) startRelay(phase string) (*relayProc, error) {
-	p := &relayProc{phase: phase, done: make(chan struct{}), logs: &tailBuffer{}}
+func (b *bench) startRelay(phase string, env ...string) (*relayProc, error) {
 	prog, args, err := b.relayCommand(phase)
 	if err != nil {
 		return nil, err
 	}
+	return b.startProc(phase, prog, args, env...)
+}
+
+// startProc spawns a relay under test (walbox or a peer) with the
+// environment of the benchmark minus WALBOX_* plus env.
+func (b *bench) startProc(phase, prog string, args []string, env ...string) (*relayProc, error) {
+	p := &relayProc{phase: phase, done: make(chan struct{}), logs: &tailBuffer{}}
 	p.cmd = exec.Command(prog, args...)
 	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
 	// Its own process group, so Ctrl-C reaches the benchmark only and the
@@ -419,9 +430,10 @@ func (b *bench) startRelay(phase string) (*relayProc, error) {
 			p.cmd.Env = append(p.cmd.Env, kv)
 		}
 	}
+	p.cmd.Env = append(p.cmd.Env, env...)
 	p.started = time.Now()
 	if err := p.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start relay: %w", err)
+		return nil, fmt.Errorf("start %s: %w", filepath.Base(prog), err)
 	}
 	go func() { _ = p.cmd.Wait(); close(p.done) }()
 	b.onCleanup(func() { p.kill() })
@@ -656,15 +668,22 @@ func procLabel(pid, self, relay, postmaster int) string {
 	switch pid {
 	case self:
 		return "bench driver + nats-server"
-	case relay:
-		return "walbox relay"
 	case postmaster:
 		return "postgres postmaster"
 	}
 	comm, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm")
 	name := strings.TrimSpace(string(comm))
+	if pid == relay {
+		if name == "walbox" {
+			return "walbox relay"
+		}
+		return "relay under test (" + name + ")"
+	}
 	if name == "pg_recvlogical" {
 		return name
+	}
+	if procPPID(pid) == self {
+		return "bench child (" + name + ")"
 	}
 	if postmaster == 0 || procPPID(pid) != postmaster {
 		return "other: " + name

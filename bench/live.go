@@ -16,14 +16,19 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// liveResult is one live rate.
+// liveResult is one live rate of one system.
 type liveResult struct {
-	Rate         int // asked
+	System       string // walbox, polling, watermill
+	Rate         int    // asked
 	Producers    int
 	Events       int
-	Achieved     float64 // committed events/s
-	P50, P90     time.Duration
+	Achieved     float64       // committed events/s
+	P50, P90     time.Duration // commit -> ack (walbox: Walbox-Commit-Time header)
 	P99, Max     time.Duration
+	StoreP50     time.Duration // insert time in the payload -> JetStream stored, every system
+	StoreP90     time.Duration
+	StoreP99     time.Duration
+	StoreMax     time.Duration
 	InsertP50    time.Duration // producer side: INSERT + COMMIT round trip
 	InsertP99    time.Duration
 	CPU          time.Duration // relay, over the run
@@ -31,6 +36,33 @@ type liveResult struct {
 	Busy         float64
 	Where        []cpuShare
 	Span         time.Duration
+
+	store []time.Duration // sorted insert -> stored latencies, for the chart
+}
+
+// liveTarget is a relay under live load: walbox or a peer.
+type liveTarget struct {
+	system  string
+	stream  string
+	subject string // events of rate r go to subject.r<r>
+	proc    *relayProc
+	wsPID   int  // walbox's walsender (0: none)
+	header  bool // messages carry Walbox-Commit-Time
+	// produce commits single-event transactions at rate until end.
+	produce func(ctx context.Context, subject string, rate int, start, end time.Time) (produced, error)
+	// probe, if set, commits one event on subject (the first one is not
+	// latency: a fresh walsender re-reads WAL, a poller wakes up).
+	probe func(ctx context.Context, subject string) error
+}
+
+// produced is what the producers of one live rate did.
+type produced struct {
+	Events    int
+	Achieved  float64
+	Producers int
+	InsertP50 time.Duration
+	InsertP99 time.Duration
+	commits   []latSample // each INSERT's start and return, when known
 }
 
 // bigResult is the single large transaction.
@@ -47,18 +79,23 @@ type bigResult struct {
 	Span         time.Duration
 }
 
-func (b *bench) live(ctx context.Context) error {
+// livePool is a pool for the paced SQL producers of every rate.
+func (b *bench) livePool(ctx context.Context) (*pgxpool.Pool, error) {
 	maxProducers := 0
 	for _, r := range b.p.Rates {
 		maxProducers = max(maxProducers, producersFor(r))
 	}
 	cfg, err := pgxpool.ParseConfig(b.env.dbURL)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = b.p.SyncCommit
 	cfg.MaxConns, cfg.MinConns = int32(maxProducers), int32(maxProducers)
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	return pgxpool.NewWithConfig(ctx, cfg)
+}
+
+func (b *bench) live(ctx context.Context) error {
+	pool, err := b.livePool(ctx)
 	if err != nil {
 		return err
 	}
@@ -73,8 +110,11 @@ func (b *bench) live(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	t := liveTarget{system: "walbox", stream: benchStream, subject: "bench.live", proc: r, wsPID: wsPID, header: true,
+		produce: b.sqlProducers(pool),
+		probe:   func(ctx context.Context, subject string) error { return b.insertOne(ctx, pool, subject) }}
 	for _, rate := range b.p.Rates {
-		res, err := b.liveRate(ctx, r, wsPID, pool, rate)
+		res, err := b.liveRate(ctx, t, rate)
 		if err != nil {
 			return err
 		}
@@ -87,52 +127,133 @@ func (b *bench) live(ctx context.Context) error {
 // commits at most 125 events/s, far below what one connection can do.
 func producersFor(rate int) int { return max(4, (rate+124)/125) }
 
-func (b *bench) liveRate(ctx context.Context, r *relayProc, wsPID int, pool *pgxpool.Pool, rate int) (liveResult, error) {
-	res := liveResult{Rate: rate, Producers: producersFor(rate)}
-	subject := fmt.Sprintf("bench.live.r%d", rate)
-	g := res.Producers
-	interval := time.Duration(int64(time.Second) * int64(g) / int64(rate))
-	b.logf("live %d/s: %d producers (one single-event transaction every %v each, synchronous_commit=%s) for %v",
-		rate, g, interval, b.p.SyncCommit, b.p.LiveFor)
+// insertOne commits one event into outbox_events.
+func (b *bench) insertOne(ctx context.Context, pool *pgxpool.Pool, subject string) error {
+	_, err := pool.Exec(ctx, "INSERT INTO outbox_events (topic, payload) VALUES ($1, $2::jsonb)", subject, payloadFor(0, b.p.PayloadBytes, 0))
+	return err
+}
 
-	// Warm every connection, so connecting is not measured.
-	conns := make([]*pgxpool.Conn, 0, g)
-	for range g {
-		c, err := pool.Acquire(ctx)
-		if err != nil {
-			return res, err
+// sqlProducers returns paced producers that commit single-event
+// transactions into outbox_events (walbox and the polling baseline).
+func (b *bench) sqlProducers(pool *pgxpool.Pool) func(ctx context.Context, subject string, rate int, start, end time.Time) (produced, error) {
+	return func(ctx context.Context, subject string, rate int, start, end time.Time) (produced, error) {
+		g := producersFor(rate)
+		res := produced{Producers: g}
+		interval := time.Duration(int64(time.Second) * int64(g) / int64(rate))
+		// Warm every connection, so connecting is not measured.
+		conns := make([]*pgxpool.Conn, 0, g)
+		for range g {
+			c, err := pool.Acquire(ctx)
+			if err != nil {
+				return res, err
+			}
+			conns = append(conns, c)
 		}
-		conns = append(conns, c)
-	}
-	for _, c := range conns {
-		if err := c.Ping(ctx); err != nil {
-			return res, err
+		for _, c := range conns {
+			if err := c.Ping(ctx); err != nil {
+				return res, err
+			}
+			c.Release()
 		}
-		c.Release()
+		var mu sync.Mutex
+		var committed, lastCommit atomic.Int64
+		var wg sync.WaitGroup
+		var errOnce sync.Once
+		var prodErr error
+		for i := range g {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				// Spread the producers over the interval, not in bursts.
+				select {
+				case <-time.After(time.Until(start.Add(interval * time.Duration(i) / time.Duration(g)))):
+				case <-ctx.Done():
+					return
+				}
+				tk := time.NewTicker(interval)
+				defer tk.Stop()
+				var mine []latSample
+				defer func() {
+					mu.Lock()
+					res.commits = append(res.commits, mine...)
+					mu.Unlock()
+				}()
+				for n := 0; time.Now().Before(end); n++ {
+					t0 := time.Now()
+					payload := payloadFor(i*1_000_000+n, b.p.PayloadBytes, t0.UnixNano())
+					if _, err := pool.Exec(ctx, "INSERT INTO outbox_events (topic, payload) VALUES ($1, $2::jsonb)", subject, payload); err != nil {
+						errOnce.Do(func() { prodErr = cause(ctx, err) })
+						return
+					}
+					t1 := time.Now()
+					mine = append(mine, latSample{t0, t1})
+					committed.Add(1)
+					lastCommit.Store(t1.UnixNano())
+					select {
+					case <-tk.C:
+					case <-ctx.Done():
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		if prodErr != nil {
+			return res, fmt.Errorf("producer: %w", prodErr)
+		}
+		res.Events = int(committed.Load())
+		res.Achieved = rate2(res.Events, time.Unix(0, lastCommit.Load()).Sub(start))
+		cl := make([]time.Duration, len(res.commits))
+		for i, c := range res.commits {
+			cl[i] = c.ack.Sub(c.commit)
+		}
+		slices.Sort(cl)
+		if len(cl) > 0 {
+			res.InsertP50, res.InsertP99 = pct(cl, 0.5), pct(cl, 0.99)
+		}
+		return res, nil
 	}
+}
+
+// liveRate runs one rate against t: paced producers for LiveFor, then
+// waits until every event is in the stream.
+func (b *bench) liveRate(ctx context.Context, t liveTarget, rate int) (liveResult, error) {
+	res := liveResult{System: t.system, Rate: rate, Producers: producersFor(rate)}
+	subject := fmt.Sprintf("%s.r%d", t.subject, rate)
+	b.logf("live %s %d/s: single-event transactions for %v (producer synchronous_commit=%s)", t.system, rate, b.p.LiveFor, b.p.SyncCommit)
 
 	// The ack time of each event is its JetStream stored timestamp, read
-	// from an ordered consumer's metadata; the commit time is the relay's
-	// Walbox-Commit-Time header (the transaction's commit timestamp).
+	// from an ordered consumer's metadata; the commit time is walbox's
+	// Walbox-Commit-Time header (the transaction's commit timestamp), the
+	// insert time is in the payload.
 	var mu sync.Mutex
-	lats := make([]time.Duration, 0, rate*int(b.p.LiveFor/time.Second+1))
+	capHint := rate * int(b.p.LiveFor/time.Second+1)
+	lats := make([]time.Duration, 0, capHint)
+	store := make([]time.Duration, 0, capHint)
 	var samples []latSample // for -latency-csv
-	var commits []latSample // each INSERT's start and return, producer side
 	var received, bad atomic.Int64
-	cons, err := b.env.js.OrderedConsumer(ctx, benchStream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}})
+	cons, err := b.env.js.OrderedConsumer(ctx, t.stream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}})
 	if err != nil {
 		return res, err
 	}
 	cc, err := cons.Consume(func(m jetstream.Msg) {
 		md, err := m.Metadata()
-		ct, err2 := time.Parse(time.RFC3339Nano, m.Headers().Get("Walbox-Commit-Time"))
-		if err != nil || err2 != nil {
+		ts, ok := payloadTime(m.Data())
+		var ct time.Time
+		var err2 error
+		if t.header {
+			ct, err2 = time.Parse(time.RFC3339Nano, m.Headers().Get("Walbox-Commit-Time"))
+		}
+		if err != nil || err2 != nil || !ok {
 			bad.Add(1)
 		} else {
 			mu.Lock()
-			lats = append(lats, md.Timestamp.Sub(ct))
-			if b.p.LatencyCSV != "" {
-				samples = append(samples, latSample{ct, md.Timestamp})
+			store = append(store, md.Timestamp.Sub(ts))
+			if t.header {
+				lats = append(lats, md.Timestamp.Sub(ct))
+				if b.p.LatencyCSV != "" {
+					samples = append(samples, latSample{ct, md.Timestamp})
+				}
 			}
 			mu.Unlock()
 		}
@@ -143,72 +264,37 @@ func (b *bench) liveRate(ctx context.Context, r *relayProc, wsPID int, pool *pgx
 	}
 	defer cc.Stop()
 
-	// One probe event first: a freshly started relay's walsender first
-	// re-reads the WAL from the slot's restart_lsn, which is not latency.
-	if err := b.probe(ctx, pool, r, subject+".probe"); err != nil {
-		return res, err
+	if t.probe != nil {
+		if err := b.probe(ctx, t, subject+".probe"); err != nil {
+			return res, err
+		}
 	}
-
-	cpu0, err := r.cpu()
+	cpu0, err := t.proc.cpu()
 	if err != nil {
 		return res, err
 	}
-	ws0, _ := procCPU(wsPID)
-	meter := b.startPhase(r.pid())
-	var committed, lastCommit atomic.Int64
-	wctx, done := b.watch(ctx, fmt.Sprintf("live %d/s", rate), func() int64 { return committed.Load() + received.Load() }, nil)
+	ws0, _ := procCPU(t.wsPID)
+	meter := b.startPhase(t.proc.pid())
+	var producing atomic.Bool
+	producing.Store(true)
+	wctx, done := b.watch(ctx, fmt.Sprintf("live %s %d/s", t.system, rate), func() int64 {
+		if producing.Load() {
+			return time.Now().UnixNano() // the producers have their own deadline
+		}
+		return received.Load()
+	}, nil)
 	defer done()
-	var wg sync.WaitGroup
-	var errOnce sync.Once
-	var prodErr error
 	start := time.Now().Add(20 * time.Millisecond)
-	end := start.Add(b.p.LiveFor)
-	for i := range g {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			payload := payloadFor(i, b.p.PayloadBytes)
-			// Spread the producers over the interval, not in bursts.
-			select {
-			case <-time.After(time.Until(start.Add(interval * time.Duration(i) / time.Duration(g)))):
-			case <-wctx.Done():
-				return
-			}
-			tk := time.NewTicker(interval)
-			defer tk.Stop()
-			var mine []latSample
-			defer func() {
-				mu.Lock()
-				commits = append(commits, mine...)
-				mu.Unlock()
-			}()
-			for time.Now().Before(end) {
-				t0 := time.Now()
-				if _, err := pool.Exec(wctx, "INSERT INTO outbox_events (topic, payload) VALUES ($1, $2::jsonb)", subject, payload); err != nil {
-					errOnce.Do(func() { prodErr = cause(wctx, err) })
-					return
-				}
-				t1 := time.Now()
-				mine = append(mine, latSample{t0, t1})
-				committed.Add(1)
-				lastCommit.Store(t1.UnixNano())
-				select {
-				case <-tk.C:
-				case <-wctx.Done():
-					return
-				}
-			}
-		}()
+	prod, err := t.produce(wctx, subject, rate, start, start.Add(b.p.LiveFor))
+	producing.Store(false)
+	if err != nil {
+		return res, cause(wctx, err)
 	}
-	wg.Wait()
-	if prodErr != nil {
-		return res, fmt.Errorf("producer: %w", prodErr)
-	}
-	res.Events = int(committed.Load())
-	res.Achieved = rate2(res.Events, time.Unix(0, lastCommit.Load()).Sub(start))
+	res.Events, res.Achieved, res.Producers = prod.Events, prod.Achieved, prod.Producers
+	res.InsertP50, res.InsertP99 = prod.InsertP50, prod.InsertP99
 	for received.Load() < int64(res.Events) {
-		if r.exited() {
-			return res, fmt.Errorf("relay exited (%s):\n%s", r.cmd.ProcessState, r.logs)
+		if t.proc.exited() {
+			return res, fmt.Errorf("%s relay exited (%s):\n%s", t.system, t.proc.cmd.ProcessState, t.proc.logs)
 		}
 		select {
 		case <-wctx.Done():
@@ -216,40 +302,46 @@ func (b *bench) liveRate(ctx context.Context, r *relayProc, wsPID int, pool *pgx
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	cpu1, err := r.cpu()
+	cpu1, err := t.proc.cpu()
 	if err != nil {
 		return res, err
 	}
-	res.CPU, res.WalsenderCPU = cpu1-cpu0, b.walsenderSince(ctx, wsPID, ws0)
+	res.CPU = cpu1 - cpu0
+	if t.wsPID != 0 {
+		res.WalsenderCPU = b.walsenderSince(ctx, t.wsPID, ws0)
+	}
 	res.Busy, res.Where, res.Span = meter.stop()
+	if n := received.Load(); n > int64(res.Events) {
+		return res, fmt.Errorf("%d messages received for %d events committed: duplicates", n, res.Events)
+	}
 	if bad.Load() > 0 {
-		return res, fmt.Errorf("%d messages without a readable Walbox-Commit-Time header or metadata", bad.Load())
+		return res, fmt.Errorf("%d messages without a readable insert time, Walbox-Commit-Time header or metadata", bad.Load())
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if len(lats) == 0 {
+	if len(store) == 0 {
 		return res, errors.New("no events received")
 	}
 	if b.p.LatencyCSV != "" {
-		if err := writeLatencyCSV(b.p.LatencyCSV, fmt.Sprintf("live-%d.csv", rate), start, samples); err != nil {
+		if err := writeLatencyCSV(b.p.LatencyCSV, fmt.Sprintf("live-%s-%d.csv", t.system, rate), start, samples); err != nil {
 			return res, err
 		}
-		if err := writeLatencyCSV(b.p.LatencyCSV, fmt.Sprintf("live-%d-insert.csv", rate), start, commits); err != nil {
+		if err := writeLatencyCSV(b.p.LatencyCSV, fmt.Sprintf("live-%s-%d-insert.csv", t.system, rate), start, prod.commits); err != nil {
 			return res, err
 		}
 	}
-	cl := make([]time.Duration, len(commits))
-	for i, c := range commits {
-		cl[i] = c.ack.Sub(c.commit)
+	slices.Sort(store)
+	res.store = store
+	res.StoreP50, res.StoreP90, res.StoreP99, res.StoreMax = pct(store, 0.50), pct(store, 0.90), pct(store, 0.99), store[len(store)-1]
+	if len(lats) > 0 {
+		slices.Sort(lats)
+		res.P50, res.P90, res.P99, res.Max = pct(lats, 0.50), pct(lats, 0.90), pct(lats, 0.99), lats[len(lats)-1]
+		b.logf("live %s %d/s: %d events at %.0f/s: commit-to-ack p50 %s p90 %s p99 %s max %s; insert-to-stored p50 %s p99 %s",
+			t.system, rate, res.Events, res.Achieved, ms(res.P50), ms(res.P90), ms(res.P99), ms(res.Max), ms(res.StoreP50), ms(res.StoreP99))
+	} else {
+		b.logf("live %s %d/s: %d events at %.0f/s: insert-to-stored p50 %s p90 %s p99 %s max %s",
+			t.system, rate, res.Events, res.Achieved, ms(res.StoreP50), ms(res.StoreP90), ms(res.StoreP99), ms(res.StoreMax))
 	}
-	slices.Sort(cl)
-	if len(cl) > 0 {
-		res.InsertP50, res.InsertP99 = pct(cl, 0.5), pct(cl, 0.99)
-	}
-	slices.Sort(lats)
-	res.P50, res.P90, res.P99, res.Max = pct(lats, 0.50), pct(lats, 0.90), pct(lats, 0.99), lats[len(lats)-1]
-	b.logf("live %d/s: %d events at %.0f/s: commit-to-ack p50 %s p90 %s p99 %s max %s",
-		rate, res.Events, res.Achieved, ms(res.P50), ms(res.P90), ms(res.P99), ms(res.Max))
 	return res, nil
 }
 
@@ -296,7 +388,7 @@ func (b *bench) bigTxn(ctx context.Context) error {
 	wctx, done := b.watch(ctx, "large INSERT", func() int64 { return b.walLSN(ctx) }, nil)
 	t0 := time.Now()
 	_, err = b.env.pool.Exec(wctx, `INSERT INTO outbox_events (topic, payload) SELECT 'bench.big', $1::jsonb FROM generate_series(1, $2::int)`,
-		payloadFor(0, b.p.PayloadBytes), rows)
+		payloadFor(0, b.p.PayloadBytes, 0), rows)
 	res.InsertTook = time.Since(t0)
 	done()
 	if err != nil {
@@ -378,26 +470,27 @@ func writeLatencyCSV(dir, name string, start time.Time, s []latSample) error {
 	return os.WriteFile(filepath.Join(dir, name), []byte(sb.String()), 0o644)
 }
 
-// probe commits one event on subject and waits until the relay has acked it.
-func (b *bench) probe(ctx context.Context, pool *pgxpool.Pool, r *relayProc, subject string) error {
-	before, err := b.streamMsgs(ctx, benchStream)
+// probe commits one event on subject through t and waits until it is in
+// t's stream.
+func (b *bench) probe(ctx context.Context, t liveTarget, subject string) error {
+	before, err := b.streamMsgs(ctx, t.stream)
 	if err != nil {
 		return err
 	}
-	if _, err := pool.Exec(ctx, "INSERT INTO outbox_events (topic, payload) VALUES ($1, $2::jsonb)", subject, payloadFor(0, b.p.PayloadBytes)); err != nil {
+	if err := t.probe(ctx, subject); err != nil {
 		return fmt.Errorf("probe event: %w", err)
 	}
 	deadline := time.Now().Add(b.p.Stall)
 	for {
-		n, err := b.streamMsgs(ctx, benchStream)
+		n, err := b.streamMsgs(ctx, t.stream)
 		if err == nil && n > before {
 			return nil
 		}
-		if r.exited() {
-			return fmt.Errorf("relay exited (%s):\n%s", r.cmd.ProcessState, r.logs)
+		if t.proc.exited() {
+			return fmt.Errorf("%s relay exited (%s):\n%s", t.system, t.proc.cmd.ProcessState, t.proc.logs)
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("probe event not acked within %s", b.p.Stall)
+			return fmt.Errorf("probe event not in stream %s within %s", t.stream, b.p.Stall)
 		}
 		select {
 		case <-ctx.Done():

@@ -2,8 +2,8 @@
 // throughput against the decoding and publishing ceilings, live
 // commit-to-ack latency at fixed rates, and the relay's CPU and memory.
 //
-//	go run ./bench          # make bench: the full run (~5-10 min)
-//	go run ./bench -quick   # make bench-quick: smaller figures (< 2 min)
+//	cd bench && go run .          # make bench: the full run (~10 min)
+//	cd bench && go run . -quick   # make bench-quick: smaller figures (< 2 min)
 //
 // It needs nothing but the PostgreSQL server binaries: it starts a throwaway
 // cluster (internal/pgtest, wal_level=logical), an in-process nats-server
@@ -39,6 +39,7 @@ type params struct {
 	Rates        []int         // live rates, events/s
 	LiveFor      time.Duration // per rate
 	BigRows      int           // rows of the single large transaction
+	PeerEvents   int           // catch-up backlog of the peers
 	Window       int           // publishing ceiling: in-flight bound
 	Stall        time.Duration // a phase without progress this long aborts
 	SyncCommit   string        // synchronous_commit of the live producer sessions
@@ -46,11 +47,13 @@ type params struct {
 	LatencyCSV   string        // directory for per-event live latencies ("" = none)
 	CPUProfile   string        // directory for relay CPU profiles ("" = run the walbox binary)
 	Sets         []string      // overrides of the relay config, key.path=value
+	Peers        bool          // run the polling baseline and Watermill too
 }
 
 func parseFlags() (params, error) {
 	quick := flag.Bool("quick", false, "small run (50,000-event backlog, 5 s per live rate, 200,000-row transaction)")
 	events := flag.Int("events", 0, "catch-up backlog size (default 300000; -quick 50000)")
+	peerEvents := flag.Int("peer-events", 0, "catch-up backlog of the peers (default 100000; -quick 10000): the pollers drain at a steady rate")
 	big := flag.Int("big", 0, "rows of the single large transaction (default 1000000; -quick 200000)")
 	rates := flag.String("rates", "", "live rates in events/s, comma separated (default 1000,2000,5000; -quick 1000,2000)")
 	liveFor := flag.Duration("live", 0, "duration of each live rate (default 20s; -quick 5s)")
@@ -59,19 +62,23 @@ func parseFlags() (params, error) {
 	out := flag.String("out", "", "results file (default bench/results/latest.md, or latest-quick.md with -quick)")
 	latCSV := flag.String("latency-csv", "", "write each live event's commit time and latency to DIR/live-<rate>.csv")
 	cpuprof := flag.String("cpuprofile", "", "run the relay in-process of a bench child with a CPU profile per phase in DIR (figures include profiling overhead)")
+	peers := flag.Bool("peers", true, "also run the polling baseline and the Watermill forwarder on the same workloads")
 	var sets multiFlag
 	flag.Var(&sets, "set", "override a key of the relay's config, e.g. -set sweeper.mark_processed=false (repeatable)")
 	flag.Parse()
 	p := params{
 		Quick: *quick, Events: 300_000, TxnRows: 10, Loaders: 4, PayloadBytes: 200,
 		Rates: []int{1000, 2000, 5000}, LiveFor: 20 * time.Second, BigRows: 1_000_000,
-		Window: 1024, Stall: *stall, SyncCommit: *sync, Out: *out, LatencyCSV: *latCSV, CPUProfile: *cpuprof, Sets: sets,
+		PeerEvents: 100_000, Window: 1024, Stall: *stall, SyncCommit: *sync, Out: *out, LatencyCSV: *latCSV, CPUProfile: *cpuprof, Sets: sets, Peers: *peers,
 	}
 	if p.Quick {
-		p.Events, p.Rates, p.LiveFor, p.BigRows = 50_000, []int{1000, 2000}, 5*time.Second, 200_000
+		p.Events, p.Rates, p.LiveFor, p.BigRows, p.PeerEvents = 50_000, []int{1000, 2000}, 5*time.Second, 200_000, 10_000
 	}
 	if *events > 0 {
 		p.Events = *events
+	}
+	if *peerEvents > 0 {
+		p.PeerEvents = *peerEvents
 	}
 	if *big > 0 {
 		p.BigRows = *big
@@ -101,6 +108,9 @@ func parseFlags() (params, error) {
 func main() {
 	if len(os.Args) == 4 && os.Args[1] == profiledRelayArg {
 		os.Exit(runProfiledRelay(os.Args[2], os.Args[3]))
+	}
+	if len(os.Args) == 5 && os.Args[1] == pollRelayArg {
+		os.Exit(runPollRelay(os.Args[2], os.Args[3], os.Args[4]))
 	}
 	p, err := parseFlags()
 	if err != nil {
@@ -195,11 +205,19 @@ func (b *bench) run(ctx context.Context) error {
 	if err := b.publishCeiling(ctx); err != nil {
 		return fmt.Errorf("publishing ceiling: %w", err)
 	}
+	if err := b.catchUpNoFlag(ctx); err != nil {
+		return fmt.Errorf("catch-up without the processed flag: %w", err)
+	}
 	if err := b.live(ctx); err != nil {
 		return fmt.Errorf("live latency: %w", err)
 	}
 	if err := b.bigTxn(ctx); err != nil {
 		return fmt.Errorf("large transaction: %w", err)
+	}
+	if b.p.Peers {
+		if err := b.peers(ctx); err != nil {
+			return fmt.Errorf("peers: %w", err)
+		}
 	}
 	b.res.params = b.p
 	b.res.finished = time.Now()
@@ -224,10 +242,15 @@ func (b *bench) run(ctx context.Context) error {
 	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
 		return err
 	}
+	png := strings.TrimSuffix(out, ".md") + ".png"
+	if err := b.res.writeChart(png); err != nil {
+		return fmt.Errorf("chart: %w", err)
+	}
+	b.res.chart = filepath.Base(png)
 	if err := os.WriteFile(out, []byte(b.res.markdown(table)), 0o644); err != nil {
 		return err
 	}
-	b.logf("done: results written to %s", out)
+	b.logf("done: results written to %s and %s", out, png)
 	return nil
 }
 

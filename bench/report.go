@@ -14,15 +14,18 @@ type results struct {
 	finished time.Time
 	took     time.Duration
 	catchup  catchupResult
+	noflag   catchupResult // catch-up with sweeper.mark_processed=false
 	decode   ceilingResult
 	publish  ceilingResult
 	live     []liveResult
 	big      bigResult
+	peers    []peerResult
 
 	idleBusy  float64 // machine busy share before the run
 	idleWhere []cpuShare
 
 	relayWarnings []string // what the relay logged, per run
+	chart         string   // the PNG's file name, next to the report
 }
 
 // Targets from issue 7.
@@ -107,6 +110,8 @@ func (r *results) render() table {
 		add(fmt.Sprintf("%d/s: achieved rate (%d producers)", l.Rate, l.Producers), fmt.Sprintf("%.0f events/s (%d events)", l.Achieved, l.Events), "", "")
 		add(fmt.Sprintf("%d/s: commit → ack p50 / p90 / p99 / max", l.Rate),
 			fmt.Sprintf("%.2f / %.2f / %.2f / %.2f ms", msf(l.P50), msf(l.P90), msf(l.P99), msf(l.Max)), "", "")
+		add(fmt.Sprintf("%d/s: insert (time in payload) → stored p50 / p90 / p99 / max", l.Rate),
+			fmt.Sprintf("%.2f / %.2f / %.2f / %.2f ms", msf(l.StoreP50), msf(l.StoreP90), msf(l.StoreP99), msf(l.StoreMax)), "", "")
 		add(fmt.Sprintf("  %d/s: producer INSERT+COMMIT round trip p50 / p99", l.Rate), fmt.Sprintf("%.2f / %.2f ms", msf(l.InsertP50), msf(l.InsertP99)), "", "")
 		switch l.Rate {
 		case 2000:
@@ -126,6 +131,92 @@ func (r *results) render() table {
 	add("relay CPU (user+sys) per 100,000 events", per100k(g.CPU, g.Rows), "(catch-up target: 0.80 s)", "")
 	add("relay peak RSS (VmHWM, fresh process)", fmt.Sprintf("%.1f MB", mb(g.HWM)), targetRSSString, verdict(g.HWM <= targetRSS))
 	add("  walsender CPU per 100,000; machine busy", fmt.Sprintf("%s; %.0f%% of %d CPUs", per100k(g.WalsenderCPU, g.Rows), g.Busy*100, int(cores)), "", "")
+
+	if len(r.peers) > 0 {
+		head("4. Peers: the same backlog and live producers, the same PostgreSQL and nats-server")
+		systems := []string{"walbox"}
+		for _, pr := range r.peers {
+			systems = append(systems, pr.System)
+			add(pr.System, pr.Title, "", "")
+		}
+		names := strings.Join(systems, " / ")
+		cu := []catchupResult{c}
+		for _, pr := range r.peers {
+			cu = append(cu, pr.Catchup)
+		}
+		var rates, cpus, rss []string
+		for _, x := range cu {
+			rates = append(rates, fmt.Sprintf("%.0f", rate(x.Events, x.Took)))
+			cpus = append(cpus, fmt.Sprintf("%.1f", us(perEvent(x.CPU, x.Events))))
+			rss = append(rss, fmt.Sprintf("%.1f", mb(x.HWM)))
+		}
+		add(fmt.Sprintf("catch-up events/s (walbox %d events, peers %d): %s", n, r.params.PeerEvents, names), strings.Join(rates, " / "), "", "")
+		add("catch-up relay CPU µs/event: "+names, strings.Join(cpus, " / "), "", "")
+		add("catch-up relay peak RSS MB: "+names, strings.Join(rss, " / "), "", "")
+		for _, pr := range r.peers {
+			x := rate(pr.Catchup.Events, pr.Catchup.Took)
+			ratio := 0.0
+			if x > 0 {
+				ratio = relayRate / x
+			}
+			tgt, v := "", ""
+			if pr.System == "polling" {
+				tgt, v = "≥ 5×", verdict(ratio >= 5)
+			}
+			add(fmt.Sprintf("catch-up throughput, walbox / %s", pr.System), fmt.Sprintf("%.1f×", ratio), tgt, v)
+		}
+		liveNames := []string{"walbox"}
+		for _, pr := range r.peers {
+			if len(pr.Live) > 0 {
+				liveNames = append(liveNames, pr.System)
+			}
+		}
+		names = strings.Join(liveNames, " / ")
+		for i, l := range r.live {
+			ps := []string{fmt.Sprintf("%.2f / %.2f", msf(l.StoreP50), msf(l.StoreP99))}
+			ach := []string{fmt.Sprintf("%.0f", l.Achieved)}
+			for _, pr := range r.peers {
+				if i < len(pr.Live) {
+					ps = append(ps, fmt.Sprintf("%.2f / %.2f", msf(pr.Live[i].StoreP50), msf(pr.Live[i].StoreP99)))
+					ach = append(ach, fmt.Sprintf("%.0f", pr.Live[i].Achieved))
+				}
+			}
+			add(fmt.Sprintf("%d/s: insert → stored p50 / p99 ms: %s", l.Rate, names), strings.Join(ps, "; "), "", "")
+			add(fmt.Sprintf("  %d/s: achieved events/s: %s", l.Rate, names), strings.Join(ach, " / "), "", "")
+			for _, pr := range r.peers {
+				if i >= len(pr.Live) || l.StoreP50 <= 0 {
+					continue
+				}
+				ratio := float64(pr.Live[i].StoreP50) / float64(l.StoreP50)
+				tgt, v := "", ""
+				if pr.System == "polling" && l.Rate == 2000 {
+					tgt, v = "≥ 20×", verdict(ratio >= 20)
+				}
+				add(fmt.Sprintf("%d/s: p50 latency, %s / walbox", l.Rate, pr.System), fmt.Sprintf("%.1f×", ratio), tgt, v)
+			}
+		}
+		for _, pr := range r.peers {
+			var cpu []string
+			for _, l := range pr.Live {
+				cpu = append(cpu, fmt.Sprintf("%d/s %.1f µs", l.Rate, us(perEvent(l.CPU, l.Events))))
+			}
+			if len(cpu) > 0 {
+				add(fmt.Sprintf("  %s relay CPU per event, live", pr.System), strings.Join(cpu, "; "), "", "")
+			}
+		}
+	}
+
+	if nf := r.noflag; nf.Events > 0 {
+		head("5. Sweeper: catch-up with the processed flag on and off")
+		off := rate(nf.Events, nf.Took)
+		add("catch-up, sweeper.mark_processed=false", fmt.Sprintf("%.0f events/s (%.2f s); relay CPU %s", off, nf.Took.Seconds(), per100k(nf.CPU, nf.Events)), "", "")
+		add("catch-up, processed flag on (default; phase 1)", fmt.Sprintf("%.0f events/s", relayRate), "", "")
+		cost := 0.0
+		if off > 0 {
+			cost = 1 - relayRate/off
+		}
+		add("throughput the processed flag costs", fmt.Sprintf("%.0f%%", cost*100), "≤ 15%", verdict(cost <= 0.15))
+	}
 
 	name, f := r.worstForeign()
 	head("Machine")
@@ -211,6 +302,9 @@ func (r *results) markdown(t table) string {
 		}
 		fmt.Fprintf(&sb, "| %s | %s | %s | %s |\n", strings.TrimSpace(row.measure), row.result, row.target, row.verdict)
 	}
+	if r.chart != "" {
+		fmt.Fprintf(&sb, "\n![insert-to-stored latency CDF and catch-up throughput](%s)\n", r.chart)
+	}
 	sb.WriteString("\nWhere the CPU went (user+sys by process group, from /proc):\n\n")
 	for _, l := range r.whereLines() {
 		sb.WriteString("- " + l + "\n")
@@ -256,6 +350,15 @@ func (r *results) whereLines() []string {
 		out = append(out, line(fmt.Sprintf("live %d/s", l.Rate), l.Span, l.Busy, l.Where))
 	}
 	out = append(out, line("large transaction (insert + relay)", r.big.Span, r.big.Busy, r.big.Where))
+	if r.noflag.Events > 0 {
+		out = append(out, line("catch-up, processed flag off", r.noflag.Span, r.noflag.Busy, r.noflag.Where))
+	}
+	for _, pr := range r.peers {
+		out = append(out, line(pr.System+" catch-up", pr.Catchup.Span, pr.Catchup.Busy, pr.Catchup.Where))
+		for _, l := range pr.Live {
+			out = append(out, line(fmt.Sprintf("%s live %d/s", pr.System, l.Rate), l.Span, l.Busy, l.Where))
+		}
+	}
 	return out
 }
 
@@ -304,5 +407,12 @@ func (r *results) worstForeign() (string, float64) {
 		check(fmt.Sprintf("live %d/s", l.Rate), l.Where, l.Span)
 	}
 	check("large transaction", r.big.Where, r.big.Span)
+	check("catch-up, flag off", r.noflag.Where, r.noflag.Span)
+	for _, pr := range r.peers {
+		check(pr.System+" catch-up", pr.Catchup.Where, pr.Catchup.Span)
+		for _, l := range pr.Live {
+			check(fmt.Sprintf("%s live %d/s", pr.System, l.Rate), l.Where, l.Span)
+		}
+	}
 	return name, worst
 }
