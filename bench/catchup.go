@@ -34,6 +34,7 @@ type catchupResult struct {
 	Busy         float64       // share of all CPUs busy
 	Where        []cpuShare    // CPU by process group
 	Span         time.Duration // time the CPU figures cover
+	MarkedAfter  time.Duration // last ack -> every row marked processed (flag on)
 	endLSN       string
 }
 
@@ -229,12 +230,75 @@ func (b *bench) relayCatchup(ctx context.Context, phase string, res *catchupResu
 		return err
 	}
 	res.FirstAck, res.Took = first.Time.Sub(r.started), last.Time.Sub(r.started)
+	if err := b.settle(ctx, r, res, len(env) == 0); err != nil {
+		return err
+	}
 	if err := b.stopRelay(r); err != nil {
 		return err
 	}
 	b.logf("%s: %d events relayed in %.2fs: %.0f events/s; relay CPU %.2fs, peak RSS %.1f MB",
 		phase, p.Events, res.Took.Seconds(), rate(p.Events, res.Took), res.CPU.Seconds(), mb(res.HWM))
 	return nil
+}
+
+// settle lets the relay finish what the catch-up left behind before it is
+// stopped, so that the next phase does not pay for it: with the processed
+// flag on, the sweeper marking the last rows (timed: MarkedAfter); then a
+// checkpoint (which logs the running transactions the slot's restart point
+// advances by) and the slot confirming the WAL written so far.
+func (b *bench) settle(ctx context.Context, r *relayProc, res *catchupResult, marks bool) error {
+	deadline := time.Now().Add(b.p.Stall)
+	poll := func(what string, done func(context.Context) (bool, error)) error {
+		for {
+			qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			ok, err := done(qctx)
+			cancel()
+			if err != nil {
+				return fmt.Errorf("%s: %w", what, err)
+			}
+			if ok {
+				return nil
+			}
+			if r.exited() {
+				return fmt.Errorf("relay exited while %s (%s):\n%s", what, r.cmd.ProcessState, r.logs)
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("%s: not done within %s", what, b.p.Stall)
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}
+	if marks {
+		err := poll("waiting for the sweeper to mark every row processed", func(ctx context.Context) (bool, error) {
+			var left int64
+			err := b.env.pool.QueryRow(ctx, "SELECT count(*) FROM outbox_events WHERE NOT processed").Scan(&left)
+			return left == 0, err
+		})
+		if err != nil {
+			return err
+		}
+		res.MarkedAfter = time.Since(r.started) - res.Took
+	}
+	var lsn string
+	qctx, cancel := context.WithTimeout(ctx, time.Minute)
+	_, err := b.env.pool.Exec(qctx, "CHECKPOINT")
+	if err == nil {
+		err = b.env.pool.QueryRow(qctx, "SELECT pg_current_wal_lsn()::text").Scan(&lsn)
+	}
+	cancel()
+	if err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	return poll("waiting for the slot to confirm the WAL written", func(ctx context.Context) (bool, error) {
+		var ok bool
+		err := b.env.pool.QueryRow(ctx, "SELECT coalesce(bool_and(confirmed_flush_lsn >= $2::pg_lsn), false) FROM pg_replication_slots WHERE slot_name = $1",
+			slotName, lsn).Scan(&ok)
+		return ok, err
+	})
 }
 
 // loadBacklog commits n events in transactions of TxnRows rows over Loaders

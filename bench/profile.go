@@ -22,7 +22,7 @@ const profiledRelayArg = "__relay-with-cpuprofile"
 
 // runProfiledRelay is `walbox run --config cfg` writing a CPU profile to out.
 func runProfiledRelay(cfgPath, out string) int {
-	cfg, err := config.Load(cfgPath, nil)
+	cfg, err := config.Load(cfgPath, os.Environ())
 	if err == nil {
 		err = cfg.Validate()
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"math"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -210,12 +211,12 @@ func (r *results) render() table {
 		head("5. Sweeper: catch-up with the processed flag on and off")
 		off := rate(nf.Events, nf.Took)
 		add("catch-up, sweeper.mark_processed=false", fmt.Sprintf("%.0f events/s (%.2f s); relay CPU %s", off, nf.Took.Seconds(), per100k(nf.CPU, nf.Events)), "", "")
-		add("catch-up, processed flag on (default; phase 1)", fmt.Sprintf("%.0f events/s", relayRate), "", "")
+		add("catch-up, processed flag on (default; phase 1)", fmt.Sprintf("%.0f events/s; every row marked processed %.2f s after the last ack", relayRate, c.MarkedAfter.Seconds()), "", "")
 		cost := 0.0
 		if off > 0 {
 			cost = 1 - relayRate/off
 		}
-		add("throughput the processed flag costs", fmt.Sprintf("%.0f%%", cost*100), "≤ 15%", verdict(cost <= 0.15))
+		add("throughput the processed flag costs", costString(cost), "≤ 15%", verdict(cost <= 0.15))
 	}
 
 	name, f := r.worstForeign()
@@ -415,4 +416,14 @@ func (r *results) worstForeign() (string, float64) {
 		}
 	}
 	return name, worst
+}
+
+// costString shows a share of throughput lost; a negative one (the run with
+// the cost was faster) is noise between two runs.
+func costString(cost float64) string {
+	pc := math.Round(cost * 100)
+	if pc <= 0 {
+		return fmt.Sprintf("%.0f%% (the flag-on run was not slower: within run-to-run noise)", math.Abs(pc))
+	}
+	return fmt.Sprintf("%.0f%%", pc)
 }

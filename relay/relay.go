@@ -365,7 +365,7 @@ func (l *loop) send(p *pending) {
 	p.sentAt = time.Now()
 	if l.r.cfg.StrictOrder && !p.dlq && p.stream != "" {
 		if prev, ok := l.lastID[p.stream]; ok {
-			p.msg.Header[HeaderExpectedLastMsgID] = []string{prev}
+			setHeader(p.msg.Header, HeaderExpectedLastMsgID, prev)
 		} else {
 			delete(p.msg.Header, HeaderExpectedLastMsgID)
 		}
@@ -498,6 +498,11 @@ func (l *loop) done(p *pending, ack *jetstream.PubAck) {
 	}
 	l.r.delivered.Add(1)
 	l.confirm(l.ckpt.Ack(p.seq))
+	if !p.dlq {
+		// Resolved: the sink is done with it (see Sink), and so is the loop.
+		l.r.router.Recycle(p.msg)
+		p.msg = nil
+	}
 }
 
 // settleBookkeeping takes, on shutdown, the changes already handed over that

@@ -67,6 +67,67 @@ type Router struct {
 	envelope string
 	ceSource string
 	rules    []RoutingRule
+
+	// The events of one transaction share their commit LSN and time: their
+	// header strings are made once per transaction.
+	lastLSN     cdc.LSN
+	lastLSNStr  string
+	lastTime    time.Time
+	lastTimeStr string
+	// free holds messages whose ack resolved (Recycle), for their header
+	// maps and value slices to be reused.
+	free []*nats.Msg
+}
+
+// maxFree bounds the recycled messages kept (about one window's worth).
+const maxFree = 4096
+
+// standardHeader reports whether Message or the relay's send sets key on
+// every kind of event: a recycled map holding only such keys can be reused
+// by overwriting or deleting each of them.
+func standardHeader(key string) bool {
+	switch key {
+	case HeaderMsgID, HeaderCommitLSN, HeaderIndex, HeaderCommitTime, HeaderSource, HeaderEventType,
+		HeaderAggregateType, HeaderAggregateID, HeaderPartitionKey, HeaderExpectedLastMsgID:
+		return true
+	}
+	return false
+}
+
+// Recycle hands back a message made by Message once nothing refers to it
+// any more (its ack resolved and the relay is done with it). Messages with
+// other headers (an envelope's, the row's own) are left to the GC.
+func (r *Router) Recycle(m *nats.Msg) {
+	if m == nil || len(r.free) >= maxFree {
+		return
+	}
+	for k := range m.Header {
+		if !standardHeader(k) {
+			return
+		}
+	}
+	m.Data = nil
+	r.free = append(r.free, m)
+}
+
+// setHeader sets h[key] to the one value v, reusing the value slice.
+func setHeader(h nats.Header, key, v string) {
+	if vs := h[key]; cap(vs) > 0 {
+		vs = vs[:1]
+		vs[0] = v
+		h[key] = vs
+		return
+	}
+	h[key] = []string{v}
+}
+
+// setOptional sets h[key] to v, or deletes it when v is empty.
+func setOptional(h nats.Header, key, v string) {
+	if v == "" {
+		delete(h, key)
+		return
+	}
+	setHeader(h, key, v)
 }
 
 // NewRouter builds a router. source identifies this relay's database and slot
@@ -128,27 +189,29 @@ func (r *Router) Message(ev *cdc.Event) (*nats.Msg, string, error) {
 	if !ev.PayloadIsJSON && !json.Valid(ev.Payload) {
 		return nil, "", poison("payload is not valid JSON")
 	}
-	h := nats.Header{
-		HeaderMsgID:      {ev.ID},
-		HeaderCommitLSN:  {ev.Pos.CommitLSN.String()},
-		HeaderIndex:      {strconv.FormatUint(uint64(ev.Pos.Index), 10)},
-		HeaderCommitTime: {ev.CommitTime.UTC().Format(time.RFC3339Nano)},
+	var m *nats.Msg
+	if n := len(r.free); n > 0 {
+		m, r.free = r.free[n-1], r.free[:n-1]
+	} else {
+		m = &nats.Msg{Header: make(nats.Header, 8)}
 	}
-	if r.source != "" {
-		h[HeaderSource] = []string{r.source}
+	h := m.Header
+	if ev.Pos.CommitLSN != r.lastLSN || r.lastLSNStr == "" {
+		r.lastLSN, r.lastLSNStr = ev.Pos.CommitLSN, ev.Pos.CommitLSN.String()
 	}
-	if ev.EventType != "" {
-		h[HeaderEventType] = []string{ev.EventType}
+	if !ev.CommitTime.Equal(r.lastTime) || r.lastTimeStr == "" {
+		r.lastTime, r.lastTimeStr = ev.CommitTime, ev.CommitTime.UTC().Format(time.RFC3339Nano)
 	}
-	if ev.AggregateType != "" {
-		h[HeaderAggregateType] = []string{ev.AggregateType}
-	}
-	if ev.AggregateID != "" {
-		h[HeaderAggregateID] = []string{ev.AggregateID}
-	}
-	if ev.PartitionKey != "" {
-		h[HeaderPartitionKey] = []string{ev.PartitionKey}
-	}
+	setHeader(h, HeaderMsgID, ev.ID)
+	setHeader(h, HeaderCommitLSN, r.lastLSNStr)
+	setHeader(h, HeaderIndex, strconv.FormatUint(uint64(ev.Pos.Index), 10))
+	setHeader(h, HeaderCommitTime, r.lastTimeStr)
+	setOptional(h, HeaderSource, r.source)
+	setOptional(h, HeaderEventType, ev.EventType)
+	setOptional(h, HeaderAggregateType, ev.AggregateType)
+	setOptional(h, HeaderAggregateID, ev.AggregateID)
+	setOptional(h, HeaderPartitionKey, ev.PartitionKey)
+	delete(h, HeaderExpectedLastMsgID) // the relay sets it when it sends
 	r.envelopeHeaders(h, ev)
 	if len(ev.Headers) > 0 {
 		if err := addJSONHeaders(h, ev.Headers); err != nil {
@@ -159,7 +222,7 @@ func (r *Router) Message(ev *cdc.Event) (*nats.Msg, string, error) {
 	if err != nil {
 		return nil, "", poison("%s envelope: %v", r.envelope, err)
 	}
-	m := &nats.Msg{Subject: subject, Data: data, Header: h}
+	m.Subject, m.Data = subject, data
 	if r.maxBytes > 0 && len(data)+headerSize(h) > r.maxBytes {
 		return nil, "", poison("message of %d bytes exceeds the server's max_payload of %d", len(data)+headerSize(h), r.maxBytes)
 	}

@@ -25,6 +25,8 @@ const (
 // message, and classify errors. JetStream is the product; another bus fits
 // behind the same three methods without touching cdc or the checkpoint.
 type Sink interface {
+	// PublishAsync sends m. Once its future has resolved with an ack, the
+	// relay reuses m for a later event: a Sink must not keep it past that.
 	PublishAsync(m *nats.Msg) (jetstream.PubAckFuture, error)
 	Classify(err error) ErrorClass
 	// MaxPayload is the largest message the server takes (0 when unknown).
