@@ -413,6 +413,9 @@ func (b *bench) startRelay(phase string, env ...string) (*relayProc, error) {
 	if err != nil {
 		return nil, err
 	}
+	if b.p.RelayEnv != "" {
+		env = append(env, strings.Split(b.p.RelayEnv, ",")...)
+	}
 	return b.startProc(phase, prog, args, env...)
 }
 

@@ -48,6 +48,7 @@ type params struct {
 	CPUProfile   string        // directory for relay CPU profiles ("" = run the walbox binary)
 	Sets         []string      // overrides of the relay config, key.path=value
 	Peers        bool          // run the polling baseline and Watermill too
+	RelayEnv     string        // KEY=VAL,... added to the relay's environment
 }
 
 func parseFlags() (params, error) {
@@ -63,13 +64,14 @@ func parseFlags() (params, error) {
 	latCSV := flag.String("latency-csv", "", "write each live event's commit time and latency to DIR/live-<rate>.csv")
 	cpuprof := flag.String("cpuprofile", "", "run the relay in-process of a bench child with a CPU profile per phase in DIR (figures include profiling overhead)")
 	peers := flag.Bool("peers", true, "also run the polling baseline and the Watermill forwarder on the same workloads")
+	relayEnv := flag.String("relay-env", "", "extra environment of the walbox relay, KEY=VAL,... (e.g. GOMAXPROCS=1, GOGC=200)")
 	var sets multiFlag
 	flag.Var(&sets, "set", "override a key of the relay's config, e.g. -set sweeper.mark_processed=false (repeatable)")
 	flag.Parse()
 	p := params{
 		Quick: *quick, Events: 300_000, TxnRows: 10, Loaders: 4, PayloadBytes: 200,
 		Rates: []int{1000, 2000, 5000}, LiveFor: 20 * time.Second, BigRows: 1_000_000,
-		PeerEvents: 100_000, Window: 1024, Stall: *stall, SyncCommit: *sync, Out: *out, LatencyCSV: *latCSV, CPUProfile: *cpuprof, Sets: sets, Peers: *peers,
+		PeerEvents: 100_000, Window: 1024, Stall: *stall, SyncCommit: *sync, Out: *out, LatencyCSV: *latCSV, CPUProfile: *cpuprof, Sets: sets, Peers: *peers, RelayEnv: *relayEnv,
 	}
 	if p.Quick {
 		p.Events, p.Rates, p.LiveFor, p.BigRows, p.PeerEvents = 50_000, []int{1000, 2000}, 5*time.Second, 200_000, 10_000

@@ -44,6 +44,7 @@ func runProfiledRelay(cfgPath, out string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	log := zerolog.New(os.Stderr).Level(zerolog.WarnLevel).With().Timestamp().Logger()
+	app.ApplyRuntime(cfg.Runtime, log) // as `walbox run` does
 	if err := app.Run(ctx, cfg, log, app.Options{}); err != nil {
 		fmt.Fprintln(os.Stderr, "relay:", err)
 		return 1

@@ -294,7 +294,15 @@ func (r *results) markdown(t table) string {
 	fmt.Fprintf(&sb, "- PostgreSQL: throwaway cluster from internal/pgtest (%s, wal_level=logical); "+
 		"live producers use synchronous_commit=%s per session\n", e.PGSet, r.params.SyncCommit)
 	fmt.Fprintf(&sb, "- JetStream: one file-storage stream, duplicate window %s, default sync (an ack is not an fsync)\n", dupWindow)
-	fmt.Fprintf(&sb, "- Relay: `walbox run` as a subprocess, default config (window %d); CPU from /proc/<pid>/stat, peak RSS = VmHWM\n\n", r.params.Window)
+	relayEnv := ""
+	if r.params.RelayEnv != "" {
+		relayEnv = ", environment " + r.params.RelayEnv
+	}
+	fmt.Fprintf(&sb, "- Relay: `walbox run` as a subprocess, default config (window %d, runtime.gomaxprocs 1)%s; CPU from /proc/<pid>/stat, peak RSS = VmHWM\n", r.params.Window, relayEnv)
+	if len(r.peers) > 0 {
+		fmt.Fprintf(&sb, "- Peers: the same PostgreSQL cluster, nats-server and producers; catch-up backlog %d events; live rates as walbox's\n", r.params.PeerEvents)
+	}
+	sb.WriteString("\n")
 	sb.WriteString("| Measure | Result | Target | |\n|---|---|---|---|\n")
 	for _, row := range t {
 		if row.section {
@@ -329,6 +337,18 @@ How it is measured:
 - Live: paced producers (one ticker each, spread over the interval) commit single-event
   transactions; latency = JetStream stored timestamp (ordered consumer's metadata) minus the
   relay's Walbox-Commit-Time header (the transaction's commit timestamp). Same host, same clock.
+- Every live payload carries its insert time (` + "`\"ts\"`" + `), so insert → stored (what a
+  consumer sees) is measured the same way for walbox and the peers; the chart plots it.
+- Processed flag: the catch-up is run twice, with the sweeper marking rows (default) and with
+  ` + "`WALBOX_SWEEPER_MARK_PROCESSED=false`" + `; after each run the relay is left to finish (every
+  row marked, slot confirmed past a checkpoint) before it stops, so the next run does not
+  decode the previous one's leftovers.
+- Peers: the polling baseline is bench/poll.go run as a child process (the design documents'
+  worker: every 100 ms, 200 rows FOR UPDATE SKIP LOCKED, publish each and await its ack, mark
+  the batch); polling-tuned publishes the batch asynchronously and polls again at once after a
+  full batch; watermill is Watermill's SQL forwarder to watermill-nats (bench/watermill, its
+  own module). Their catch-up backlog is smaller than walbox's (pollers drain at a steady
+  rate); the table compares rates.
 - Everything (PostgreSQL, nats-server, relay, producers) shares this machine's CPUs, as the
   "machine busy" rows show; a relay on its own host would have more room.
 `)

@@ -80,6 +80,34 @@ type Source struct {
 
 	noMarkerWarned atomic.Bool
 	background     sync.WaitGroup // marker upkeep; Run waits for it
+
+	// free holds batches the consumer is done with (Recycle): a batch is
+	// handed over at every commit, and allocating a fresh one each time was
+	// a tenth of the relay's catch-up CPU (allocation and GC).
+	free chan []Change
+}
+
+// Recycle gives back a batch received from Run once nothing refers to its
+// changes any more; Run reuses it. Optional: an unreturned batch is GC'd.
+func (s *Source) Recycle(b []Change) {
+	if cap(b) == 0 || cap(b) > 4*s.cfg.BatchSize {
+		return
+	}
+	clear(b) // drop the references to payloads and strings
+	select {
+	case s.free <- b[:0]:
+	default:
+	}
+}
+
+// newBatch returns an empty batch, a recycled one when there is one.
+func (s *Source) newBatch() []Change {
+	select {
+	case b := <-s.free:
+		return b
+	default:
+		return make([]Change, 0, 32)
+	}
 }
 
 // NewSource validates cfg and returns a Source.
@@ -97,7 +125,7 @@ func NewSource(cfg Config) (*Source, error) {
 	if cfg.Table.Name == "" {
 		return nil, &ConfigError{Key: "outbox.table", Msg: "is required"}
 	}
-	return &Source{cfg: cfg, log: cfg.Logger.With().Str("component", "cdc").Logger()}, nil
+	return &Source{cfg: cfg, log: cfg.Logger.With().Str("component", "cdc").Logger(), free: make(chan []Change, 8)}, nil
 }
 
 // Confirm records that every transaction ending at or before lsn is fully
@@ -459,7 +487,7 @@ func (st *stream) flush(ctx context.Context) error {
 		return nil
 	}
 	b := st.batch
-	st.batch = make([]Change, 0, cap(b))
+	st.batch = st.src.newBatch()
 	for {
 		wait := time.Until(st.nextStatus)
 		if wait <= 0 {

@@ -27,6 +27,11 @@ type Source interface {
 	Run(ctx context.Context, out chan<- []cdc.Change) error
 }
 
+// Recycler is a Source that takes back the batches the relay is done with.
+type Recycler interface {
+	Recycle(b []cdc.Change)
+}
+
 // Delivered describes one event that left the window: acked by JetStream
 // (Stream, Seq) or dead-lettered (Reason). The sweeper marks rows from it.
 type Delivered struct {
@@ -324,6 +329,9 @@ func (l *loop) fill() {
 		l.change(c)
 	}
 	if l.curPos >= len(l.cur) {
+		if rc, ok := l.conf.(Recycler); ok && l.cur != nil {
+			rc.Recycle(l.cur) // every change in it was copied or finished
+		}
 		l.cur, l.curPos = nil, 0
 	}
 }

@@ -18,6 +18,7 @@ func newRunCmd() *cobra.Command {
 				return err
 			}
 			log := newLogger(cfg.Log, os.Stderr)
+			app.ApplyRuntime(cfg.Runtime, log)
 			return app.Run(cmd.Context(), cfg, log, app.Options{})
 		},
 	}
