@@ -40,6 +40,7 @@ type params struct {
 	LiveFor      time.Duration // per rate
 	BigRows      int           // rows of the single large transaction
 	PeerEvents   int           // catch-up backlog of the peers
+	Rounds       int           // catch-up rounds (relay, ceilings, flag off); medians are reported
 	Window       int           // publishing ceiling: in-flight bound
 	Stall        time.Duration // a phase without progress this long aborts
 	SyncCommit   string        // synchronous_commit of the live producer sessions
@@ -54,6 +55,7 @@ type params struct {
 func parseFlags() (params, error) {
 	quick := flag.Bool("quick", false, "small run (50,000-event backlog, 5 s per live rate, 200,000-row transaction)")
 	events := flag.Int("events", 0, "catch-up backlog size (default 300000; -quick 50000)")
+	rounds := flag.Int("rounds", 0, "catch-up rounds, each: the relay, both ceilings, the relay without the processed flag; medians are reported (default 3; -quick 1)")
 	peerEvents := flag.Int("peer-events", 0, "catch-up backlog of the peers (default 100000; -quick 10000): the pollers drain at a steady rate")
 	big := flag.Int("big", 0, "rows of the single large transaction (default 1000000; -quick 200000)")
 	rates := flag.String("rates", "", "live rates in events/s, comma separated (default 1000,2000,5000; -quick 1000,2000)")
@@ -71,13 +73,17 @@ func parseFlags() (params, error) {
 	p := params{
 		Quick: *quick, Events: 300_000, TxnRows: 10, Loaders: 4, PayloadBytes: 200,
 		Rates: []int{1000, 2000, 5000}, LiveFor: 20 * time.Second, BigRows: 1_000_000,
-		PeerEvents: 100_000, Window: 1024, Stall: *stall, SyncCommit: *sync, Out: *out, LatencyCSV: *latCSV, CPUProfile: *cpuprof, Sets: sets, Peers: *peers, RelayEnv: *relayEnv,
+		PeerEvents: 100_000, Rounds: 3, Window: 1024, Stall: *stall, SyncCommit: *sync, Out: *out, LatencyCSV: *latCSV, CPUProfile: *cpuprof, Sets: sets, Peers: *peers, RelayEnv: *relayEnv,
 	}
 	if p.Quick {
 		p.Events, p.Rates, p.LiveFor, p.BigRows, p.PeerEvents = 50_000, []int{1000, 2000}, 5*time.Second, 200_000, 10_000
+		p.Rounds = 1
 	}
 	if *events > 0 {
 		p.Events = *events
+	}
+	if *rounds > 0 {
+		p.Rounds = *rounds
 	}
 	if *peerEvents > 0 {
 		p.PeerEvents = *peerEvents
@@ -200,15 +206,6 @@ func (b *bench) run(ctx context.Context) error {
 	}
 	if err := b.catchUp(ctx); err != nil {
 		return fmt.Errorf("catch-up: %w", err)
-	}
-	if err := b.decodeCeiling(ctx); err != nil {
-		return fmt.Errorf("decoding ceiling: %w", err)
-	}
-	if err := b.publishCeiling(ctx); err != nil {
-		return fmt.Errorf("publishing ceiling: %w", err)
-	}
-	if err := b.catchUpNoFlag(ctx); err != nil {
-		return fmt.Errorf("catch-up without the processed flag: %w", err)
 	}
 	if err := b.live(ctx); err != nil {
 		return fmt.Errorf("live latency: %w", err)

@@ -18,9 +18,12 @@ type results struct {
 	noflag   catchupResult // catch-up with sweeper.mark_processed=false
 	decode   ceilingResult
 	publish  ceilingResult
-	live     []liveResult
-	big      bigResult
-	peers    []peerResult
+	// Every round's figures; the four above are their medians.
+	catchupRuns, noflagRuns []catchupResult
+	decodeRuns, publishRuns []ceilingResult
+	live                    []liveResult
+	big                     bigResult
+	peers                   []peerResult
 
 	idleBusy  float64 // machine busy share before the run
 	idleWhere []cpuShare
@@ -84,9 +87,12 @@ func (r *results) render() table {
 
 	head(fmt.Sprintf("1. Catch-up: %d events, %d-byte JSON payloads, %d rows per transaction", n, c.PayloadBytes, r.params.TxnRows))
 	relayRate, decRate, pubRate := rate(n, c.Took), rate(d.Events, d.Took), rate(p.Events, p.Took)
-	add("relay: spawn → last ack", fmt.Sprintf("%.0f events/s (%.2f s; first ack %.0f ms after spawn)", relayRate, c.Took.Seconds(), float64(c.FirstAck)/1e6), "", "")
-	add("decoding ceiling: pg_recvlogical, pgoutput → /dev/null", fmt.Sprintf("%.0f events/s (%.2f s)", decRate, d.Took.Seconds()), "", "")
-	add(fmt.Sprintf("publishing ceiling: async JetStream, window %d", r.params.Window), fmt.Sprintf("%.0f msgs/s (%.2f s)", pubRate, p.Took.Seconds()), "", "")
+	add("relay: spawn → last ack", fmt.Sprintf("%.0f events/s (%.2f s; first ack %.0f ms after spawn)%s", relayRate, c.Took.Seconds(), float64(c.FirstAck)/1e6,
+		runsString(r.catchupRuns, func(x catchupResult) float64 { return rate(x.Events, x.Took) })), "", "")
+	add("decoding ceiling: pg_recvlogical, pgoutput → /dev/null", fmt.Sprintf("%.0f events/s (%.2f s)%s", decRate, d.Took.Seconds(),
+		runsString(r.decodeRuns, func(x ceilingResult) float64 { return rate(x.Events, x.Took) })), "", "")
+	add(fmt.Sprintf("publishing ceiling: async JetStream, window %d", r.params.Window), fmt.Sprintf("%.0f msgs/s (%.2f s)%s", pubRate, p.Took.Seconds(),
+		runsString(r.publishRuns, func(x ceilingResult) float64 { return rate(x.Events, x.Took) })), "", "")
 	ceil := min(decRate, pubRate)
 	ratio := 0.0
 	if ceil > 0 {
@@ -210,7 +216,8 @@ func (r *results) render() table {
 	if nf := r.noflag; nf.Events > 0 {
 		head("5. Sweeper: catch-up with the processed flag on and off")
 		off := rate(nf.Events, nf.Took)
-		add("catch-up, sweeper.mark_processed=false", fmt.Sprintf("%.0f events/s (%.2f s); relay CPU %s", off, nf.Took.Seconds(), per100k(nf.CPU, nf.Events)), "", "")
+		add("catch-up, sweeper.mark_processed=false", fmt.Sprintf("%.0f events/s (%.2f s); relay CPU %s%s", off, nf.Took.Seconds(), per100k(nf.CPU, nf.Events),
+			runsString(r.noflagRuns, func(x catchupResult) float64 { return rate(x.Events, x.Took) })), "", "")
 		add("catch-up, processed flag on (default; phase 1)", fmt.Sprintf("%.0f events/s; every row marked processed %.2f s after the last ack", relayRate, c.MarkedAfter.Seconds()), "", "")
 		cost := 0.0
 		if off > 0 {
@@ -446,4 +453,16 @@ func costString(cost float64) string {
 		return fmt.Sprintf("%.0f%% (the flag-on run was not slower: within run-to-run noise)", math.Abs(pc))
 	}
 	return fmt.Sprintf("%.0f%%", pc)
+}
+
+// runsString lists every round's value when there was more than one.
+func runsString[T any](runs []T, value func(T) float64) string {
+	if len(runs) < 2 {
+		return ""
+	}
+	vs := make([]string, len(runs))
+	for i, x := range runs {
+		vs[i] = fmt.Sprintf("%.0f", value(x))
+	}
+	return fmt.Sprintf("; median of %d rounds: %s", len(runs), strings.Join(vs, ", "))
 }
