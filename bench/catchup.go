@@ -280,7 +280,7 @@ func (b *bench) relayCatchup(ctx context.Context, phase string, res *catchupResu
 		return err
 	}
 	res.FirstAck, res.Took = first.Time.Sub(r.started), last.Time.Sub(r.started)
-	if err := b.settle(ctx, r, res, len(env) == 0); err != nil {
+	if err := b.settle(ctx, r, res, len(env) == 0 && !slices.Contains(b.p.Sets, "sweeper.mark_processed=false")); err != nil {
 		return err
 	}
 	if err := b.stopRelay(r); err != nil {

@@ -101,6 +101,18 @@ func (b *bench) live(ctx context.Context) error {
 	}
 	defer pool.Close()
 
+	// The catch-up rounds left dead row versions for autovacuum to chew
+	// on in the middle of a rate: clean up first, with the relay stopped.
+	b.logf("live: VACUUM ANALYZE outbox_events and CHECKPOINT first (the catch-up rounds left dead rows)")
+	qctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	_, err = b.env.pool.Exec(qctx, "VACUUM ANALYZE outbox_events")
+	if err == nil {
+		_, err = b.env.pool.Exec(qctx, "CHECKPOINT")
+	}
+	cancel()
+	if err != nil {
+		return fmt.Errorf("vacuum before the live phase: %w", err)
+	}
 	b.logf("live: starting the relay (a fresh process)")
 	r, err := b.startRelay("live")
 	if err != nil {
@@ -113,6 +125,9 @@ func (b *bench) live(ctx context.Context) error {
 	t := liveTarget{system: "walbox", stream: benchStream, subject: "bench.live", proc: r, wsPID: wsPID, header: true,
 		produce: b.sqlProducers(pool),
 		probe:   func(ctx context.Context, subject string) error { return b.insertOne(ctx, pool, subject) }}
+	if err := b.warmUp(ctx, t); err != nil {
+		return err
+	}
 	for _, rate := range b.p.Rates {
 		res, err := b.liveRate(ctx, t, rate)
 		if err != nil {
@@ -121,6 +136,42 @@ func (b *bench) live(ctx context.Context) error {
 		b.res.live = append(b.res.live, res)
 	}
 	return b.stopRelay(r)
+}
+
+// warmUp runs t's producers at the first rate for 3 s, unmeasured, and
+// waits until the relay has delivered them: a fresh relay, fresh producer
+// connections and cold caches are not what the rates measure.
+func (b *bench) warmUp(ctx context.Context, t liveTarget) error {
+	rate := b.p.Rates[0]
+	subject := t.subject + ".warmup"
+	before, err := b.streamMsgs(ctx, t.stream)
+	if err != nil {
+		return err
+	}
+	b.logf("live %s: 3 s warm-up at %d/s (not measured)", t.system, rate)
+	start := time.Now().Add(20 * time.Millisecond)
+	prod, err := t.produce(ctx, subject, rate, start, start.Add(3*time.Second))
+	if err != nil {
+		return fmt.Errorf("warm-up: %w", err)
+	}
+	deadline := time.Now().Add(b.p.Stall)
+	for {
+		n, err := b.streamMsgs(ctx, t.stream)
+		if err == nil && n >= before+uint64(prod.Events) {
+			return nil
+		}
+		if t.proc.exited() {
+			return fmt.Errorf("%s relay exited during the warm-up (%s):\n%s", t.system, t.proc.cmd.ProcessState, t.proc.logs)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("warm-up: %d events not delivered within %s", prod.Events, b.p.Stall)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // producersFor is the number of paced producer goroutines for a rate: each

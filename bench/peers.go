@@ -113,6 +113,9 @@ func (b *bench) peers(ctx context.Context) error {
 		}
 		t := liveTarget{system: pr.system, stream: peerStream, subject: "peer." + pr.system + ".live", proc: proc,
 			produce: pr.produce, probe: pr.probe}
+		if err := b.warmUp(ctx, t); err != nil {
+			return fmt.Errorf("%s: %w", pr.system, err)
+		}
 		for _, rate := range b.p.Rates {
 			lr, err := b.liveRate(ctx, t, rate)
 			if err != nil {

@@ -341,8 +341,9 @@ How it is measured:
   proto_version=1, the same publication) draining an identical backlog from a slot created just
   before it; the publishing ceiling is one async publisher with Nats-Msg-Id headers and at most
   1,024 messages in flight, into a file stream like the relay's.
-- Live: paced producers (one ticker each, spread over the interval) commit single-event
-  transactions; latency = JetStream stored timestamp (ordered consumer's metadata) minus the
+- Live: after VACUUM ANALYZE and a CHECKPOINT (the catch-up rounds leave dead rows for
+  autovacuum) and a 3 s unmeasured warm-up at the first rate, paced producers (one ticker each,
+  spread over the interval) commit single-event transactions; latency = JetStream stored timestamp (ordered consumer's metadata) minus the
   relay's Walbox-Commit-Time header (the transaction's commit timestamp). Same host, same clock.
 - Every live payload carries its insert time (` + "`\"ts\"`" + `), so insert → stored (what a
   consumer sees) is measured the same way for walbox and the peers; the chart plots it.
