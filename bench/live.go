@@ -138,7 +138,8 @@ func (b *bench) live(ctx context.Context) error {
 	return b.stopRelay(r)
 }
 
-// warmUp runs t's producers at the first rate for 3 s, unmeasured, and
+// warmUp runs t's producers at the first rate for 3 s (-quick: 1 s),
+// unmeasured, and
 // waits until the relay has delivered them: a fresh relay, fresh producer
 // connections and cold caches are not what the rates measure.
 func (b *bench) warmUp(ctx context.Context, t liveTarget) error {
@@ -148,9 +149,13 @@ func (b *bench) warmUp(ctx context.Context, t liveTarget) error {
 	if err != nil {
 		return err
 	}
-	b.logf("live %s: 3 s warm-up at %d/s (not measured)", t.system, rate)
+	d := 3 * time.Second
+	if b.p.Quick {
+		d = time.Second
+	}
+	b.logf("live %s: %v warm-up at %d/s (not measured)", t.system, d, rate)
 	start := time.Now().Add(20 * time.Millisecond)
-	prod, err := t.produce(ctx, subject, rate, start, start.Add(3*time.Second))
+	prod, err := t.produce(ctx, subject, rate, start, start.Add(d))
 	if err != nil {
 		return fmt.Errorf("warm-up: %w", err)
 	}

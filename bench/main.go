@@ -53,13 +53,13 @@ type params struct {
 }
 
 func parseFlags() (params, error) {
-	quick := flag.Bool("quick", false, "small run (50,000-event backlog, 5 s per live rate, 200,000-row transaction)")
+	quick := flag.Bool("quick", false, "small run (50,000-event backlog, one round, 4 s per live rate, 200,000-row transaction, 5,000-event peer backlog)")
 	events := flag.Int("events", 0, "catch-up backlog size (default 300000; -quick 50000)")
 	rounds := flag.Int("rounds", 0, "catch-up rounds, each: the relay, both ceilings, the relay without the processed flag; medians are reported (default 3; -quick 1)")
-	peerEvents := flag.Int("peer-events", 0, "catch-up backlog of the peers (default 100000; -quick 10000): the pollers drain at a steady rate")
+	peerEvents := flag.Int("peer-events", 0, "catch-up backlog of the peers (default 100000; -quick 5000): the pollers drain at a steady rate")
 	big := flag.Int("big", 0, "rows of the single large transaction (default 1000000; -quick 200000)")
 	rates := flag.String("rates", "", "live rates in events/s, comma separated (default 1000,2000,5000; -quick 1000,2000)")
-	liveFor := flag.Duration("live", 0, "duration of each live rate (default 20s; -quick 5s)")
+	liveFor := flag.Duration("live", 0, "duration of each live rate (default 20s; -quick 4s)")
 	stall := flag.Duration("stall", 60*time.Second, "abort a phase that makes no progress for this long")
 	sync := flag.String("producer-sync-commit", "on", "synchronous_commit of the live producer sessions (the cluster default is off)")
 	out := flag.String("out", "", "results file (default bench/results/latest.md, or latest-quick.md with -quick)")
@@ -76,7 +76,7 @@ func parseFlags() (params, error) {
 		PeerEvents: 100_000, Rounds: 3, Window: 1024, Stall: *stall, SyncCommit: *sync, Out: *out, LatencyCSV: *latCSV, CPUProfile: *cpuprof, Sets: sets, Peers: *peers, RelayEnv: *relayEnv,
 	}
 	if p.Quick {
-		p.Events, p.Rates, p.LiveFor, p.BigRows, p.PeerEvents = 50_000, []int{1000, 2000}, 5*time.Second, 200_000, 10_000
+		p.Events, p.Rates, p.LiveFor, p.BigRows, p.PeerEvents = 50_000, []int{1000, 2000}, 4*time.Second, 200_000, 5_000
 		p.Rounds = 1
 	}
 	if *events > 0 {
