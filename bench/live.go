@@ -159,22 +159,27 @@ func (b *bench) warmUp(ctx context.Context, t liveTarget) error {
 	if err != nil {
 		return fmt.Errorf("warm-up: %w", err)
 	}
+	return b.waitStream(ctx, t, before+uint64(prod.Events), fmt.Sprintf("the %d warm-up events", prod.Events), 50*time.Millisecond)
+}
+
+// waitStream waits until t's stream holds at least n messages.
+func (b *bench) waitStream(ctx context.Context, t liveTarget, n uint64, what string, every time.Duration) error {
 	deadline := time.Now().Add(b.p.Stall)
 	for {
-		n, err := b.streamMsgs(ctx, t.stream)
-		if err == nil && n >= before+uint64(prod.Events) {
+		got, err := b.streamMsgs(ctx, t.stream)
+		if err == nil && got >= n {
 			return nil
 		}
 		if t.proc.exited() {
-			return fmt.Errorf("%s relay exited during the warm-up (%s):\n%s", t.system, t.proc.cmd.ProcessState, t.proc.logs)
+			return fmt.Errorf("%s relay exited while waiting for %s (%s):\n%s", t.system, what, t.proc.cmd.ProcessState, t.proc.logs)
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("warm-up: %d events not delivered within %s", prod.Events, b.p.Stall)
+			return fmt.Errorf("%s not in stream %s within %s", what, t.stream, b.p.Stall)
 		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
+		case <-time.After(every):
 		}
 	}
 }
@@ -536,24 +541,7 @@ func (b *bench) probe(ctx context.Context, t liveTarget, subject string) error {
 	if err := t.probe(ctx, subject); err != nil {
 		return fmt.Errorf("probe event: %w", err)
 	}
-	deadline := time.Now().Add(b.p.Stall)
-	for {
-		n, err := b.streamMsgs(ctx, t.stream)
-		if err == nil && n > before {
-			return nil
-		}
-		if t.proc.exited() {
-			return fmt.Errorf("%s relay exited (%s):\n%s", t.system, t.proc.cmd.ProcessState, t.proc.logs)
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("probe event not in stream %s within %s", t.stream, b.p.Stall)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
+	return b.waitStream(ctx, t, before+1, "the probe event", 10*time.Millisecond)
 }
 
 // walsenderSince returns the CPU the relay's walsender used since it was
