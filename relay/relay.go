@@ -162,12 +162,10 @@ type pending struct {
 	dlq    bool
 	reason string
 	sentAt time.Time
+	fut    jetstream.PubAckFuture
+	okCh   <-chan *jetstream.PubAck
+	errCh  <-chan error
 	epoch  uint64 // the connection it was published on
-
-	token    uint64 // of the publish in flight (Sink.Publish)
-	resolved bool   // its outcome arrived: ack or err
-	ack      jetstream.PubAck
-	err      error
 }
 
 // errConnectionChanged stops publishing when the connection was replaced
@@ -193,8 +191,6 @@ type loop struct {
 
 	tails  map[string]StoredTail // what each stream holds of this source, for the resume check
 	lastID map[string]string     // strict order: the id last published to each stream
-
-	inflight map[uint64]*pending // by token: publishes waiting for their outcome
 }
 
 func (r *Relay) run(ctx context.Context, in <-chan []cdc.Change, conf Confirmer) error {
@@ -205,7 +201,7 @@ func (r *Relay) run(ctx context.Context, in <-chan []cdc.Change, conf Confirmer)
 	bo.RandomizationFactor = 0.2
 	bo.MaxElapsedTime = 0
 	bo.Reset()
-	l := &loop{r: r, conf: conf, ckpt: NewCheckpoint(), bo: bo, inflight: make(map[uint64]*pending)}
+	l := &loop{r: r, conf: conf, ckpt: NewCheckpoint(), bo: bo}
 	defer func() { r.m.InFlight.Set(0) }()
 	l.refreshResume()
 
@@ -216,11 +212,6 @@ func (r *Relay) run(ctx context.Context, in <-chan []cdc.Change, conf Confirmer)
 	// publisher is doing.
 	progress := time.NewTicker(5 * time.Second)
 	defer progress.Stop()
-	// Publishes without an outcome after the ack timeout fail (checked at
-	// a tenth of the timeout).
-	ackCheck := time.NewTicker(min(max(r.sink.AckTimeout()/10, 10*time.Millisecond), time.Second))
-	defer ackCheck.Stop()
-	replies := r.sink.Replies()
 	var lastDelivered uint64
 	ticks := 0
 	for {
@@ -229,6 +220,11 @@ func (r *Relay) run(ctx context.Context, in <-chan []cdc.Change, conf Confirmer)
 		}
 		l.fill()
 
+		var okCh <-chan *jetstream.PubAck
+		var errCh <-chan error
+		if len(l.window) > 0 {
+			okCh, errCh = l.window[0].okCh, l.window[0].errCh
+		}
 		var inCh <-chan []cdc.Change
 		if l.canRead() {
 			inCh = in
@@ -241,13 +237,12 @@ func (r *Relay) run(ctx context.Context, in <-chan []cdc.Change, conf Confirmer)
 		select {
 		case <-ctx.Done():
 			return l.drain(in)
-		case m := <-replies:
-			l.reply(m)
-			l.drainReplies(replies)
-			l.popResolved()
-		case <-ackCheck.C:
-			l.expire()
-			l.popResolved()
+		case ack := <-okCh:
+			l.acked(ack, nil)
+			l.drainResolved()
+		case err := <-errCh:
+			l.acked(nil, err)
+			l.drainResolved()
 		case b := <-inCh:
 			l.cur, l.curPos = b, 0
 		case <-progress.C:
@@ -388,14 +383,11 @@ func (l *loop) send(p *pending) {
 		l.publishFailed(p, errConnectionChanged)
 		return
 	}
-	p.resolved, p.err = false, nil
-	token, err := l.r.sink.Publish(p.msg)
+	fut, err := l.r.sink.PublishAsync(p.msg)
 	if err != nil {
 		l.publishFailed(p, err)
 		return
 	}
-	p.token = token
-	l.inflight[token] = p
 	p.epoch = epoch
 	if l.r.cfg.StrictOrder && !p.dlq && p.stream != "" {
 		if l.lastID == nil {
@@ -406,6 +398,8 @@ func (l *loop) send(p *pending) {
 	if l.r.sink.Epoch() != epoch {
 		p.epoch = ^uint64(0) // reconnected during the call: which connection is unknown
 	}
+	p.fut = fut
+	p.okCh, p.errCh = fut.Ok(), fut.Err()
 	l.window = append(l.window, p)
 	l.r.m.InFlight.Set(float64(len(l.window)))
 }
@@ -546,61 +540,15 @@ func (l *loop) settleBookkeeping(in <-chan []cdc.Change) {
 
 // drainResolved takes every already-resolved ack at the head without going
 // back through the select: acks come in bursts.
-func (l *loop) drainReplies(replies <-chan *nats.Msg) {
-	for {
+func (l *loop) drainResolved() {
+	for len(l.window) > 0 {
 		select {
-		case m := <-replies:
-			l.reply(m)
+		case ack := <-l.window[0].okCh:
+			l.acked(ack, nil)
+		case err := <-l.window[0].errCh:
+			l.acked(nil, err)
 		default:
 			return
-		}
-	}
-}
-
-// reply records the outcome of the publish a reply answers. Replies to
-// publishes no longer in flight (late, after a timeout) are dropped.
-func (l *loop) reply(m *nats.Msg) {
-	o, ok := l.r.sink.Resolve(m)
-	if !ok {
-		return
-	}
-	if o.All {
-		for tok, p := range l.inflight {
-			p.resolved, p.err = true, o.Err
-			delete(l.inflight, tok)
-		}
-		return
-	}
-	p, ok := l.inflight[o.Token]
-	if !ok {
-		return
-	}
-	delete(l.inflight, o.Token)
-	p.resolved, p.ack, p.err = true, o.Ack, o.Err
-}
-
-// expire fails the oldest publish when its outcome is overdue; the ones
-// after it follow as they reach the head.
-func (l *loop) expire() {
-	if len(l.window) == 0 {
-		return
-	}
-	p := l.window[0]
-	if p.resolved || time.Since(p.sentAt) < l.r.sink.AckTimeout() {
-		return
-	}
-	delete(l.inflight, p.token)
-	p.resolved, p.err = true, errNoAck
-}
-
-// popResolved takes the outcomes at the head of the window, in order.
-func (l *loop) popResolved() {
-	for len(l.window) > 0 && l.window[0].resolved {
-		p := l.window[0]
-		if p.err != nil {
-			l.acked(nil, p.err)
-		} else {
-			l.acked(&p.ack, nil)
 		}
 	}
 }
@@ -620,30 +568,18 @@ func (l *loop) drain(in <-chan []cdc.Change) error {
 	l.settleBookkeeping(in)
 	// Nothing new is published. Once one ack fails, later ones cannot be
 	// confirmed (acks count only in order); they are resent on next start.
-	replies := l.r.sink.Replies()
-	ackCheck := time.NewTicker(min(max(l.r.sink.AckTimeout()/10, 10*time.Millisecond), time.Second))
-	defer ackCheck.Stop()
 	for len(l.window) > 0 {
-		for len(l.window) > 0 && l.window[0].resolved {
-			p := l.window[0]
-			l.window[0] = nil
-			l.window = l.window[1:]
-			delete(l.inflight, p.token)
-			if p.err != nil {
-				l.retry = append(l.retry, p)
-			} else if len(l.retry) == 0 {
-				l.done(p, &p.ack)
-			}
-		}
-		if len(l.window) == 0 {
-			break
-		}
 		select {
-		case m := <-replies:
-			l.reply(m)
-			l.drainReplies(replies)
-		case <-ackCheck.C:
-			l.expire()
+		case ack := <-l.window[0].okCh:
+			p := l.window[0]
+			l.window = l.window[1:]
+			if len(l.retry) == 0 {
+				l.done(p, ack)
+			}
+		case <-l.window[0].errCh:
+			p := l.window[0]
+			l.window = l.window[1:]
+			l.retry = append(l.retry, p)
 		case <-deadline.C:
 			l.r.log.Warn().Int("inflight", len(l.window)).Msg("shutdown: acks still outstanding; they will be resent on next start")
 			return nil

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -23,27 +21,13 @@ const (
 	Permanent
 )
 
-// Sink is the bus behind the publisher: publish tagged messages, hand back
-// their outcomes on one channel, and classify errors. JetStream is the
-// product; another bus fits behind the same methods without touching cdc or
-// the checkpoint.
+// Sink is the bus behind the publisher: publish in order with a future per
+// message, and classify errors. JetStream is the product; another bus fits
+// behind the same three methods without touching cdc or the checkpoint.
 type Sink interface {
-	// Publish sends m and returns the token its outcome will carry: a reply
-	// on Replies(), which Resolve turns into the token and the ack or error.
-	// Tokens are never reused by a Sink (a late reply cannot be taken for
-	// another publish's). Once the outcome is an ack, the relay reuses m for
-	// a later event: a Sink must not keep it past that.
-	Publish(m *nats.Msg) (token uint64, err error)
-	// Replies delivers the replies to publishes, in arrival order. The
-	// channel must have room for every publish in flight: a Sink may drop
-	// a reply it has no room for (the publish then times out and is resent).
-	Replies() <-chan *nats.Msg
-	// Resolve reads a reply; ok is false for a message that answers no
-	// publish of this Sink.
-	Resolve(reply *nats.Msg) (o Outcome, ok bool)
-	// AckTimeout is how long a publish may wait for its reply; then it
-	// counts as failed (transient) and is resent.
-	AckTimeout() time.Duration
+	// PublishAsync sends m. Once its future has resolved with an ack, the
+	// relay reuses m for a later event: a Sink must not keep it past that.
+	PublishAsync(m *nats.Msg) (jetstream.PubAckFuture, error)
 	Classify(err error) ErrorClass
 	// MaxPayload is the largest message the server takes (0 when unknown).
 	MaxPayload() int
@@ -54,121 +38,38 @@ type Sink interface {
 	Epoch() uint64
 }
 
-// Outcome is what became of one publish, or (All) of every publish in
-// flight: the connection was lost, their replies will never come.
-type Outcome struct {
-	Token uint64
-	Ack   jetstream.PubAck
-	Err   error
-	All   bool
-}
-
-// lostToken ends the subject of the reply a JetStreamSink makes up when its
-// connection is lost (not a base-36 number: no publish has it).
-const lostToken = "_"
-
-// JetStreamSink publishes to JetStream the way a JetStream publish works on
-// the wire: a core NATS message with a reply subject of its own (one inbox
-// subscription, the token as the last token of the subject), answered by
-// the stream with a PubAck. The replies come in on one channel that the
-// relay's loop reads itself. (jetstream.PublishMsgAsync does the same with a
-// future, two channels and a timer per message, a goroutine hop and
-// encoding/json per ack: about a third of the relay's CPU in catch-up.)
+// JetStreamSink publishes to JetStream with PublishMsgAsync.
 type JetStreamSink struct {
-	nc      *nats.Conn
-	js      jetstream.JetStream // for reading back (StoredTail)
-	sub     *nats.Subscription
-	replies chan *nats.Msg
-	prefix  string // "<inbox>."
-	timeout time.Duration
-	subj    []byte            // reply subject being built
-	token   uint64            // of the last publish
-	streams map[string]string // stream names seen in acks, to not allocate them per ack
-	status  chan nats.Status  // connection lost or closed
+	nc   *nats.Conn
+	js   jetstream.JetStream
+	opts []jetstream.PublishOpt
 }
 
-// NewJetStreamSink subscribes to a reply inbox on nc. ackTimeout bounds how
-// long an ack may take; without it a lost ack would hold the window forever.
-// maxPending is the most publishes the relay keeps in flight: the reply
-// channel holds twice that, so that late replies of resent messages never
-// crowd out current ones.
+// NewJetStreamSink wraps a connection. ackTimeout bounds how long an ack may
+// take; without it a lost ack would hold the window forever. maxPending must
+// exceed the relay's window so the library never stalls on its own (it fails
+// with ErrTooManyStalledMsgs after 200 ms instead of waiting).
 func NewJetStreamSink(nc *nats.Conn, ackTimeout time.Duration, maxPending int) (*JetStreamSink, error) {
-	if ackTimeout <= 0 {
-		return nil, errors.New("jetstream sink: ack timeout must be positive")
-	}
-	js, err := jetstream.New(nc)
+	js, err := jetstream.New(nc,
+		jetstream.WithPublishAsyncTimeout(ackTimeout),
+		jetstream.WithPublishAsyncMaxPending(maxPending))
 	if err != nil {
 		return nil, fmt.Errorf("jetstream context: %w", err)
 	}
-	s := &JetStreamSink{
-		nc: nc, js: js, timeout: ackTimeout,
-		replies: make(chan *nats.Msg, 2*maxPending+64),
-		prefix:  nc.NewInbox() + ".",
-		streams: make(map[string]string),
-	}
-	sub, err := nc.ChanSubscribe(s.prefix+"*", s.replies)
-	if err != nil {
-		return nil, fmt.Errorf("subscribe to the JetStream reply inbox: %w", err)
-	}
-	s.sub = sub
-	s.status = nc.StatusChanged(nats.RECONNECTING, nats.CLOSED)
-	go s.watchConnection()
-	return s, nil
+	return &JetStreamSink{
+		nc: nc, js: js,
+		// The library's own retry on "no responders" resends out of order;
+		// walbox resends in order itself.
+		opts: []jetstream.PublishOpt{jetstream.WithRetryAttempts(0)},
+	}, nil
 }
 
-// watchConnection tells the relay when the connection is lost: the replies
-// to what is in flight are lost with it, so those publishes fail at once
-// (as jetstream.PublishMsgAsync's futures do) instead of at the ack timeout.
-func (s *JetStreamSink) watchConnection() {
-	for st := range s.status {
-		select {
-		case s.replies <- &nats.Msg{Subject: s.prefix + lostToken}:
-		default: // full: the ack timeout fails them instead
-		}
-		if st == nats.CLOSED {
-			return
-		}
-	}
-}
-
-// Close unsubscribes the reply inbox and stops watching the connection.
-func (s *JetStreamSink) Close() error {
-	s.nc.RemoveStatusListener(s.status)
-	return s.sub.Unsubscribe()
-}
-
-// Publish implements Sink. It is called from one goroutine at a time.
-func (s *JetStreamSink) Publish(m *nats.Msg) (uint64, error) {
-	s.token++
-	s.subj = strconv.AppendUint(append(s.subj[:0], s.prefix...), s.token, 36)
-	m.Reply = string(s.subj)
-	return s.token, s.nc.PublishMsg(m)
-}
-
-// JetStream is the JetStream context on the sink's connection.
+// JetStream returns the underlying JetStream context.
 func (s *JetStreamSink) JetStream() jetstream.JetStream { return s.js }
 
-// Replies implements Sink.
-func (s *JetStreamSink) Replies() <-chan *nats.Msg { return s.replies }
-
-// AckTimeout implements Sink.
-func (s *JetStreamSink) AckTimeout() time.Duration { return s.timeout }
-
-// Resolve implements Sink.
-func (s *JetStreamSink) Resolve(reply *nats.Msg) (Outcome, bool) {
-	tok, ok := strings.CutPrefix(reply.Subject, s.prefix)
-	if !ok {
-		return Outcome{}, false
-	}
-	if tok == lostToken {
-		return Outcome{All: true, Err: nats.ErrDisconnected}, true
-	}
-	token, err := strconv.ParseUint(tok, 36, 64)
-	if err != nil {
-		return Outcome{}, false
-	}
-	ack, err := parsePubAck(reply, s.streams)
-	return Outcome{Token: token, Ack: ack, Err: err}, true
+// PublishAsync implements Sink.
+func (s *JetStreamSink) PublishAsync(m *nats.Msg) (jetstream.PubAckFuture, error) {
+	return s.js.PublishMsgAsync(m, s.opts...)
 }
 
 // Epoch implements Sink: the client's reconnect count.

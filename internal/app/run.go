@@ -85,7 +85,6 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 	if err != nil {
 		return err
 	}
-	defer sink.Close() //nolint:errcheck // the connection closes next
 
 	var srv *http.Server
 	health := &health{src: src, nc: nc}
