@@ -271,11 +271,7 @@ func (b *bench) relayCatchup(ctx context.Context, phase string, res *catchupResu
 	res.DriverCPU = selfCPU() - self0
 	res.Busy, res.Where, res.Span = meter.stop()
 	done()
-	first, err := b.streamMsg(ctx, benchStream, base+1)
-	if err != nil {
-		return err
-	}
-	last, err := b.streamMsg(ctx, benchStream, target)
+	first, last, err := b.firstLast(ctx, benchStream, base+1, target)
 	if err != nil {
 		return err
 	}

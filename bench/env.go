@@ -558,6 +558,20 @@ func (b *bench) streamMsg(ctx context.Context, name string, seq uint64) (*jetstr
 	return st.GetMsg(qctx, seq)
 }
 
+// firstLast reads the messages at sequences first and last of a stream:
+// their stored timestamps bound a phase.
+func (b *bench) firstLast(ctx context.Context, stream string, first, last uint64) (*jetstream.RawStreamMsg, *jetstream.RawStreamMsg, error) {
+	f, err := b.streamMsg(ctx, stream, first)
+	if err != nil {
+		return nil, nil, err
+	}
+	l, err := b.streamMsg(ctx, stream, last)
+	if err != nil {
+		return nil, nil, err
+	}
+	return f, l, nil
+}
+
 // walLSN returns pg_current_wal_lsn() as a number (0 on error).
 func (b *bench) walLSN(ctx context.Context) int64 {
 	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)

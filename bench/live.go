@@ -492,11 +492,7 @@ func (b *bench) bigTxn(ctx context.Context) error {
 	res.WalsenderCPU = b.walsenderSince(ctx, wsPID, ws0)
 	res.Busy, res.Where, res.Span = meter.stop()
 	done()
-	first, err := b.streamMsg(ctx, benchStream, base+1)
-	if err != nil {
-		return err
-	}
-	last, err := b.streamMsg(ctx, benchStream, target)
+	first, last, err := b.firstLast(ctx, benchStream, base+1, target)
 	if err != nil {
 		return err
 	}

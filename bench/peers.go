@@ -123,7 +123,7 @@ func (b *bench) peers(ctx context.Context) error {
 			}
 			res.Live = append(res.Live, lr)
 		}
-		if err := b.stopPeer(proc); err != nil {
+		if err := proc.stop(); err != nil {
 			return err
 		}
 		b.res.peers = append(b.res.peers, res)
@@ -183,16 +183,12 @@ func (b *bench) peerCatchup(ctx context.Context, pr peer, res *catchupResult) er
 	res.DriverCPU = selfCPU() - self0
 	res.Busy, res.Where, res.Span = meter.stop()
 	done()
-	first, err := b.streamMsg(ctx, peerStream, base+1)
-	if err != nil {
-		return err
-	}
-	last, err := b.streamMsg(ctx, peerStream, target)
+	first, last, err := b.firstLast(ctx, peerStream, base+1, target)
 	if err != nil {
 		return err
 	}
 	res.FirstAck, res.Took = first.Time.Sub(proc.started), last.Time.Sub(proc.started)
-	if err := b.stopPeer(proc); err != nil {
+	if err := proc.stop(); err != nil {
 		return err
 	}
 	got, err := b.streamMsgs(ctx, peerStream)
@@ -206,9 +202,6 @@ func (b *bench) peerCatchup(ctx context.Context, pr peer, res *catchupResult) er
 		pr.system, n, res.Took.Seconds(), rate(n, res.Took), res.CPU.Seconds(), mb(res.HWM))
 	return nil
 }
-
-// stopPeer stops a peer's process (SIGTERM, a clean exit expected).
-func (b *bench) stopPeer(p *relayProc) error { return p.stop() }
 
 // watermillPeer builds bench/watermill (its own module) and returns the
 // Watermill forwarder peer.
