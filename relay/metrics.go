@@ -14,6 +14,7 @@ type Metrics struct {
 	ConfirmedLSN  prometheus.Gauge
 	Backoffs      prometheus.Counter
 	Skipped       prometheus.Counter
+	OtherWriters  *prometheus.CounterVec
 	SlotLost      prometheus.Counter
 	Leader        prometheus.Gauge
 
@@ -59,6 +60,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Skipped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "walbox_resume_skipped_total", Help: "Events not republished because the stream already held them (resume check).",
 		}),
+		OtherWriters: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "walbox_strict_order_other_writer_total",
+			Help: "Times strict order found another writer in a stream and stopped guarding its order, by stream.",
+		}, []string{"stream"}),
 		SlotLost: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "walbox_slot_lost_total", Help: "Times the replication slot was found dropped or invalidated.",
 		}),
@@ -91,7 +96,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"side"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Published, m.PublishErrors, m.DeadLettered, m.InFlight, m.CommitToAck, m.PublishToAck, m.ConfirmedLSN, m.Backoffs, m.Skipped, m.SlotLost, m.Leader,
+		reg.MustRegister(m.Published, m.PublishErrors, m.DeadLettered, m.InFlight, m.CommitToAck, m.PublishToAck, m.ConfirmedLSN, m.Backoffs, m.Skipped, m.OtherWriters, m.SlotLost, m.Leader,
 			m.SlotLagBytes, m.SlotLagSeconds, m.SlotRetainedWAL, m.SlotSafeWALSize, m.SlotWALStatus, m.SlotActive, m.ReplicationLagS, m.Reconnects)
 	}
 	return m

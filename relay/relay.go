@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -52,10 +53,12 @@ type Config struct {
 	Window int
 	// DLQPrefix is the subject prefix of dead letters (default "walbox.dlq.").
 	DLQPrefix string
-	// StrictOrder sets Nats-Expected-Last-Msg-Id on every publish to the id
-	// published before it in the same stream. A stream then refuses a
-	// message whose predecessor it lost (an R3 leader change mid-window),
-	// instead of storing it first and the predecessor after the resend.
+	// StrictOrder sets Nats-Expected-Last-Sequence on every publish to the
+	// sequence its predecessor in the same stream is stored at (the stream's
+	// last sequence read back at start, plus one per publish since). A
+	// stream then refuses a message whose predecessor it lost (an R3 leader
+	// change mid-window), instead of storing it first and the predecessor
+	// after the resend. It assumes walbox is the stream's only writer.
 	StrictOrder bool
 	// BackoffInitial and BackoffMax bound the pause after a transient publish
 	// error: 1 s doubling to 60 s with jitter by default.
@@ -189,8 +192,17 @@ type loop struct {
 	cur    []cdc.Change
 	curPos int
 
-	tails  map[string]StoredTail // what each stream holds of this source, for the resume check
-	lastID map[string]string     // strict order: the id last published to each stream
+	tails map[string]StoredTail // what each stream holds of this source, for the resume check
+	// Strict order: the sequence the stream's newest message will have once
+	// everything published to it so far is stored. Absent: unknown (the
+	// stream could not be read back), publish without an expectation.
+	lastSeq map[string]uint64
+	// Streams in which a publish was refused for a wrong last sequence in
+	// the current failing episode: a later publish of the same window
+	// stored there means another writer filled the gap.
+	seqRefused map[string]bool
+	// Streams found to have another writer: strict order is off for them.
+	shared map[string]bool
 }
 
 func (r *Relay) run(ctx context.Context, in <-chan []cdc.Change, conf Confirmer) error {
@@ -371,11 +383,14 @@ func (l *loop) send(p *pending) {
 		return
 	}
 	p.sentAt = time.Now()
+	expect, strict := uint64(0), false
 	if l.r.cfg.StrictOrder && !p.dlq && p.stream != "" {
-		if prev, ok := l.lastID[p.stream]; ok {
-			setHeader(p.msg.Header, HeaderExpectedLastMsgID, prev)
+		expect, strict = l.lastSeq[p.stream]
+		strict = strict && !l.shared[p.stream]
+		if strict {
+			setHeader(p.msg.Header, HeaderExpectedLastSeq, strconv.FormatUint(expect, 10))
 		} else {
-			delete(p.msg.Header, HeaderExpectedLastMsgID)
+			delete(p.msg.Header, HeaderExpectedLastSeq)
 		}
 	}
 	epoch := l.r.sink.Epoch()
@@ -389,11 +404,8 @@ func (l *loop) send(p *pending) {
 		return
 	}
 	p.epoch = epoch
-	if l.r.cfg.StrictOrder && !p.dlq && p.stream != "" {
-		if l.lastID == nil {
-			l.lastID = make(map[string]string)
-		}
-		l.lastID[p.stream] = p.ev.ID
+	if strict {
+		l.lastSeq[p.stream] = expect + 1
 	}
 	if l.r.sink.Epoch() != epoch {
 		p.epoch = ^uint64(0) // reconnected during the call: which connection is unknown
@@ -407,6 +419,13 @@ func (l *loop) send(p *pending) {
 // publishFailed handles an error for p, either from PublishAsync or its ack.
 func (l *loop) publishFailed(p *pending, err error) {
 	class := l.r.sink.Classify(err)
+	var apiErr *jetstream.APIError
+	if !p.dlq && errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
+		if l.seqRefused == nil {
+			l.seqRefused = make(map[string]bool)
+		}
+		l.seqRefused[p.stream] = true
+	}
 	if p.dlq && (errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse)) {
 		// The dead-letter stream was verified at start; if nothing answers
 		// for it now, someone removed it. Waiting would stall every event.
@@ -454,6 +473,7 @@ func cmpU64(a, b uint64) int {
 func (l *loop) settle() {
 	if l.failing && len(l.window) == 0 {
 		l.failing = false
+		clear(l.seqRefused)
 		wait := l.bo.NextBackOff()
 		l.resume = time.Now().Add(wait)
 		l.backing = true
@@ -472,6 +492,9 @@ func (l *loop) acked(ack *jetstream.PubAck, err error) {
 		return
 	}
 	if l.failing {
+		if !ack.Duplicate && l.seqRefused[p.stream] && !l.shared[p.stream] {
+			l.otherWriter(p.stream, ack.Sequence)
+		}
 		// Stored, but an earlier event failed: resend it too so the
 		// checkpoint only ever sees acks in order (JetStream drops the
 		// duplicate by Nats-Msg-Id).
@@ -479,6 +502,23 @@ func (l *loop) acked(ack *jetstream.PubAck, err error) {
 		return
 	}
 	l.done(p, ack)
+}
+
+// otherWriter turns strict order off for a stream that another writer
+// shares. With a single writer, nothing published behind a message refused
+// for a wrong last sequence can match its expectation: the stream is one
+// short of what every later publish expects. One that was stored all the same
+// found a message of someone else in the place of its refused predecessor,
+// and is stored out of order.
+func (l *loop) otherWriter(stream string, seq uint64) {
+	if l.shared == nil {
+		l.shared = make(map[string]bool)
+	}
+	l.shared[stream] = true
+	l.r.m.OtherWriters.WithLabelValues(stream).Inc()
+	l.r.log.Error().Str("stream", stream).Uint64("seq", seq).
+		Msg("another writer shares this stream: strict order cannot guard it, and the event stored at seq may be out of order; " +
+			"set nats.strict_order: false, or give walbox a stream of its own (strict order stays off for this stream until restart)")
 }
 
 // done records a finished event.

@@ -22,9 +22,9 @@ type StoredTail struct {
 	Oldest cdc.Position
 	Newest cdc.Position
 	Found  bool // at least one message of this source in the tail
-	// LastID is the Nats-Msg-Id of the stream's newest message (any
-	// source): the expectation for the next strict-order publish.
-	LastID string
+	// LastSeq is the stream's last sequence (any source): the expectation
+	// for the next strict-order publish.
+	LastSeq uint64
 }
 
 // TailReader reads back the newest messages of a stream. The relay uses it
@@ -47,6 +47,7 @@ func (s *JetStreamSink) StoredTail(ctx context.Context, stream, source string, n
 	if err != nil {
 		return tail, err
 	}
+	tail.LastSeq = info.State.LastSeq
 	if info.State.Msgs == 0 {
 		return tail, nil
 	}
@@ -72,9 +73,6 @@ func (s *JetStreamSink) StoredTail(ctx context.Context, stream, source string, n
 			got++
 			if md, err := m.Metadata(); err == nil {
 				seq = md.Sequence.Stream
-				if seq == last {
-					tail.LastID = m.Headers().Get(HeaderMsgID)
-				}
 			}
 			pos, ok := PositionFromHeaders(m.Headers(), source)
 			if !ok {
@@ -124,7 +122,7 @@ func (l *loop) refreshResume() {
 		return
 	}
 	l.tails = make(map[string]StoredTail)
-	l.lastID = make(map[string]string)
+	l.lastSeq = make(map[string]uint64)
 	for _, rt := range l.r.router.routes {
 		if slices.Contains(rt.Subjects, l.r.cfg.DLQPrefix+">") {
 			continue // dead letters are never skipped
@@ -139,9 +137,7 @@ func (l *loop) refreshResume() {
 		if tail.Found {
 			l.tails[rt.Stream] = tail
 		}
-		if tail.LastID != "" {
-			l.lastID[rt.Stream] = tail.LastID
-		}
+		l.lastSeq[rt.Stream] = tail.LastSeq
 	}
 }
 

@@ -17,8 +17,12 @@ import (
 // restarted relay read back the last position it stored in each stream.
 const (
 	HeaderMsgID = "Nats-Msg-Id"
-	// HeaderExpectedLastMsgID makes JetStream refuse a message unless the
-	// stream's newest message has this id (strict order).
+	// HeaderExpectedLastSeq makes JetStream refuse a message unless the
+	// stream's last sequence is this one (strict order). The leader checks
+	// it before it proposes, so a mismatch is a rejection on R1 and R3 alike.
+	// (Nats-Expected-Last-Msg-Id is checked only when replicas apply the
+	// entry, where a mismatch wedges a replicated stream for good.)
+	HeaderExpectedLastSeq   = "Nats-Expected-Last-Sequence"
 	HeaderExpectedLastMsgID = "Nats-Expected-Last-Msg-Id"
 	HeaderCommitLSN         = "Walbox-Commit-Lsn"
 	HeaderIndex             = "Walbox-Txn-Index"
@@ -88,7 +92,7 @@ const maxFree = 4096
 func standardHeader(key string) bool {
 	switch key {
 	case HeaderMsgID, HeaderCommitLSN, HeaderIndex, HeaderCommitTime, HeaderSource, HeaderEventType,
-		HeaderAggregateType, HeaderAggregateID, HeaderPartitionKey, HeaderExpectedLastMsgID:
+		HeaderAggregateType, HeaderAggregateID, HeaderPartitionKey, HeaderExpectedLastSeq, HeaderExpectedLastMsgID:
 		return true
 	}
 	return false
@@ -211,7 +215,8 @@ func (r *Router) Message(ev *cdc.Event) (*nats.Msg, string, error) {
 	setOptional(h, HeaderAggregateType, ev.AggregateType)
 	setOptional(h, HeaderAggregateID, ev.AggregateID)
 	setOptional(h, HeaderPartitionKey, ev.PartitionKey)
-	delete(h, HeaderExpectedLastMsgID) // the relay sets it when it sends
+	delete(h, HeaderExpectedLastSeq) // the relay sets it when it sends
+	delete(h, HeaderExpectedLastMsgID)
 	r.envelopeHeaders(h, ev)
 	if len(ev.Headers) > 0 {
 		if err := addJSONHeaders(h, ev.Headers); err != nil {

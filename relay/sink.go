@@ -97,7 +97,8 @@ func ClassifyJetStream(err error) ErrorClass {
 		switch apiErr.ErrorCode {
 		case jetstream.JSErrCodeStreamNotFound:
 			return Transient
-		case 10070: // wrong last msg id: strict order found a gap (or another writer); resend in order
+		case jetstream.JSErrCodeStreamWrongLastSequence, // strict order found a gap (or another writer); resend in order
+			10070: // wrong last msg id, from a relay of an earlier version
 			return Transient
 		case 10054, // message size exceeds maximum allowed
 			10060: // expected stream does not match

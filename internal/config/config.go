@@ -80,10 +80,10 @@ type NATS struct {
 	SubjectPrefix string        `yaml:"subject_prefix" env:"SUBJECT_PREFIX"`
 	AckTimeout    time.Duration `yaml:"ack_timeout" env:"ACK_TIMEOUT"`
 	Window        int           `yaml:"window" env:"WINDOW"`
-	// StrictOrder puts Nats-Expected-Last-Msg-Id on every publish, so a
+	// StrictOrder puts Nats-Expected-Last-Sequence on every publish, so a
 	// stream rejects a message whose predecessor was lost (a leader change
-	// in a cluster) and walbox resends in order. Turn it off only when
-	// several writers share a stream.
+	// in a cluster) and walbox resends in order. Turn it off when several
+	// writers share a stream.
 	StrictOrder bool     `yaml:"strict_order" env:"STRICT_ORDER"`
 	Streams     []Stream `yaml:"streams"`
 	// Routes assert the stream of topics by prefix: an event whose topic

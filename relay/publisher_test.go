@@ -1,0 +1,318 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/walbox/walbox/cdc"
+)
+
+// fakeStream is one JetStream stream as the publisher sees it: messages
+// stored in arrival order, Nats-Msg-Id deduplication, and the
+// Nats-Expected-Last-Sequence check done before storing (as a stream leader
+// does it). It can lose a publish the way a stream leader that stops
+// mid-window does: the message is never stored and its ack times out, while
+// later publishes reach the next leader and are stored.
+type fakeStream struct {
+	mu      sync.Mutex
+	ids     []string
+	seqOf   map[string]uint64
+	hdrs    []nats.Header
+	lastSeq uint64
+
+	publishes int
+	lose      map[int]bool   // publish numbers (1-based) that vanish
+	reject    map[string]int // event ids always refused with this JetStream error code
+	// foreign: before this publish number, another writer appends a message.
+	foreign map[int]bool
+}
+
+func newFakeStream() *fakeStream {
+	return &fakeStream{seqOf: map[string]uint64{}, lose: map[int]bool{}, reject: map[string]int{}, foreign: map[int]bool{}}
+}
+
+type fakeFuture struct {
+	ok  chan *jetstream.PubAck
+	err chan error
+	msg *nats.Msg
+}
+
+func (f *fakeFuture) Ok() <-chan *jetstream.PubAck { return f.ok }
+func (f *fakeFuture) Err() <-chan error            { return f.err }
+func (f *fakeFuture) Msg() *nats.Msg               { return f.msg }
+
+// fakeSink puts dead letters into one stream, everything else into ORDERS.
+type fakeSink struct {
+	st, dlq    *fakeStream
+	ackTimeout time.Duration
+}
+
+func (s *fakeSink) PublishAsync(m *nats.Msg) (jetstream.PubAckFuture, error) {
+	st := s.st
+	if len(m.Subject) > 11 && m.Subject[:11] == "walbox.dlq." {
+		st = s.dlq
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.publishes++
+	n := st.publishes
+	f := &fakeFuture{ok: make(chan *jetstream.PubAck, 1), err: make(chan error, 1)}
+	if st.lose[n] {
+		time.AfterFunc(s.ackTimeout, func() { f.err <- nats.ErrTimeout })
+		return f, nil
+	}
+	id := m.Header.Get(HeaderMsgID)
+	if code, ok := st.reject[id]; ok {
+		// Refused for good (e.g. too large), like a stream leader does.
+		f.err <- &jetstream.APIError{Code: 400, ErrorCode: jetstream.ErrorCode(code), Description: "refused by the test"}
+		return f, nil
+	}
+	if st.foreign[n] {
+		st.store("foreign-"+strconv.Itoa(n), nats.Header{})
+	}
+	if seq, dup := st.seqOf[id]; dup {
+		f.ok <- &jetstream.PubAck{Stream: "ORDERS", Sequence: seq, Duplicate: true}
+		return f, nil
+	}
+	if v := m.Header.Get(HeaderExpectedLastSeq); v != "" {
+		want, _ := strconv.ParseUint(v, 10, 64)
+		if want != st.lastSeq {
+			f.err <- &jetstream.APIError{Code: 400, ErrorCode: jetstream.JSErrCodeStreamWrongLastSequence,
+				Description: fmt.Sprintf("wrong last sequence: %d", st.lastSeq)}
+			return f, nil
+		}
+	}
+	h := nats.Header{}
+	for k, v := range m.Header {
+		h[k] = append([]string(nil), v...) // the relay reuses m once acked
+	}
+	f.ok <- &jetstream.PubAck{Stream: "ORDERS", Sequence: st.store(id, h)}
+	return f, nil
+}
+
+func (st *fakeStream) store(id string, h nats.Header) uint64 {
+	st.lastSeq++
+	st.ids = append(st.ids, id)
+	st.hdrs = append(st.hdrs, h)
+	st.seqOf[id] = st.lastSeq
+	return st.lastSeq
+}
+
+func (s *fakeSink) Classify(err error) ErrorClass { return ClassifyJetStream(err) }
+func (s *fakeSink) MaxPayload() int               { return 1 << 20 }
+func (s *fakeSink) Epoch() uint64                 { return 1 }
+
+// StoredTail implements TailReader over the whole stream.
+func (s *fakeSink) StoredTail(_ context.Context, stream, source string, n int) (StoredTail, error) {
+	st := s.st
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	tail := StoredTail{IDs: map[string]struct{}{}, LastSeq: st.lastSeq}
+	for i := max(0, len(st.ids)-n); i < len(st.ids); i++ {
+		pos, ok := PositionFromHeaders(st.hdrs[i], source)
+		if !ok {
+			continue
+		}
+		tail.IDs[st.ids[i]] = struct{}{}
+		if !tail.Found || pos.Less(tail.Oldest) {
+			tail.Oldest = pos
+		}
+		if !tail.Found || tail.Newest.Less(pos) {
+			tail.Newest = pos
+		}
+		tail.Found = true
+	}
+	return tail, nil
+}
+
+// scriptSource hands the relay one batch of transactions, then waits.
+type scriptSource struct {
+	changes []cdc.Change
+	mu      sync.Mutex
+	conf    cdc.LSN
+	target  cdc.LSN
+	reached chan struct{}
+}
+
+// newScript builds txns transactions of perTxn events each; event ids are
+// "e<txn>-<i>" and come out in that order.
+func newScript(txns, perTxn int) (*scriptSource, []string) {
+	s := &scriptSource{reached: make(chan struct{})}
+	var ids []string
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for t := range txns {
+		commit := cdc.LSN(0x1000 + 0x100*t)
+		s.changes = append(s.changes, cdc.Change{Kind: cdc.KindBegin, LSN: commit})
+		for i := range perTxn {
+			id := fmt.Sprintf("e%03d-%d", t, i)
+			ids = append(ids, id)
+			s.changes = append(s.changes, cdc.Change{Kind: cdc.KindEvent, Event: cdc.Event{
+				Pos: cdc.Position{CommitLSN: commit, Index: uint32(i)}, CommitTime: t0,
+				ID: id, Topic: "orders.created", Payload: []byte(`{}`), PayloadIsJSON: true,
+			}})
+		}
+		s.target = commit + 0x10
+		s.changes = append(s.changes, cdc.Change{Kind: cdc.KindCommit, LSN: s.target})
+	}
+	return s, ids
+}
+
+func (s *scriptSource) Run(ctx context.Context, out chan<- []cdc.Change) error {
+	select {
+	case out <- s.changes:
+	case <-ctx.Done():
+		return nil
+	}
+	<-ctx.Done()
+	return nil
+}
+
+func (s *scriptSource) Confirm(lsn cdc.LSN) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if lsn < s.conf {
+		panic(fmt.Sprintf("confirmed LSN went back from %s to %s", s.conf, lsn))
+	}
+	s.conf = lsn
+	if lsn == s.target {
+		close(s.reached)
+	}
+}
+
+// runPublisher runs the relay over src until every transaction is confirmed.
+func runPublisher(t *testing.T, st *fakeStream, src *scriptSource, strict bool) *fakeStream {
+	t.Helper()
+	sink := &fakeSink{st: st, dlq: newFakeStream(), ackTimeout: 5 * time.Second}
+	router := NewRouter("", "app/walbox", []Route{{Stream: "ORDERS", Subjects: []string{"orders.>"}}})
+	r := New(Config{Window: 16, StrictOrder: strict, BackoffInitial: 100 * time.Millisecond, BackoffMax: time.Second}, sink, router)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Serve(ctx, src) }()
+	select {
+	case <-src.reached:
+	case <-time.After(10 * time.Minute): // fake time: only a publisher that is stuck for good gets here
+		t.Error("not every transaction was confirmed")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("relay: %v", err)
+	}
+	return sink.dlq
+}
+
+// checkStream wants exactly ids, once each, in order (foreign messages aside).
+func checkStream(st *fakeStream, ids []string) error {
+	var got []string
+	for _, id := range st.ids {
+		if len(id) > 8 && id[:8] == "foreign-" {
+			continue
+		}
+		got = append(got, id)
+	}
+	if len(got) != len(ids) {
+		return fmt.Errorf("stream holds %d events, want %d: %v", len(got), len(ids), got)
+	}
+	for i := range ids {
+		if got[i] != ids[i] {
+			return fmt.Errorf("stream position %d holds %s, want %s (order broken): %v", i, got[i], ids[i], got)
+		}
+	}
+	return nil
+}
+
+func TestStrictOrderSurvivesAPublishLostMidWindow(t *testing.T) {
+	for _, strict := range []bool{true, false} {
+		t.Run("strict="+strconv.FormatBool(strict), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				st := newFakeStream()
+				// The stream leader stops under publishes 5 and 6; 7 onwards
+				// reach the new leader while 5 and 6 wait for their ack timeout.
+				st.lose[5], st.lose[6] = true, true
+				src, ids := newScript(10, 3)
+				runPublisher(t, st, src, strict)
+				err := checkStream(st, ids)
+				if strict && err != nil {
+					t.Fatal(err)
+				}
+				if !strict && err == nil {
+					t.Fatal("without strict order a lost publish must show up as an order inversion here; the fake no longer models the leader change")
+				}
+			})
+		})
+	}
+}
+
+func TestStrictOrderRebasesAfterADuplicateAndARejection(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newFakeStream()
+		src, ids := newScript(8, 4)
+		// Event 3 is already in the stream, stored without walbox's position
+		// headers, so the resume check cannot know it: its ack is a
+		// duplicate and the stream does not grow, which puts the
+		// expectations of the publishes behind it one off.
+		st.store(ids[2], nats.Header{HeaderMsgID: {ids[2]}})
+		// Event 12 is refused for good (too large for the stream): it is
+		// dead-lettered, and the stream does not grow either.
+		st.reject[ids[11]] = 10054
+		dlq := runPublisher(t, st, src, true)
+		want := []string{ids[2]}
+		for i, id := range ids {
+			if i != 2 && i != 11 {
+				want = append(want, id)
+			}
+		}
+		if err := checkStream(st, want); err != nil {
+			t.Fatal(err)
+		}
+		if len(dlq.ids) != 1 || dlq.ids[0] != ids[11] {
+			t.Fatalf("dead letters: %v, want [%s]", dlq.ids, ids[11])
+		}
+	})
+}
+
+func TestStrictOrderReportsAnotherWriterAndLosesNothing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newFakeStream()
+		st.foreign[4], st.foreign[20] = true, true
+		src, ids := newScript(12, 2)
+		m := NewMetrics(nil)
+		sink := &fakeSink{st: st, dlq: newFakeStream(), ackTimeout: 5 * time.Second}
+		router := NewRouter("", "app/walbox", []Route{{Stream: "ORDERS", Subjects: []string{"orders.>"}}})
+		r := New(Config{Window: 16, StrictOrder: true, Metrics: m, BackoffInitial: 100 * time.Millisecond}, sink, router)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- r.Serve(ctx, src) }()
+		<-src.reached
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if got := testutil.ToFloat64(m.OtherWriters.WithLabelValues("ORDERS")); got != 1 {
+			t.Fatalf("walbox_strict_order_other_writer_total = %v, want 1", got)
+		}
+		seen := map[string]int{}
+		for _, id := range st.ids {
+			seen[id]++
+		}
+		for _, id := range ids {
+			if seen[id] != 1 {
+				t.Fatalf("%s stored %d times", id, seen[id])
+			}
+		}
+		// Once reported, no more expectations: the second foreign message
+		// costs no refusal.
+		last := st.hdrs[len(st.hdrs)-1]
+		if v := last.Get(HeaderExpectedLastSeq); v != "" {
+			t.Fatalf("strict order still on after another writer was found: %s", v)
+		}
+	})
+}
