@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -54,6 +55,8 @@ func (f *fakeFuture) Msg() *nats.Msg               { return f.msg }
 type fakeSink struct {
 	st, dlq    *fakeStream
 	ackTimeout time.Duration
+	tailFails  int // reads of the stream's state that fail before one succeeds
+	tailReads  int
 }
 
 func (s *fakeSink) PublishAsync(m *nats.Msg) (jetstream.PubAckFuture, error) {
@@ -116,7 +119,11 @@ func (s *fakeSink) StoredTail(_ context.Context, stream, source string, n int) (
 	st := s.st
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	tail := StoredTail{IDs: map[string]struct{}{}, LastSeq: st.lastSeq}
+	s.tailReads++
+	if s.tailReads <= s.tailFails {
+		return StoredTail{}, errors.New("stream info: no responders")
+	}
+	tail := StoredTail{IDs: map[string]struct{}{}, LastSeq: st.lastSeq, StateRead: true}
 	for i := max(0, len(st.ids)-n); i < len(st.ids); i++ {
 		pos, ok := PositionFromHeaders(st.hdrs[i], source)
 		if !ok {
@@ -313,6 +320,36 @@ func TestStrictOrderReportsAnotherWriterAndLosesNothing(t *testing.T) {
 		last := st.hdrs[len(st.hdrs)-1]
 		if v := last.Get(HeaderExpectedLastSeq); v != "" {
 			t.Fatalf("strict order still on after another writer was found: %s", v)
+		}
+	})
+}
+
+func TestStrictOrderWaitsForTheStreamStateBeforePublishing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newFakeStream()
+		st.store("earlier", nats.Header{}) // the stream is not empty: expecting 0 would be wrong
+		src, ids := newScript(3, 2)
+		sink := &fakeSink{st: st, dlq: newFakeStream(), ackTimeout: 5 * time.Second, tailFails: 2}
+		router := NewRouter("", "app/walbox", []Route{{Stream: "ORDERS", Subjects: []string{"orders.>"}}})
+		r := New(Config{Window: 16, StrictOrder: true, BackoffInitial: 100 * time.Millisecond}, sink, router)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- r.Serve(ctx, src) }()
+		<-src.reached
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if sink.tailReads != 3 {
+			t.Fatalf("stream state read %d times, want 3 (two failures, then the read publishing waited for)", sink.tailReads)
+		}
+		for i, h := range st.hdrs[1:] {
+			if h.Get(HeaderExpectedLastSeq) != strconv.Itoa(i+1) {
+				t.Fatalf("publish %d went out with expectation %q, want %d", i+1, h.Get(HeaderExpectedLastSeq), i+1)
+			}
+		}
+		if err := checkStream(st, append([]string{"earlier"}, ids...)); err != nil {
+			t.Fatal(err)
 		}
 	})
 }

@@ -215,7 +215,9 @@ func (r *Relay) run(ctx context.Context, in <-chan []cdc.Change, conf Confirmer)
 	bo.Reset()
 	l := &loop{r: r, conf: conf, ckpt: NewCheckpoint(), bo: bo}
 	defer func() { r.m.InFlight.Set(0) }()
-	l.refreshResume()
+	if !l.refreshResume() {
+		l.notRead()
+	}
 
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
@@ -274,7 +276,9 @@ func (r *Relay) run(ctx context.Context, in <-chan []cdc.Change, conf Confirmer)
 			// Acks lost in the outage may hide stored events; after an
 			// outage longer than the duplicate window only the read-back
 			// keeps them from being stored twice.
-			l.refreshResume()
+			if !l.refreshResume() {
+				l.notRead()
+			}
 		}
 		l.publishProgress()
 		if timerCh != nil && !timer.Stop() {
@@ -363,7 +367,9 @@ func (l *loop) change(c *cdc.Change) {
 	case cdc.KindReset:
 		l.ckpt.Reset()
 		l.retry = l.retry[:0]
-		l.refreshResume()
+		if !l.refreshResume() {
+			l.notRead()
+		}
 	}
 }
 
@@ -466,6 +472,15 @@ func cmpU64(a, b uint64) int {
 		return 1
 	}
 	return 0
+}
+
+// notRead backs off when a stream's last sequence could not be read back:
+// strict order cannot guard publishes to it until it is.
+func (l *loop) notRead() {
+	wait := l.bo.NextBackOff()
+	l.resume = time.Now().Add(wait)
+	l.backing = true
+	l.r.log.Warn().Dur("retry_in", wait).Msg("strict order: a stream's last sequence could not be read; publishing waits for it")
 }
 
 // settle ends the failing state once the window is empty and schedules the

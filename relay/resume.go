@@ -23,8 +23,9 @@ type StoredTail struct {
 	Newest cdc.Position
 	Found  bool // at least one message of this source in the tail
 	// LastSeq is the stream's last sequence (any source): the expectation
-	// for the next strict-order publish.
-	LastSeq uint64
+	// for the next strict-order publish. StateRead: it was read.
+	LastSeq   uint64
+	StateRead bool
 }
 
 // TailReader reads back the newest messages of a stream. The relay uses it
@@ -47,7 +48,7 @@ func (s *JetStreamSink) StoredTail(ctx context.Context, stream, source string, n
 	if err != nil {
 		return tail, err
 	}
-	tail.LastSeq = info.State.LastSeq
+	tail.LastSeq, tail.StateRead = info.State.LastSeq, true
 	if info.State.Msgs == 0 {
 		return tail, nil
 	}
@@ -113,16 +114,19 @@ func PositionFromHeaders(h nats.Header, source string) (cdc.Position, bool) {
 	return cdc.Position{CommitLSN: lsn, Index: uint32(idx)}, true
 }
 
-// refreshResume reads back the tail of every routed stream. A stream that
-// cannot be read is left unchecked: Nats-Msg-Id still deduplicates inside the
-// duplicate window.
-func (l *loop) refreshResume() {
+// refreshResume reads back the tail of every routed stream. A stream whose
+// tail cannot be read is left unchecked: Nats-Msg-Id still deduplicates
+// inside the duplicate window. It reports false when strict order is on and
+// the last sequence of some stream could not be read: publishing to it then
+// would go unguarded, so the caller backs off and tries again.
+func (l *loop) refreshResume() bool {
 	rd, ok := l.r.sink.(TailReader)
 	if !ok {
-		return
+		return true
 	}
 	l.tails = make(map[string]StoredTail)
 	l.lastSeq = make(map[string]uint64)
+	complete := true
 	for _, rt := range l.r.router.routes {
 		if slices.Contains(rt.Subjects, l.r.cfg.DLQPrefix+">") {
 			continue // dead letters are never skipped
@@ -130,6 +134,11 @@ func (l *loop) refreshResume() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		tail, err := rd.StoredTail(ctx, rt.Stream, l.r.router.source, 2*l.r.cfg.Window)
 		cancel()
+		if tail.StateRead {
+			l.lastSeq[rt.Stream] = tail.LastSeq
+		} else if l.r.cfg.StrictOrder && !l.shared[rt.Stream] {
+			complete = false
+		}
 		if err != nil {
 			l.r.log.Warn().Err(err).Str("stream", rt.Stream).Msg("resume check: cannot read the stream's last messages; relying on the duplicate window")
 			continue
@@ -137,8 +146,8 @@ func (l *loop) refreshResume() {
 		if tail.Found {
 			l.tails[rt.Stream] = tail
 		}
-		l.lastSeq[rt.Stream] = tail.LastSeq
 	}
+	return complete
 }
 
 // alreadyStored reports whether the stream holds p's event. Exact for the

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -45,4 +46,106 @@ func TestR3StreamLeaderLossMidLoadLosesNothing(t *testing.T) {
 	}
 	res := stop()
 	e.check(w, res)
+}
+
+// TestR3NATSProcessesLeaderKillAndRollingRestart runs the fault as users meet
+// it, with three nats-server processes: the stream leader is killed mid-load
+// and started again, then every node is restarted in turn while the load
+// goes on. Nothing may be lost, duplicated or reordered, the stream must be
+// healthy afterwards, and the whole load delivered within 30 s of the last
+// node's return.
+func TestR3NATSProcessesLeaderKillAndRollingRestart(t *testing.T) {
+	cl := natstest.NewProcCluster(t, 3)
+	e := newEnv(t, func(c *config.Config) {
+		c.NATS.URL = cl.URLs()
+		c.NATS.AckTimeout = 2 * time.Second
+		for i := range c.NATS.Streams {
+			c.NATS.Streams[i].Replicas = 3
+		}
+	})
+	nc, err := nats.Connect(cl.URLs(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	if e.js, err = jetstream.New(nc); err != nil {
+		t.Fatal(err)
+	}
+	e.migrate()
+	w := e.witness("outbox_events")
+	e.startRelay()
+	stop := e.loadInBackground(outboxtest.Load{Producers: 4, MaxRows: 10, Rollback: 0.1, Rate: 50})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+
+	time.Sleep(2 * time.Second)
+	leader := streamLeader(ctx, t, e.js, "ORDERS")
+	node := cl.Node(leader)
+	node.Kill()
+	t.Logf("killed %s, the ORDERS stream leader, mid-load", leader)
+	time.Sleep(4 * time.Second)
+	if err := node.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := node.WaitHealthy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range cl.Nodes {
+		n.Stop()
+		t.Logf("rolling restart: %s stopped", n.Name)
+		time.Sleep(time.Second)
+		if err := n.Start(); err != nil {
+			t.Fatal(err)
+		}
+		if err := n.WaitHealthy(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("rolling restart: %s back and current", n.Name)
+	}
+	lastBack := time.Now()
+	time.Sleep(time.Second) // the load goes on past the last return
+	res := stop()
+
+	conn := e.conn()
+	committed, err := w.Committed(ctx, conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.waitDelivered(len(committed), time.Until(lastBack.Add(30*time.Second)))
+	t.Logf("%d events delivered %.1f s after the last node's return", len(committed), time.Since(lastBack).Seconds())
+	e.check(w, res)
+
+	// Healthy afterwards: every replica current, and the stream stores.
+	st, err := e.js.Stream(ctx, "ORDERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range info.Cluster.Replicas {
+		if !r.Current || r.Offline {
+			t.Fatalf("replica %s of ORDERS not current after the restarts: %+v", r.Name, r)
+		}
+	}
+	if _, err := e.js.Publish(ctx, "orders.probe", []byte(`{}`)); err != nil {
+		t.Fatalf("ORDERS does not store after the restarts: %v", err)
+	}
+}
+
+func streamLeader(ctx context.Context, t *testing.T, js jetstream.JetStream, stream string) string {
+	t.Helper()
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Cluster == nil || info.Cluster.Leader == "" {
+		t.Fatalf("no leader for %s", stream)
+	}
+	return info.Cluster.Leader
 }

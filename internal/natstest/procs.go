@@ -1,0 +1,211 @@
+package natstest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// ProcCluster is a JetStream cluster of real nats-server processes, built
+// from the nats-server version in walbox's go.mod: what users run, for
+// faults that are about processes (a node killed, a rolling restart).
+type ProcCluster struct {
+	t     testing.TB
+	bin   string
+	Nodes []*Proc
+}
+
+// Proc is one nats-server process of a ProcCluster; its ports and store
+// directory stay the same across restarts.
+type Proc struct {
+	Name                        string
+	Port, ClusterPort, HTTPPort int
+	dir, bin                    string
+	routes                      string
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+	log  *os.File
+}
+
+// BuildServer builds nats-server into dir and returns its path.
+func BuildServer(ctx context.Context, dir string) (string, error) {
+	bin := filepath.Join(dir, "nats-server")
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/nats-io/nats-server/v2")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build nats-server from go.mod's version: %v\n%s", err, out)
+	}
+	return bin, nil
+}
+
+// NewProcCluster builds nats-server and starts n nodes, stopped at the end
+// of the test.
+func NewProcCluster(t testing.TB, n int) *ProcCluster {
+	t.Helper()
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	bin, err := BuildServer(ctx, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ports, err := freePorts(3 * n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var routes []string
+	for i := range n {
+		routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", ports[3*i+1]))
+	}
+	c := &ProcCluster{t: t, bin: bin}
+	for i := range n {
+		p := &Proc{Name: fmt.Sprintf("n%d", i+1), Port: ports[3*i], ClusterPort: ports[3*i+1], HTTPPort: ports[3*i+2],
+			dir: filepath.Join(dir, fmt.Sprintf("n%d", i+1)), bin: bin, routes: strings.Join(routes, ",")}
+		if err := os.MkdirAll(p.dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		c.Nodes = append(c.Nodes, p)
+	}
+	t.Cleanup(func() {
+		for _, p := range c.Nodes {
+			p.Kill()
+		}
+	})
+	for _, p := range c.Nodes {
+		if err := p.Start(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, p := range c.Nodes {
+		if err := p.WaitHealthy(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return c
+}
+
+// URLs is the comma-separated client URL list of every node.
+func (c *ProcCluster) URLs() string {
+	var u []string
+	for _, p := range c.Nodes {
+		u = append(u, p.URL())
+	}
+	return strings.Join(u, ",")
+}
+
+// Node returns the node with this server name, or nil.
+func (c *ProcCluster) Node(name string) *Proc {
+	for _, p := range c.Nodes {
+		if p.Name == name {
+			return p
+		}
+	}
+	return nil
+}
+
+// URL is the node's client URL.
+func (p *Proc) URL() string { return fmt.Sprintf("nats://127.0.0.1:%d", p.Port) }
+
+// Start starts the process (again, after Stop or Kill).
+func (p *Proc) Start() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd != nil {
+		return fmt.Errorf("%s is running", p.Name)
+	}
+	log, err := os.OpenFile(filepath.Join(p.dir, "server.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(p.bin, "-n", p.Name, "-a", "127.0.0.1", "-p", fmt.Sprint(p.Port), "-m", fmt.Sprint(p.HTTPPort),
+		"-js", "-sd", filepath.Join(p.dir, "store"), "--cluster_name", "walbox",
+		"-cluster", fmt.Sprintf("nats://127.0.0.1:%d", p.ClusterPort), "-routes", p.routes)
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		log.Close()
+		return fmt.Errorf("start %s: %w", p.Name, err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); log.Close(); close(done) }()
+	p.cmd, p.done, p.log = cmd, done, log
+	return nil
+}
+
+// Stop ends the process with SIGTERM (a graceful shutdown, as a rolling
+// restart does) and waits for it.
+func (p *Proc) Stop() { p.signal(syscall.SIGTERM) }
+
+// Kill ends the process with SIGKILL and waits for it.
+func (p *Proc) Kill() { p.signal(syscall.SIGKILL) }
+
+func (p *Proc) signal(sig syscall.Signal) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return
+	}
+	_ = p.cmd.Process.Signal(sig)
+	select {
+	case <-p.done:
+	case <-time.After(30 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+	p.cmd = nil
+}
+
+// WaitHealthy waits until the node's /healthz says its JetStream is current
+// with the cluster (meta and every stream it holds).
+func (p *Proc) WaitHealthy(ctx context.Context) error {
+	url := fmt.Sprintf("http://127.0.0.1:%d/healthz", p.HTTPPort)
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		resp, err := (&http.Client{Timeout: 2 * time.Second}).Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s not healthy: %w (log: %s)", p.Name, ctx.Err(), filepath.Join(p.dir, "server.log"))
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// Log returns what the node has logged so far.
+func (p *Proc) Log() string {
+	b, _ := os.ReadFile(filepath.Join(p.dir, "server.log"))
+	return string(b)
+}
+
+func freePorts(n int) ([]int, error) {
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	var ports []int
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
