@@ -78,11 +78,15 @@ const (
 	// resends from the slot's confirmed_flush_lsn, so the receiver must forget
 	// any transaction it has not finished.
 	KindReset
+	// KindOrigin names the WAL history (Origin) that the positions of the
+	// changes after it belong to. It starts every session, after KindReset.
+	KindOrigin
 )
 
 // Change is one element of the ordered stream a Source hands to the relay.
 type Change struct {
-	Kind  ChangeKind
-	LSN   LSN
-	Event Event // only for KindEvent
+	Kind   ChangeKind
+	LSN    LSN
+	Event  Event   // only for KindEvent
+	Origin *Origin // only for KindOrigin
 }

@@ -71,7 +71,12 @@ func (s *Source) warnNoMarker() {
 
 // clearMarkerWhenConfirmed deletes the marker once the relay has confirmed
 // the backfill's consistent point, i.e. acked every backfilled row.
-func (s *Source) clearMarkerWhenConfirmed(ctx context.Context, consistent LSN) {
+// gen is the slot it belongs to: once another slot was created, this one's
+// consistent point means nothing.
+func (s *Source) clearMarkerWhenConfirmed(ctx context.Context, consistent LSN, gen uint64) {
+	covered := func() bool {
+		return s.slotGen.Load() == gen && !s.fenced.Load() && s.Confirmed() >= consistent
+	}
 	t := time.NewTicker(200 * time.Millisecond)
 	defer t.Stop()
 	for {
@@ -80,7 +85,7 @@ func (s *Source) clearMarkerWhenConfirmed(ctx context.Context, consistent LSN) {
 			// A clean shutdown drains and confirms before the source stops:
 			// if that covered the backfill, say so now, or the next start
 			// would redo it for nothing.
-			if s.Confirmed() >= consistent {
+			if covered() {
 				bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 				_, _ = s.markerExec(bg, "DELETE FROM walbox.slot_backfill WHERE slot_name = $1", s.cfg.Slot)
 				cancel()
@@ -88,7 +93,10 @@ func (s *Source) clearMarkerWhenConfirmed(ctx context.Context, consistent LSN) {
 			return
 		case <-t.C:
 		}
-		if s.Confirmed() < consistent {
+		if s.slotGen.Load() != gen {
+			return // the slot was recreated: that backfill's marker is the new one's
+		}
+		if !covered() {
 			continue
 		}
 		_, err := s.markerExec(ctx, "DELETE FROM walbox.slot_backfill WHERE slot_name = $1", s.cfg.Slot)

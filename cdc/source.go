@@ -77,6 +77,12 @@ type Source struct {
 	received  atomic.Uint64 // last WAL position received, for lag
 	connected atomic.Bool
 	hadSlot   atomic.Bool // the slot existed during this process: its absence is a loss
+	// fenced: a new session started (the slot may be new, or on another
+	// server) and the relay has not yet taken its KindReset; confirmations
+	// still in flight from before belong to the old slot and are ignored.
+	fenced  atomic.Bool
+	slotGen atomic.Uint64          // slots this process created; a backfill marker belongs to one
+	origin  atomic.Pointer[Origin] // of the current or last session
 
 	noMarkerWarned atomic.Bool
 	background     sync.WaitGroup // marker upkeep; Run waits for it
@@ -129,8 +135,12 @@ func NewSource(cfg Config) (*Source, error) {
 }
 
 // Confirm records that every transaction ending at or before lsn is fully
-// delivered, so the slot may release WAL up to it. It never moves backwards.
+// delivered, so the slot may release WAL up to it. It never moves backwards
+// within one session's slot.
 func (s *Source) Confirm(lsn LSN) {
+	if s.fenced.Load() {
+		return
+	}
 	for {
 		cur := s.confirmed.Load()
 		if uint64(lsn) <= cur || s.confirmed.CompareAndSwap(cur, uint64(lsn)) {
@@ -138,6 +148,13 @@ func (s *Source) Confirm(lsn LSN) {
 		}
 	}
 }
+
+// ResetTaken is called by the relay once it has handled a KindReset: every
+// confirmation after it belongs to the new session's slot.
+func (s *Source) ResetTaken() { s.fenced.Store(false) }
+
+// Origin returns the WAL history of the current (or last) session.
+func (s *Source) Origin() *Origin { return s.origin.Load() }
 
 // Confirmed returns the highest LSN passed to Confirm.
 func (s *Source) Confirmed() LSN { return LSN(s.confirmed.Load()) }
@@ -232,6 +249,21 @@ func (s *Source) session(ctx context.Context, out chan<- []Change) (streamed boo
 	if err := checkServer(ctx, conn); err != nil {
 		return false, err
 	}
+	origin, err := identify(ctx, conn)
+	if err != nil {
+		return false, classifyConnectError(err)
+	}
+	if prev := s.origin.Load(); prev != nil {
+		switch {
+		case prev.SystemID != origin.SystemID:
+			s.log.Warn().Str("old_system_id", prev.SystemID).Str("new_system_id", origin.SystemID).Int32("timeline", origin.Timeline).
+				Msg("the server is another PostgreSQL cluster than before (a restore, a new cluster, or one with the same names): its WAL positions do not continue the old ones; event ids alone decide what is already stored")
+		case prev.Timeline != origin.Timeline:
+			s.log.Warn().Str("system_id", origin.SystemID).Int32("old_timeline", prev.Timeline).Int32("new_timeline", origin.Timeline).
+				Msg("the server is on another timeline than before (a standby was promoted): positions are compared only on the history the timelines share")
+		}
+	}
+	s.origin.Store(origin)
 	if err := ensurePublication(ctx, conn, s.cfg.Publication, s.cfg.Table, s.cfg.CreatePublication); err != nil {
 		return false, err
 	}
@@ -240,12 +272,21 @@ func (s *Source) session(ctx context.Context, out chan<- []Change) (streamed boo
 	var prefix []Change
 	if s.sessions.Load() > 0 {
 		prefix = []Change{{Kind: KindReset}}
+		// What was confirmed belongs to the last session's slot, which may
+		// be gone, or on a server whose WAL is elsewhere: start over from
+		// the slot's own position (the server resends from it; a status
+		// update of 0 is ignored). Confirmations of the old session that
+		// arrive before the relay takes the reset are dropped.
+		s.fenced.Store(true)
+		s.confirmed.Store(0)
 	}
+	prefix = append(prefix, Change{Kind: KindOrigin, Origin: origin})
 	created, err := s.ensureSlot(ctx, conn)
 	if err != nil {
 		return false, err
 	}
 	if created != nil {
+		gen := s.slotGen.Add(1)
 		consistent, err := pglogrepl.ParseLSN(created.ConsistentPoint)
 		if err != nil {
 			return false, fmt.Errorf("parse consistent point %q: %w", created.ConsistentPoint, err)
@@ -258,7 +299,7 @@ func (s *Source) session(ctx context.Context, out chan<- []Change) (streamed boo
 		s.background.Add(1)
 		go func() {
 			defer s.background.Done()
-			s.clearMarkerWhenConfirmed(ctx, consistent)
+			s.clearMarkerWhenConfirmed(ctx, consistent, gen)
 		}()
 	}
 

@@ -125,18 +125,11 @@ func (s *fakeSink) StoredTail(_ context.Context, stream, source string, n int) (
 	}
 	tail := StoredTail{IDs: map[string]struct{}{}, LastSeq: st.lastSeq, StateRead: true}
 	for i := max(0, len(st.ids)-n); i < len(st.ids); i++ {
-		pos, ok := PositionFromHeaders(st.hdrs[i], source)
+		pos, origin, ok := PositionFromHeaders(st.hdrs[i], source)
 		if !ok {
 			continue
 		}
-		tail.IDs[st.ids[i]] = struct{}{}
-		if !tail.Found || pos.Less(tail.Oldest) {
-			tail.Oldest = pos
-		}
-		if !tail.Found || tail.Newest.Less(pos) {
-			tail.Newest = pos
-		}
-		tail.Found = true
+		tail.add(st.ids[i], origin, pos)
 	}
 	return tail, nil
 }

@@ -28,6 +28,12 @@ type Source interface {
 	Run(ctx context.Context, out chan<- []cdc.Change) error
 }
 
+// ResetTaker is a Source that wants to know when the relay has handled a
+// KindReset: confirmations after it belong to the new session's slot.
+type ResetTaker interface {
+	ResetTaken()
+}
+
 // Recycler is a Source that takes back the batches the relay is done with.
 type Recycler interface {
 	Recycle(b []cdc.Change)
@@ -192,7 +198,9 @@ type loop struct {
 	cur    []cdc.Change
 	curPos int
 
-	tails map[string]StoredTail // what each stream holds of this source, for the resume check
+	tails    map[string]StoredTail // what each stream holds of this source, for the resume check
+	origin   *cdc.Origin           // WAL history of the changes being read (KindOrigin)
+	reported map[string]bool       // stream and foreign system already logged
 	// Strict order: the sequence the stream's newest message will have once
 	// everything published to it so far is stored. Absent: unknown (the
 	// stream could not be read back), publish without an expectation.
@@ -364,9 +372,18 @@ func (l *loop) change(c *cdc.Change) {
 		l.confirm(l.ckpt.Commit(c.LSN))
 	case cdc.KindWALEnd:
 		l.confirm(l.ckpt.WALEnd(c.LSN))
+	case cdc.KindOrigin:
+		l.origin = c.Origin
+		l.r.router.SetOrigin(c.Origin)
+		for stream, tail := range l.tails {
+			l.reportOrigins(stream, tail)
+		}
 	case cdc.KindReset:
 		l.ckpt.Reset()
 		l.retry = l.retry[:0]
+		if rt, ok := l.conf.(ResetTaker); ok {
+			rt.ResetTaken()
+		}
 		if !l.refreshResume() {
 			l.notRead()
 		}

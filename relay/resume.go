@@ -16,16 +16,45 @@ import (
 
 // StoredTail is what the resume check knows about one stream: the ids this
 // source stored among the stream's newest messages, and the oldest and newest
-// positions among them.
+// positions among them for each WAL history they came from.
 type StoredTail struct {
 	IDs    map[string]struct{}
-	Oldest cdc.Position
-	Newest cdc.Position
+	Ranges map[StoredOrigin]PosRange
 	Found  bool // at least one message of this source in the tail
 	// LastSeq is the stream's last sequence (any source): the expectation
 	// for the next strict-order publish. StateRead: it was read.
 	LastSeq   uint64
 	StateRead bool
+}
+
+// StoredOrigin is the WAL history a stored message's position belongs to;
+// zero when its relay did not record one.
+type StoredOrigin struct {
+	SystemID string
+	Timeline int32
+}
+
+// PosRange is the oldest and newest position stored from one origin.
+type PosRange struct{ Oldest, Newest cdc.Position }
+
+// add records a message of this source.
+func (t *StoredTail) add(id string, o StoredOrigin, pos cdc.Position) {
+	if t.IDs == nil {
+		t.IDs = map[string]struct{}{}
+	}
+	if t.Ranges == nil {
+		t.Ranges = map[StoredOrigin]PosRange{}
+	}
+	t.IDs[id] = struct{}{}
+	r, ok := t.Ranges[o]
+	if !ok || pos.Less(r.Oldest) {
+		r.Oldest = pos
+	}
+	if !ok || r.Newest.Less(pos) {
+		r.Newest = pos
+	}
+	t.Ranges[o] = r
+	t.Found = true
 }
 
 // TailReader reads back the newest messages of a stream. The relay uses it
@@ -75,18 +104,11 @@ func (s *JetStreamSink) StoredTail(ctx context.Context, stream, source string, n
 			if md, err := m.Metadata(); err == nil {
 				seq = md.Sequence.Stream
 			}
-			pos, ok := PositionFromHeaders(m.Headers(), source)
+			pos, origin, ok := PositionFromHeaders(m.Headers(), source)
 			if !ok {
 				continue
 			}
-			tail.IDs[m.Headers().Get(HeaderMsgID)] = struct{}{}
-			if !tail.Found || pos.Less(tail.Oldest) {
-				tail.Oldest = pos
-			}
-			if !tail.Found || tail.Newest.Less(pos) {
-				tail.Newest = pos
-			}
-			tail.Found = true
+			tail.add(m.Headers().Get(HeaderMsgID), origin, pos)
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, context.DeadlineExceeded) {
 			return tail, err
@@ -98,20 +120,26 @@ func (s *JetStreamSink) StoredTail(ctx context.Context, stream, source string, n
 }
 
 // PositionFromHeaders reads the position headers walbox sets, when they were
-// set by source.
-func PositionFromHeaders(h nats.Header, source string) (cdc.Position, bool) {
+// set by source, and the WAL history they belong to (zero when not recorded).
+func PositionFromHeaders(h nats.Header, source string) (cdc.Position, StoredOrigin, bool) {
 	if h == nil || h.Get(HeaderSource) != source {
-		return cdc.Position{}, false
+		return cdc.Position{}, StoredOrigin{}, false
 	}
 	lsn, err := pglogrepl.ParseLSN(h.Get(HeaderCommitLSN))
 	if err != nil {
-		return cdc.Position{}, false
+		return cdc.Position{}, StoredOrigin{}, false
 	}
 	idx, err := strconv.ParseUint(h.Get(HeaderIndex), 10, 32)
 	if err != nil {
-		return cdc.Position{}, false
+		return cdc.Position{}, StoredOrigin{}, false
 	}
-	return cdc.Position{CommitLSN: lsn, Index: uint32(idx)}, true
+	var o StoredOrigin
+	if sys := h.Get(HeaderSystemID); sys != "" {
+		if tl, err := strconv.ParseInt(h.Get(HeaderTimeline), 10, 32); err == nil {
+			o = StoredOrigin{SystemID: sys, Timeline: int32(tl)}
+		}
+	}
+	return cdc.Position{CommitLSN: lsn, Index: uint32(idx)}, o, true
 }
 
 // refreshResume reads back the tail of every routed stream. A stream whose
@@ -145,16 +173,44 @@ func (l *loop) refreshResume() bool {
 		}
 		if tail.Found {
 			l.tails[rt.Stream] = tail
+			l.reportOrigins(rt.Stream, tail)
 		}
 	}
 	return complete
 }
 
+// reportOrigins logs, once per stream and system, that the stream holds
+// this source's events from another PostgreSQL cluster.
+func (l *loop) reportOrigins(stream string, tail StoredTail) {
+	if l.origin == nil {
+		return
+	}
+	for o := range tail.Ranges {
+		if o.SystemID == "" || o.SystemID == l.origin.SystemID {
+			continue
+		}
+		key := stream + "\x00" + o.SystemID
+		if l.reported[key] {
+			continue
+		}
+		if l.reported == nil {
+			l.reported = map[string]bool{}
+		}
+		l.reported[key] = true
+		l.r.log.Warn().Str("stream", stream).Str("source", l.r.router.source).Str("stored_system_id", o.SystemID).
+			Str("system_id", l.origin.SystemID).
+			Msg("the stream holds events of this source from another PostgreSQL cluster (a restore, a new cluster, or one with the same database and slot names): positions are not compared across clusters; event ids alone decide what is already stored")
+	}
+}
+
 // alreadyStored reports whether the stream holds p's event. Exact for the
-// tail read back (by id); before the tail, by position. Publishing stops at
-// the first failure and at most a window of events is in flight, so a gap
-// (an event lost while a later one was stored) can only sit inside the tail:
-// an event inside the tail's range whose id is not there is published again.
+// tail read back (by id); before the tail, by position, and only against
+// positions of the same WAL history (cdc.Origin.Comparable): another
+// cluster's positions, or a timeline's past the point where the current one
+// forked from it, say nothing about this one's. Publishing stops at the
+// first failure and at most a window of events is in flight, so a gap (an
+// event lost while a later one was stored) can only sit inside the tail: an
+// event inside the tail's range whose id is not there is published again.
 func (l *loop) alreadyStored(p *pending) bool {
 	if p.dlq || p.stream == "" {
 		return false
@@ -167,5 +223,13 @@ func (l *loop) alreadyStored(p *pending) bool {
 		return true
 	}
 	// Backfilled events (commit LSN 0) have no WAL position to compare.
-	return p.ev.Pos.CommitLSN > 0 && p.ev.Pos.Less(tail.Oldest)
+	if p.ev.Pos.CommitLSN == 0 {
+		return false
+	}
+	for o, r := range tail.Ranges {
+		if p.ev.Pos.Less(r.Oldest) && l.origin.Comparable(o.SystemID, o.Timeline, r.Oldest.CommitLSN) {
+			return true
+		}
+	}
+	return false
 }

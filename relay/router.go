@@ -27,12 +27,16 @@ const (
 	HeaderCommitLSN         = "Walbox-Commit-Lsn"
 	HeaderIndex             = "Walbox-Txn-Index"
 	HeaderSource            = "Walbox-Source"
-	HeaderCommitTime        = "Walbox-Commit-Time"
-	HeaderEventType         = "Walbox-Event-Type"
-	HeaderAggregateType     = "Walbox-Aggregate-Type"
-	HeaderAggregateID       = "Walbox-Aggregate-Id"
-	HeaderPartitionKey      = "Walbox-Partition-Key"
-	HeaderCreatedAt         = "Walbox-Created-At"
+	// HeaderSystemID and HeaderTimeline name the WAL history the position
+	// headers belong to: the cluster's system identifier and timeline.
+	HeaderSystemID      = "Walbox-System-Id"
+	HeaderTimeline      = "Walbox-Timeline"
+	HeaderCommitTime    = "Walbox-Commit-Time"
+	HeaderEventType     = "Walbox-Event-Type"
+	HeaderAggregateType = "Walbox-Aggregate-Type"
+	HeaderAggregateID   = "Walbox-Aggregate-Id"
+	HeaderPartitionKey  = "Walbox-Partition-Key"
+	HeaderCreatedAt     = "Walbox-Created-At"
 
 	HeaderDLQReason          = "Walbox-Dlq-Reason"
 	HeaderDLQOriginalSubject = "Walbox-Dlq-Original-Subject"
@@ -76,6 +80,8 @@ type Router struct {
 	// header strings are made once per transaction.
 	lastLSN     cdc.LSN
 	lastLSNStr  string
+	systemID    string // of the current session's origin
+	timeline    string
 	lastTime    time.Time
 	lastTimeStr string
 	// free holds messages whose ack resolved (Recycle), for their header
@@ -91,7 +97,7 @@ const maxFree = 4096
 // by overwriting or deleting each of them.
 func standardHeader(key string) bool {
 	switch key {
-	case HeaderMsgID, HeaderCommitLSN, HeaderIndex, HeaderCommitTime, HeaderSource, HeaderEventType,
+	case HeaderMsgID, HeaderCommitLSN, HeaderIndex, HeaderCommitTime, HeaderSource, HeaderSystemID, HeaderTimeline, HeaderEventType,
 		HeaderAggregateType, HeaderAggregateID, HeaderPartitionKey, HeaderExpectedLastSeq, HeaderExpectedLastMsgID:
 		return true
 	}
@@ -139,6 +145,16 @@ func setOptional(h nats.Header, key, v string) {
 func NewRouter(prefix, source string, routes []Route) *Router {
 	return &Router{prefix: prefix, source: source, routes: routes, cache: make(map[string]string),
 		buckets: DefaultPartitionBuckets, envelope: EnvelopeRaw, ceSource: "walbox/" + source}
+}
+
+// SetOrigin sets the WAL history of the events that follow (from the
+// source's KindOrigin).
+func (r *Router) SetOrigin(o *cdc.Origin) {
+	if o == nil {
+		r.systemID, r.timeline = "", ""
+		return
+	}
+	r.systemID, r.timeline = o.SystemID, strconv.FormatInt(int64(o.Timeline), 10)
 }
 
 // SetMaxPayload sets the largest message the server accepts (0: unchecked).
@@ -211,6 +227,8 @@ func (r *Router) Message(ev *cdc.Event) (*nats.Msg, string, error) {
 	setHeader(h, HeaderIndex, strconv.FormatUint(uint64(ev.Pos.Index), 10))
 	setHeader(h, HeaderCommitTime, r.lastTimeStr)
 	setOptional(h, HeaderSource, r.source)
+	setOptional(h, HeaderSystemID, r.systemID)
+	setOptional(h, HeaderTimeline, r.timeline)
 	setOptional(h, HeaderEventType, ev.EventType)
 	setOptional(h, HeaderAggregateType, ev.AggregateType)
 	setOptional(h, HeaderAggregateID, ev.AggregateID)
@@ -312,6 +330,10 @@ func (r *Router) DeadLetter(ev *cdc.Event, dlqPrefix, reason string) *nats.Msg {
 	}
 	if r.source != "" {
 		h[HeaderSource] = []string{r.source}
+	}
+	if r.systemID != "" {
+		h[HeaderSystemID] = []string{r.systemID}
+		h[HeaderTimeline] = []string{r.timeline}
 	}
 	data := ev.Payload
 	if r.maxBytes > 0 && len(data)+headerSize(h) > r.maxBytes {
