@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"time"
@@ -232,4 +233,72 @@ func (l *loop) alreadyStored(p *pending) bool {
 		}
 	}
 	return false
+}
+
+// ReadBack calls fn with the Nats-Msg-Id (and, for a dead letter, the
+// reason) of every message of source that stream holds between sequences
+// first and last; with first 0, of its newest tail messages. The sweeper
+// catches dropped marks up from it: a row is marked only when its id was
+// read back.
+func (s *JetStreamSink) ReadBack(ctx context.Context, stream, source string, first, last uint64, tail int, fn func(id, reason string)) error {
+	st, err := s.js.Stream(ctx, stream)
+	if err != nil {
+		return fmt.Errorf("stream %s: %w", stream, err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("stream %s info: %w", stream, err)
+	}
+	if info.State.Msgs == 0 {
+		return nil
+	}
+	if first == 0 {
+		last = info.State.LastSeq
+		first = 1
+		if tail > 0 && last >= uint64(tail) {
+			first = last - uint64(tail) + 1
+		}
+	}
+	first = max(first, info.State.FirstSeq)
+	last = min(last, info.State.LastSeq)
+	if first > last {
+		return nil
+	}
+	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: first, HeadersOnly: true,
+	})
+	if err != nil {
+		return fmt.Errorf("read back stream %s: %w", stream, err)
+	}
+	for {
+		batch, err := cons.Fetch(512, jetstream.FetchMaxWait(2*time.Second))
+		if err != nil {
+			return fmt.Errorf("read back stream %s: %w", stream, err)
+		}
+		var seq uint64
+		got := 0
+		for m := range batch.Messages() {
+			got++
+			md, err := m.Metadata()
+			if err != nil {
+				continue
+			}
+			seq = md.Sequence.Stream
+			if seq > last {
+				break
+			}
+			if h := m.Headers(); h != nil && h.Get(HeaderSource) == source {
+				fn(h.Get(HeaderMsgID), h.Get(HeaderDLQReason))
+			}
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("read back stream %s: %w", stream, err)
+		}
+		if seq >= last || got == 0 {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
 }

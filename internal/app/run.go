@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -114,7 +115,16 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 	if err != nil {
 		return err
 	}
-	sw.SetConfirmed(src.Confirmed)
+	// Dropped marks are caught up from what the streams hold, and at start
+	// the newest messages of each stream are read back for the marks a crash
+	// left unwritten (at most the mark queue and the publish window).
+	readStreams := []string{cfg.NATS.DLQ.Stream}
+	for _, rt := range routes {
+		if !slices.Contains(readStreams, rt.Stream) {
+			readStreams = append(readStreams, rt.Stream)
+		}
+	}
+	sw.SetReader(sink, source, readStreams, 10*cfg.Sweeper.BatchSize+2*cfg.NATS.Window)
 	stopSweeper := sw.Start(ctx)
 	defer stopSweeper()
 	r := relay.New(relay.Config{

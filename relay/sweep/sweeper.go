@@ -25,7 +25,6 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
-	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -136,6 +135,8 @@ type mark struct {
 	dlq           bool
 	stored        bool // acked by JetStream (for a dead letter: the DLQ stream stored it)
 	reason        string
+	stream        string // where it was stored, at seq (0: not known)
+	seq           uint64
 }
 
 // Sweeper marks delivered rows and maintains the outbox table.
@@ -157,25 +158,73 @@ type Sweeper struct {
 	maint    sync.Mutex // one maintenance run at a time in this process
 	warnOnce sync.Map
 
-	// catch-up of dropped marks (statsLoop's goroutine only)
-	caughtUp uint64      // dropped count covered by the last catch-up
-	horizon  *horizon    // taken, waiting for the slot to pass it
-	waiting  atomic.Bool // a horizon is taken (for tests)
-
-	confirmed atomic.Pointer[func() cdc.LSN]
+	// Catch-up of dropped marks. A row is marked only from evidence that
+	// it was delivered: its ack, or its id read back from the stream. A
+	// dropped mark leaves its stream sequence behind in evidence (under
+	// mu); the catch-up reads those ranges back and marks what it finds.
+	evidence map[string]seqRange
+	reader   atomic.Pointer[readBack]
+	// tailOnStart: the first catch-up reads back each stream's newest
+	// messages, for the marks a crash or a shutdown left unwritten.
+	tailOnStart atomic.Bool
 }
 
-// SetConfirmed gives the sweeper the relay's confirmed position
-// (cdc.Source.Confirmed): the LSN up to which every transaction was acked by
-// JetStream in this process. The catch-up of dropped marks needs it; without
-// it dropped marks are not caught up.
-func (s *Sweeper) SetConfirmed(f func() cdc.LSN) { s.confirmed.Store(&f) }
+// seqRange is a span of stream sequences, both ends included.
+type seqRange struct{ first, last uint64 }
 
-// horizon is a point in time as the catch-up needs it: every transaction
-// with an xid below xmin had finished, and its commit record was before lsn.
-type horizon struct {
-	xmin, lsn string
-	dropped   uint64
+func (r seqRange) with(seq uint64) seqRange {
+	if r.first == 0 || seq < r.first {
+		r.first = seq
+	}
+	if seq > r.last {
+		r.last = seq
+	}
+	return r
+}
+
+// StreamReader reads back what a stream stored: for every message of source
+// with a sequence in [first, last] (first 0: the newest tail messages), its
+// Nats-Msg-Id and, for a dead letter, the reason. relay.JetStreamSink
+// implements it.
+type StreamReader interface {
+	ReadBack(ctx context.Context, stream, source string, first, last uint64, tail int, fn func(id, reason string)) error
+}
+
+type readBack struct {
+	r       StreamReader
+	source  string
+	streams []string // for the read-back of the tails at start
+	tail    int
+}
+
+// SetReader lets the sweeper catch dropped marks up from the stream itself.
+// streams are read back at start (their newest tail messages), for marks
+// that a crash or a shutdown left unwritten. Without a reader, dropped marks
+// are not caught up: those rows stay unprocessed (safe, never wrong).
+func (s *Sweeper) SetReader(r StreamReader, source string, streams []string, tail int) {
+	s.reader.Store(&readBack{r: r, source: source, streams: streams, tail: tail})
+	s.tailOnStart.Store(true)
+}
+
+// lose records a dropped mark as evidence to read back; the caller counts it.
+// A mark with no stream sequence (skipped by the resume check, or a dead
+// letter the DLQ refused) leaves nothing: its row stays unprocessed.
+func (s *Sweeper) lose(mks ...mark) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.loseLocked(mks...)
+}
+
+func (s *Sweeper) loseLocked(mks ...mark) {
+	for _, mk := range mks {
+		if mk.seq == 0 || mk.stream == "" {
+			continue
+		}
+		if s.evidence == nil {
+			s.evidence = map[string]seqRange{}
+		}
+		s.evidence[mk.stream] = s.evidence[mk.stream].with(mk.seq)
+	}
 }
 
 // New returns a sweeper. It does not connect: Start and the other methods
@@ -221,9 +270,10 @@ func (s *Sweeper) OnDelivered(d relay.Delivered) {
 	if !s.cfg.MarkProcessed || d.ID == "" {
 		return
 	}
-	mk := mark{id: d.ID, createdAt: d.CreatedAt, at: d.AckedAt, dlq: d.DeadLetter, stored: d.Seq > 0, reason: d.Reason}
+	mk := mark{id: d.ID, createdAt: d.CreatedAt, at: d.AckedAt, dlq: d.DeadLetter, stored: d.Seq > 0, reason: d.Reason, stream: d.Stream, seq: d.Seq}
 	s.mu.Lock()
 	if len(s.queue)-s.head >= s.cfg.QueueSize {
+		s.loseLocked(mk)
 		s.mu.Unlock()
 		s.dropped.Add(1)
 		s.m.Dropped.Inc()
@@ -303,7 +353,7 @@ func (s *Sweeper) Start(ctx context.Context) (stop func()) {
 			if n := s.Pending(); n > 0 {
 				s.dropped.Add(uint64(n))
 				s.m.Dropped.Add(float64(n))
-				s.log.Warn().Int("marks", n).Msg("stopping with marks not written; those rows stay unprocessed (harmless: the stream has them)")
+				s.log.Warn().Int("marks", n).Msg("stopping with marks not written; those rows stay unprocessed until the next start reads the streams' newest messages back (harmless: the stream has them)")
 			}
 			s.Close()
 		})
@@ -340,7 +390,7 @@ func (s *Sweeper) markLoop(ctx context.Context, stopping <-chan struct{}) {
 		}
 		if d := s.dropped.Load(); d != lastDropped {
 			s.log.Warn().Uint64("dropped_total", d).Uint64("new", d-lastDropped).Int("queue", s.cfg.QueueSize).
-				Msg("mark queue full: marks dropped (the relay never waits); the catch-up marks those rows once the slot has confirmed past them")
+				Msg("mark queue full: marks dropped (the relay never waits); the catch-up reads those messages back from the stream and marks their rows")
 			lastDropped = d
 		}
 		if final {
@@ -368,6 +418,7 @@ func (s *Sweeper) write(ctx context.Context, batch []mark) {
 			return
 		}
 		if ctx.Err() != nil {
+			s.lose(batch...)
 			s.dropped.Add(uint64(len(batch)))
 			s.m.Dropped.Add(float64(len(batch)))
 			return
@@ -377,6 +428,7 @@ func (s *Sweeper) write(ctx context.Context, batch []mark) {
 			permanentFailures++
 			if permanentFailures >= 2 {
 				s.log.Error().Err(err).Int("marks", len(batch)).Msg("marking rows failed; dropping this batch (the rows stay unprocessed)")
+				s.lose(batch...)
 				s.dropped.Add(uint64(len(batch)))
 				s.m.Dropped.Add(float64(len(batch)))
 				return
@@ -388,6 +440,7 @@ func (s *Sweeper) write(ctx context.Context, batch []mark) {
 		}
 		select {
 		case <-ctx.Done():
+			s.lose(batch...)
 			s.dropped.Add(uint64(len(batch)))
 			s.m.Dropped.Add(float64(len(batch)))
 			return
@@ -576,89 +629,87 @@ func (s *Sweeper) refreshGauges(ctx context.Context) error {
 	return nil
 }
 
-// catchUp marks the rows whose marks were dropped, without knowing them.
-//
-// After a drop it records a horizon: the xmin of a fresh snapshot (every
-// transaction with an older xid had finished) and the current WAL insert
-// position (their commit records lie before it). Once the relay's confirmed
-// position has passed that position, each of those transactions was fully
-// acked by JetStream (the relay confirms only up to fully acked
-// transactions), so every row still unprocessed whose xmin is older
-// than the horizon was delivered and is marked now, with processed_at =
-// now(). A row's xmin is never older than its inserting transaction (a later
-// update only makes it newer), so the test errs on the side of not marking.
-// Rows with an error (dead letters no stream stored) are left alone.
+// catchUp marks the rows whose marks were dropped, from evidence alone: the
+// stream sequences their acks named are read back, and each message of this
+// source found there marks its row (a dead letter's row gets its reason). At
+// start it reads back each stream's newest messages too, for the marks a
+// crash or a shutdown left unwritten. A row is never marked because of its
+// age or the slot's position: rows committed before a slot made without a
+// snapshot, rows of a backfill cut short, and dead letters the DLQ refused
+// were never delivered, and stay unprocessed.
 func (s *Sweeper) catchUp(ctx context.Context) error {
-	confirmed := s.confirmed.Load()
-	if !s.cfg.MarkProcessed || confirmed == nil {
+	rb := s.reader.Load()
+	if !s.cfg.MarkProcessed || rb == nil {
 		return nil
 	}
-	dropped := s.dropped.Load()
-	if s.horizon == nil {
-		if dropped == s.caughtUp {
-			return nil
+	type job struct {
+		stream string
+		r      seqRange
+		tail   int
+	}
+	var jobs []job
+	if s.tailOnStart.Load() {
+		for _, st := range rb.streams {
+			jobs = append(jobs, job{stream: st, tail: rb.tail})
 		}
-		h := &horizon{dropped: dropped}
-		err := s.pool.QueryRow(ctx, `SELECT (pg_snapshot_xmin(pg_current_snapshot())::text::bigint % 4294967296)::text,
-			pg_current_wal_insert_lsn()::text`).Scan(&h.xmin, &h.lsn)
-		if err != nil {
+	}
+	s.mu.Lock()
+	for st, r := range s.evidence {
+		jobs = append(jobs, job{stream: st, r: r})
+	}
+	s.evidence = nil
+	s.mu.Unlock()
+	if len(jobs) == 0 {
+		return nil
+	}
+	var total uint64
+	for i, j := range jobs {
+		var batch []mark
+		flush := func() error {
+			if len(batch) == 0 {
+				return nil
+			}
+			before := s.marked.Load()
+			err := s.apply(ctx, batch)
+			total += s.marked.Load() - before
+			batch = batch[:0]
 			return err
 		}
-		s.horizon = h
-		s.waiting.Store(true)
-		return nil
-	}
-	// The relay's own confirmed position, not the slot's: a slot dropped
-	// and created again starts at its new consistent point before the
-	// backfill is acked, while the relay confirms only acked transactions.
-	lsn, err := pglogrepl.ParseLSN(s.horizon.lsn)
-	if err != nil {
-		return err
-	}
-	if (*confirmed)() < lsn {
-		return nil
-	}
-	ti, err := s.tableInfo(ctx)
-	if err != nil {
-		return err
-	}
-	if !ti.processed {
-		s.horizon, s.caughtUp = nil, s.horizon.dropped
-		s.waiting.Store(false)
-		return nil
-	}
-	key, sel := cdc.QuoteIdent(ti.idCol), cdc.QuoteIdent(ti.idCol)
-	if ti.createdCol != "" {
-		sel += ", " + cdc.QuoteIdent(ti.createdCol)
-		key = "(" + sel + ")"
-	}
-	set := "processed = true"
-	if ti.processedAt {
-		set += ", processed_at = now()"
-	}
-	cond := "NOT processed AND age(xmin) > age($1::xid)"
-	if ti.errorCol {
-		cond += " AND error IS NULL"
-	}
-	stmt := fmt.Sprintf(`UPDATE %[1]s SET %[2]s WHERE %[3]s AND %[4]s IN (SELECT %[5]s FROM %[1]s WHERE %[3]s LIMIT 10000)`,
-		ti.table.Quoted(), set, cond, key, sel)
-	var total int64
-	for {
-		tag, err := s.pool.Exec(ctx, stmt, s.horizon.xmin)
+		now := time.Now()
+		var applyErr error
+		err := rb.r.ReadBack(ctx, j.stream, rb.source, j.r.first, j.r.last, j.tail, func(id, reason string) {
+			if applyErr != nil || id == "" {
+				return
+			}
+			batch = append(batch, mark{id: id, at: now, dlq: reason != "", stored: true, reason: reason})
+			if len(batch) >= 1000 {
+				applyErr = flush()
+			}
+		})
+		if err == nil {
+			err = applyErr
+		}
+		if err == nil {
+			err = flush()
+		}
 		if err != nil {
-			return err
-		}
-		total += tag.RowsAffected()
-		if tag.RowsAffected() < 10000 {
-			break
+			// Keep the evidence not yet read for the next round.
+			s.mu.Lock()
+			for _, rest := range jobs[i:] {
+				if rest.tail == 0 {
+					if s.evidence == nil {
+						s.evidence = map[string]seqRange{}
+					}
+					s.evidence[rest.stream] = s.evidence[rest.stream].with(rest.r.first).with(rest.r.last)
+				}
+			}
+			s.mu.Unlock()
+			return fmt.Errorf("catch up marks from stream %s: %w", j.stream, err)
 		}
 	}
-	s.marked.Add(uint64(total))
-	s.m.Marked.Add(float64(total))
-	s.log.Info().Int64("rows", total).Uint64("dropped_marks", s.horizon.dropped-s.caughtUp).
-		Msg("caught up dropped marks: rows acked before the slot's confirmed position marked processed")
-	s.horizon, s.caughtUp = nil, s.horizon.dropped
-	s.waiting.Store(false)
+	s.tailOnStart.Store(false)
+	s.log.Info().Uint64("rows", total).Int("ranges", len(jobs)).
+		Msg("caught up dropped marks: rows whose ids were read back from their streams marked processed")
 	return nil
 }
 
