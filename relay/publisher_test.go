@@ -35,6 +35,9 @@ type fakeStream struct {
 	reject    map[string]int // event ids always refused with this JetStream error code
 	// foreign: before this publish number, another writer appends a message.
 	foreign map[int]bool
+	// unavailable: this many publishes get "no responders" (no stream
+	// leader) before the stream answers again.
+	unavailable int
 }
 
 func newFakeStream() *fakeStream {
@@ -69,6 +72,11 @@ func (s *fakeSink) PublishAsync(m *nats.Msg) (jetstream.PubAckFuture, error) {
 	st.publishes++
 	n := st.publishes
 	f := &fakeFuture{ok: make(chan *jetstream.PubAck, 1), err: make(chan error, 1)}
+	if st.unavailable > 0 {
+		st.unavailable--
+		f.err <- nats.ErrNoResponders
+		return f, nil
+	}
 	if st.lose[n] {
 		time.AfterFunc(s.ackTimeout, func() { f.err <- nats.ErrTimeout })
 		return f, nil
@@ -191,7 +199,12 @@ func (s *scriptSource) Confirm(lsn cdc.LSN) {
 // runPublisher runs the relay over src until every transaction is confirmed.
 func runPublisher(t *testing.T, st *fakeStream, src *scriptSource, strict bool) *fakeStream {
 	t.Helper()
-	sink := &fakeSink{st: st, dlq: newFakeStream(), ackTimeout: 5 * time.Second}
+	return runPublisherDLQ(t, st, newFakeStream(), src, strict)
+}
+
+func runPublisherDLQ(t *testing.T, st, dlq *fakeStream, src *scriptSource, strict bool) *fakeStream {
+	t.Helper()
+	sink := &fakeSink{st: st, dlq: dlq, ackTimeout: 5 * time.Second}
 	router := NewRouter("", "app/walbox", []Route{{Stream: "ORDERS", Subjects: []string{"orders.>"}}})
 	r := New(Config{Window: 16, StrictOrder: strict, BackoffInitial: 100 * time.Millisecond, BackoffMax: time.Second}, sink, router)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -342,6 +355,28 @@ func TestStrictOrderWaitsForTheStreamStateBeforePublishing(t *testing.T) {
 			}
 		}
 		if err := checkStream(st, append([]string{"earlier"}, ids...)); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// A dead letter is confirmed only after the dead-letter stream stored it:
+// "no responders" from it (its only replica restarting) is waited out.
+func TestDeadLetterIsConfirmedOnlyOnceTheDLQStoredIt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st, dlq := newFakeStream(), newFakeStream()
+		dlq.unavailable = 3
+		src, ids := newScript(4, 2)
+		for i := range src.changes {
+			if c := &src.changes[i]; c.Kind == cdc.KindEvent && c.Event.ID == ids[3] {
+				c.Event.TopicNull = true // poison: dead-lettered at once
+			}
+		}
+		runPublisherDLQ(t, st, dlq, src, true)
+		if len(dlq.ids) != 1 || dlq.ids[0] != ids[3] {
+			t.Fatalf("dead-letter stream holds %v, want [%s]: the dead letter was confirmed without it", dlq.ids, ids[3])
+		}
+		if err := checkStream(st, append(append([]string{}, ids[:3]...), ids[4:]...)); err != nil {
 			t.Fatal(err)
 		}
 	})

@@ -449,10 +449,13 @@ func (l *loop) publishFailed(p *pending, err error) {
 		}
 		l.seqRefused[p.stream] = true
 	}
-	if p.dlq && (errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse)) {
-		// The dead-letter stream was verified at start; if nothing answers
-		// for it now, someone removed it. Waiting would stall every event.
-		class = Permanent
+	if p.dlq && class == Permanent {
+		// A dead letter is confirmed only once the dead-letter stream has
+		// stored it: for a table-less event it is the only record. Wait and
+		// resend like any transient failure, and say why it waits.
+		l.r.log.Error().Err(err).Str("id", p.ev.ID).Str("reason", p.reason).
+			Msg("the dead-letter stream refused a dead letter; publishing waits and resends it (check nats.dlq.stream)")
+		class = Transient
 	}
 	if l.failing {
 		class = Transient // everything after the first failure is resent in order
@@ -462,12 +465,6 @@ func (l *loop) publishFailed(p *pending, err error) {
 		l.r.m.PublishErrors.WithLabelValues("permanent").Inc()
 		l.deadLetter(p, err.Error())
 		l.send(p) // lands behind its successors; the checkpoint takes the late ack
-	case class == Permanent && p.dlq:
-		// Even the dead-letter stream refused it. The row still gets its
-		// error from the sweeper; the relay must not stop for one event.
-		l.r.m.PublishErrors.WithLabelValues("permanent").Inc()
-		l.r.log.Error().Err(err).Str("id", p.ev.ID).Str("reason", p.reason).Msg("dead-letter publish failed; recording the error on the row only")
-		l.done(p, nil)
 	default:
 		l.r.m.PublishErrors.WithLabelValues("transient").Inc()
 		if !l.failing {

@@ -131,6 +131,10 @@ type Stream struct {
 type DLQ struct {
 	Stream        string `yaml:"stream" env:"STREAM"`
 	SubjectPrefix string `yaml:"subject_prefix" env:"SUBJECT_PREFIX"`
+	// Replicas of the dead-letter stream; 0: as many as the most
+	// replicated configured stream, so losing one node never stops
+	// dead-lettering where it would not stop publishing.
+	Replicas int `yaml:"replicas" env:"REPLICAS"`
 }
 
 // Retry is the back-off after a transient failure.
@@ -463,7 +467,11 @@ func subjectsOverlap(a, b string) bool {
 // Streams converts the stream config for the relay.
 func (c *Config) StreamSpecs() []relay.StreamSpec {
 	var out []relay.StreamSpec
+	dlqReplicas := c.NATS.DLQ.Replicas
 	for _, s := range c.NATS.Streams {
+		if c.NATS.DLQ.Replicas == 0 {
+			dlqReplicas = max(dlqReplicas, s.Replicas)
+		}
 		manage := s.Manage == nil || *s.Manage
 		dw := s.DuplicateWindow
 		if dw == 0 {
@@ -473,6 +481,6 @@ func (c *Config) StreamSpecs() []relay.StreamSpec {
 			DuplicateWindow: dw, MaxAge: s.MaxAge, Manage: manage})
 	}
 	out = append(out, relay.StreamSpec{Name: c.NATS.DLQ.Stream, Subjects: []string{c.NATS.DLQ.SubjectPrefix + ">"},
-		Storage: "file", Replicas: 1, DuplicateWindow: 2 * time.Minute, Manage: true})
+		Storage: "file", Replicas: max(dlqReplicas, 1), DuplicateWindow: 2 * time.Minute, Manage: true})
 	return out
 }

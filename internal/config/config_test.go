@@ -514,7 +514,16 @@ func TestStreamSpecs(t *testing.T) {
 			want: []relay.StreamSpec{
 				{Name: "ORDERS", Subjects: []string{"orders.>"}, Storage: "memory", Replicas: 3, DuplicateWindow: 10 * time.Minute, MaxAge: time.Hour, Manage: false},
 				{Name: "PAYMENTS", Subjects: []string{"payments.*", "refunds.*"}, DuplicateWindow: 2 * time.Minute, Manage: true},
-				{Name: "DEAD", Subjects: []string{"app.dead.>"}, Storage: "file", Replicas: 1, DuplicateWindow: 2 * time.Minute, Manage: true},
+				{Name: "DEAD", Subjects: []string{"app.dead.>"}, Storage: "file", Replicas: 3, DuplicateWindow: 2 * time.Minute, Manage: true},
+			},
+		},
+		{
+			name:    "nats.dlq.replicas overrides the streams' replicas",
+			streams: []Stream{{Name: "ORDERS", Subjects: []string{"orders.>"}, Replicas: 3}},
+			dlq:     DLQ{Stream: "WALBOX_DLQ", SubjectPrefix: "walbox.dlq.", Replicas: 5},
+			want: []relay.StreamSpec{
+				{Name: "ORDERS", Subjects: []string{"orders.>"}, Replicas: 3, DuplicateWindow: 2 * time.Minute, Manage: true},
+				{Name: "WALBOX_DLQ", Subjects: []string{"walbox.dlq.>"}, Storage: "file", Replicas: 5, DuplicateWindow: 2 * time.Minute, Manage: true},
 			},
 		},
 	}

@@ -132,11 +132,20 @@ func TestTooLargeAndInvalidJSONPayloadsAreDeadLettered(t *testing.T) {
 	}
 }
 
-func TestMissingDeadLetterStreamDoesNotStopTheRelay(t *testing.T) {
+// A dead letter is confirmed only once the dead-letter stream stored it: for
+// a table-less event it is the only record. With the stream gone, publishing
+// waits at the dead letter; once the stream is back, everything goes out in
+// order and the dead letter is kept.
+func TestMissingDeadLetterStreamHoldsTheDeadLetterUntilItIsBack(t *testing.T) {
 	e := newEnv(t)
 	e.migrate()
 	e.startRelay()
 	ctx := context.Background()
+	dlq, err := e.js.Stream(ctx, "WALBOX_DLQ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dlqCfg := dlq.CachedInfo().Config
 	if err := e.js.DeleteStream(ctx, "WALBOX_DLQ"); err != nil {
 		t.Fatal(err)
 	}
@@ -145,5 +154,22 @@ func TestMissingDeadLetterStreamDoesNotStopTheRelay(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	e.waitDelivered(1, 30*time.Second)
+	if _, err := e.js.CreateStream(ctx, dlqCfg); err != nil {
+		t.Fatal(err)
+	}
 	e.waitDelivered(2, 30*time.Second)
+	deadline := time.Now().Add(30 * time.Second)
+	var msgs uint64
+	for time.Now().Before(deadline) {
+		if st, err := e.js.Stream(ctx, "WALBOX_DLQ"); err == nil {
+			if info, err := st.Info(ctx); err == nil {
+				if msgs = info.State.Msgs; msgs == 1 {
+					return
+				}
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("dead-letter stream holds %d messages 30 s after it came back, want the 1 dead letter", msgs)
 }

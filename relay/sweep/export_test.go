@@ -6,6 +6,5 @@ func SetCrashAt(f func(step string) error) { crashAt = f }
 // ArchiveName exposes the archive table's name to tests.
 var ArchiveName = archiveName
 
-
 // LockKey is the advisory lock of a table's maintenance.
 var LockKey = lockKey
