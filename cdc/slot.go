@@ -130,6 +130,12 @@ func LookupSlot(ctx context.Context, conn *pgconn.PgConn, slot string) (SlotInfo
 // (valid until the connection's next command) for the backfill. A slot that
 // was lost (dropped while walbox used it, or invalidated with wal_status
 // 'lost') is reported loudly and, unless FailOnSlotLost, recreated.
+// Why a slot was found lost (walbox_slot_lost_total{reason}).
+const (
+	SlotMissing     = "missing"     // dropped while walbox used it
+	SlotInvalidated = "invalidated" // wal_status 'lost': its WAL was removed
+)
+
 func (s *Source) ensureSlot(ctx context.Context, conn *pgconn.PgConn) (*pglogrepl.CreateReplicationSlotResult, error) {
 	slot := s.cfg.Slot
 	info, err := LookupSlot(ctx, conn, slot)
@@ -144,7 +150,7 @@ func (s *Source) ensureSlot(ctx context.Context, conn *pgconn.PgConn) (*pglogrep
 	if err != nil {
 		return nil, err
 	}
-	lost := ""
+	lost, reason := "", ""
 	switch {
 	case info.Exists && pending:
 		// Not a loss: walbox's own unfinished work. Always redone.
@@ -154,14 +160,16 @@ func (s *Source) ensureSlot(ctx context.Context, conn *pgconn.PgConn) (*pglogrep
 		}
 		info.Exists = false
 	case info.Exists && info.WALStatus == "lost":
+		reason = SlotInvalidated
 		lost = fmt.Sprintf("replication slot %q was invalidated (wal_status 'lost'): the WAL it needed was removed, probably because max_slot_wal_keep_size was exceeded while walbox was behind or away", slot)
 	case !info.Exists && s.hadSlot.Load():
+		reason = SlotMissing
 		lost = fmt.Sprintf("replication slot %q disappeared while walbox was using it (dropped by someone)", slot)
 	}
 	if lost != "" {
-		s.log.Error().Str("slot", slot).Msg(lost)
+		s.log.Error().Str("slot", slot).Str("reason", reason).Msg(lost)
 		if s.cfg.OnSlotLost != nil {
-			s.cfg.OnSlotLost(lost)
+			s.cfg.OnSlotLost(reason, lost)
 		}
 		if s.cfg.FailOnSlotLost {
 			return nil, &PreconditionError{What: lost, Fix: "postgres.on_slot_lost is fail: drop the slot and restart walbox to republish unprocessed rows, or set on_slot_lost: recreate"}

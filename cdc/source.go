@@ -41,8 +41,9 @@ type Config struct {
 	// default walbox recreates the slot from a snapshot and republishes the
 	// unprocessed rows (the processed flag is the durable index for that).
 	FailOnSlotLost bool
-	// OnSlotLost, if set, is told each time the slot was found lost.
-	OnSlotLost func(reason string)
+	// OnSlotLost, if set, is told each time the slot was found lost: reason
+	// is SlotMissing or SlotInvalidated, msg the logged explanation.
+	OnSlotLost func(reason, msg string)
 	// OnReconnect, if set, is called before each reconnection attempt.
 	OnReconnect func()
 	// HeartbeatInterval: when the confirmed position has not moved for this

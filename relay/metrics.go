@@ -15,7 +15,7 @@ type Metrics struct {
 	Backoffs      prometheus.Counter
 	Skipped       prometheus.Counter
 	OtherWriters  *prometheus.CounterVec
-	SlotLost      prometheus.Counter
+	SlotLost      *prometheus.CounterVec
 	Leader        prometheus.Gauge
 
 	SlotLagBytes    prometheus.Gauge
@@ -64,9 +64,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "walbox_strict_order_other_writer_total",
 			Help: "Times strict order found another writer in a stream and stopped guarding its order, by stream.",
 		}, []string{"stream"}),
-		SlotLost: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "walbox_slot_lost_total", Help: "Times the replication slot was found dropped or invalidated.",
-		}),
+		SlotLost: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "walbox_slot_lost_total", Help: "Times the replication slot was found lost, by reason: missing (dropped) or invalidated (wal_status lost).",
+		}, []string{"reason"}),
 		Leader: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "walbox_leader", Help: "1 while this relay holds the leader lock and streams, 0 while standby.",
 		}),

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"gopkg.in/yaml.v3"
 
@@ -76,6 +77,7 @@ type env struct {
 	js      jetstream.JetStream
 	cfg     config.Config
 	cfgFile string
+	reg     *prometheus.Registry // metrics of the last relay started in process
 }
 
 func newEnv(t *testing.T, mutate ...func(*config.Config)) *env {
@@ -176,7 +178,9 @@ func (e *env) startRelay() *inproc {
 	ready := make(chan struct{})
 	r := &inproc{cancel: cancel, done: make(chan error, 1)}
 	log := zerolog.New(zerolog.NewTestWriter(e.t)).Level(zerolog.WarnLevel)
-	go func() { r.done <- app.Run(ctx, e.cfg, log, app.Options{Ready: ready}) }()
+	e.reg = prometheus.NewRegistry()
+	reg := e.reg
+	go func() { r.done <- app.Run(ctx, e.cfg, log, app.Options{Ready: ready, Registry: reg}) }()
 	select {
 	case <-ready:
 	case err := <-r.done:
@@ -398,4 +402,28 @@ func (e *env) check(w *outboxtest.Witness, res *outboxtest.Result) outboxtest.Re
 		e.t.Fatal("checker saw no committed events: the test produced nothing")
 	}
 	return rep
+}
+
+// counter reads a counter of the last in-process relay, by its labels.
+func (e *env) counter(name string, labels map[string]string) float64 {
+	e.t.Helper()
+	mfs, err := e.reg.Gather()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
+					continue next
+				}
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	return 0
 }

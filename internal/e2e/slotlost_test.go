@@ -60,6 +60,12 @@ func TestSlotDroppedMidStreamIsRecreatedAndNothingIsLost(t *testing.T) {
 	time.Sleep(2 * time.Second)
 	res := stop()
 	e.checkNoLoss(w, res)
+	if n := e.counter("walbox_slot_lost_total", map[string]string{"reason": "missing"}); n < 1 {
+		t.Fatalf("walbox_slot_lost_total{reason=missing} = %v after the slot was dropped", n)
+	}
+	if n := e.counter("walbox_slot_lost_total", map[string]string{"reason": "invalidated"}); n != 0 {
+		t.Fatalf("walbox_slot_lost_total{reason=invalidated} = %v for a dropped slot", n)
+	}
 }
 
 func TestInvalidatedSlotIsRecreatedAndUnprocessedRowsRepublished(t *testing.T) {
@@ -135,5 +141,11 @@ func TestInvalidatedSlotIsRecreatedAndUnprocessedRowsRepublished(t *testing.T) {
 	t.Logf("after invalidation: %s", rep)
 	if rep.Lost+rep.Duplicated+rep.FromRolledBack != 0 {
 		t.Fatalf("guarantees broken: %s", rep)
+	}
+	if n := e.counter("walbox_slot_lost_total", map[string]string{"reason": "invalidated"}); n != 1 {
+		t.Fatalf("walbox_slot_lost_total{reason=invalidated} = %v, want 1", n)
+	}
+	if n := e.counter("walbox_slot_lost_total", map[string]string{"reason": "missing"}); n != 0 {
+		t.Fatalf("walbox_slot_lost_total{reason=missing} = %v for an invalidated slot", n)
 	}
 }
