@@ -69,12 +69,17 @@ func (s *Source) backfill(ctx context.Context, snapshot string, consistent LSN, 
 	order := []string{}
 	var tct string
 	if err := tx.QueryRow(ctx, "SHOW track_commit_timestamp").Scan(&tct); err == nil && tct == "on" {
-		order = append(order, "pg_xact_commit_timestamp(xmin)", "xmin::text::bigint")
+		order = append(order, "pg_xact_commit_timestamp(xmin)")
 	}
 	if c := s.cfg.Columns[RoleCreatedAt]; c != "" && types[c] != 0 {
 		order = append(order, QuoteIdent(c))
 	}
-	order = append(order, QuoteIdent(s.cfg.Columns[RoleID]))
+	// Inside a transaction, insertion order: its rows share xmin (and
+	// created_at, and commit time), each INSERT statement has the next
+	// command id (cmin), and within one statement the rows were placed in
+	// the heap one after the other (ctid). The id, random for a uuid, says
+	// nothing about order; it is only the last resort.
+	order = append(order, "xmin::text::bigint", "cmin::text::bigint", "ctid", QuoteIdent(s.cfg.Columns[RoleID]))
 	q := fmt.Sprintf("DECLARE walbox_backfill NO SCROLL CURSOR FOR SELECT %s FROM %s%s ORDER BY %s",
 		strings.Join(sel, ", "), s.cfg.Table.Quoted(), where, strings.Join(order, ", "))
 	if _, err := tx.Exec(ctx, q); err != nil {
