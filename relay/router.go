@@ -147,6 +147,12 @@ func NewRouter(prefix, source string, routes []Route) *Router {
 		buckets: DefaultPartitionBuckets, envelope: EnvelopeRaw, ceSource: "walbox/" + source}
 }
 
+// HeaderSafe reports whether v travels in a NATS header unchanged: nats.go
+// trims leading and trailing blanks and turns CR and LF into spaces.
+func HeaderSafe(v string) bool {
+	return !strings.ContainsAny(v, "\r\n") && strings.Trim(v, " \t") == v
+}
+
 // SetOrigin sets the WAL history of the events that follow (from the
 // source's KindOrigin).
 func (r *Router) SetOrigin(o *cdc.Origin) {
@@ -187,6 +193,9 @@ func (r *Router) Message(ev *cdc.Event) (*nats.Msg, string, error) {
 	}
 	if ev.ID == "" {
 		return nil, "", poison("id is NULL or empty")
+	}
+	if !HeaderSafe(ev.ID) {
+		return nil, "", poison("id %q cannot travel unchanged in the Nats-Msg-Id header (NATS trims leading and trailing blanks and turns CR and LF into spaces, so it could collide with another id): give the row an id without them", ev.ID)
 	}
 	subject := r.subject(ev)
 	if err := ValidSubject(subject); err != nil {
@@ -324,9 +333,14 @@ func (r *Router) DeadLetter(ev *cdc.Event, dlqPrefix, reason string) *nats.Msg {
 		HeaderIndex:              {strconv.FormatUint(uint64(ev.Pos.Index), 10)},
 		HeaderCommitTime:         {ev.CommitTime.UTC().Format(time.RFC3339Nano)},
 	}
-	if ev.ID != "" {
+	switch {
+	case ev.ID != "" && HeaderSafe(ev.ID):
 		h[HeaderMsgID] = []string{ev.ID}
 		h["Walbox-Event-Id"] = []string{ev.ID}
+	case ev.ID != "":
+		// The id itself is the poison: no Nats-Msg-Id (it would be altered
+		// and could collide), and the exact id quoted, Go-style.
+		h["Walbox-Event-Id-Quoted"] = []string{strconv.Quote(ev.ID)}
 	}
 	if r.source != "" {
 		h[HeaderSource] = []string{r.source}

@@ -385,6 +385,10 @@ func TestMessagePoison(t *testing.T) {
 		{"blank topic", "", 0, func(ev *cdc.Event) { ev.Topic = "  " }, "topic is NULL or empty"},
 		{"empty topic with a prefix", "app.", 0, func(ev *cdc.Event) { ev.Topic = "" }, "topic is NULL or empty"},
 		{"empty id", "", 0, func(ev *cdc.Event) { ev.ID = "" }, "id is NULL or empty"},
+		{"id with a trailing blank", "", 0, func(ev *cdc.Event) { ev.ID = "x " }, "cannot travel unchanged in the Nats-Msg-Id header"},
+		{"id with a leading tab", "", 0, func(ev *cdc.Event) { ev.ID = "\tx" }, "cannot travel unchanged"},
+		{"id with a line break", "", 0, func(ev *cdc.Event) { ev.ID = "x\ny" }, "cannot travel unchanged"},
+		{"id with a carriage return", "", 0, func(ev *cdc.Event) { ev.ID = "x\ry" }, "cannot travel unchanged"},
 		{"subject with a space", "", 0, func(ev *cdc.Event) { ev.Topic = "orders.created now" }, "invalid subject"},
 		{"subject with a tab", "", 0, func(ev *cdc.Event) { ev.Topic = "orders.\tcreated" }, "invalid subject"},
 		{"subject with a * wildcard", "", 0, func(ev *cdc.Event) { ev.Topic = "orders.*" }, "invalid subject"},
@@ -639,5 +643,22 @@ func TestPoisonErrorMessage(t *testing.T) {
 	err := poison("payload is %s", "NULL")
 	if got := err.Error(); got != "undeliverable event: payload is NULL" {
 		t.Fatalf("Error() = %q", got)
+	}
+}
+
+func TestDeadLetterOfAnIDNoHeaderCarries(t *testing.T) {
+	r := NewRouter("", "src", testRoutes)
+	ev := goodEvent()
+	ev.ID = "x "
+	m := r.DeadLetter(ev, "walbox.dlq.", "bad id")
+	if _, ok := m.Header[HeaderMsgID]; ok {
+		t.Fatalf("dead letter of id %q carries Nats-Msg-Id %q: it could collide with id \"x\"", ev.ID, m.Header.Get(HeaderMsgID))
+	}
+	if got := m.Header.Get("Walbox-Event-Id-Quoted"); got != `"x "` {
+		t.Fatalf("Walbox-Event-Id-Quoted = %s, want the exact id quoted", got)
+	}
+	ev.ID = "x"
+	if _, _, err := r.Message(ev); err != nil {
+		t.Fatalf("id %q: %v", ev.ID, err)
 	}
 }
