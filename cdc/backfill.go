@@ -60,7 +60,7 @@ func (s *Source) backfill(ctx context.Context, snapshot string, consistent LSN, 
 	payloadIsJSON := types[s.cfg.Columns[RolePayload]] == oidJSON || types[s.cfg.Columns[RolePayload]] == oidJSONB
 	where := ""
 	if _, ok := types["processed"]; ok {
-		where = " WHERE NOT processed"
+		where = " WHERE processed IS NOT TRUE"
 	}
 	// Commit order is what the stream promises. The table does not record
 	// it, but with track_commit_timestamp = on the commit time of each row's

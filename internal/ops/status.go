@@ -206,7 +206,7 @@ func readOutbox(ctx context.Context, conn *pgx.Conn, cfg config.Config, table cd
 		err = serr
 	}
 	// Fallback: counts by hand.
-	q := fmt.Sprintf(`SELECT count(*) FILTER (WHERE NOT processed), coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE NOT processed)), 0)::float8 FROM %s`, table.Quoted())
+	q := fmt.Sprintf(`SELECT count(*) FILTER (WHERE processed IS NOT TRUE), coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE processed IS NOT TRUE)), 0)::float8 FROM %s`, table.Quoted())
 	if cerr := conn.QueryRow(ctx, q).Scan(&out.Unprocessed, &out.OldestUnprocessedSeconds); cerr != nil {
 		out.Unprocessed = -1
 		out.Error = fmt.Sprintf("%v; counting by hand: %v", err, cerr)

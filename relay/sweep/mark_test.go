@@ -291,3 +291,34 @@ func TestMarksLostInACrashAreCaughtUpAtStart(t *testing.T) {
 		return d.int(`SELECT count(*) FROM outbox_events WHERE processed AND processed_at IS NOT NULL`) == 300
 	})
 }
+
+// A nullable processed column: a NULL is unprocessed everywhere. Before,
+// a NULL row was never marked (NOT NULL is NULL), never counted and never
+// backfilled, and archival did not see it as blocking.
+func TestNullProcessedIsUnprocessed(t *testing.T) {
+	d := newDB(t, false)
+	d.exec(`CREATE TABLE nullable_outbox (id text PRIMARY KEY, topic text, payload jsonb,
+		created_at timestamptz NOT NULL DEFAULT now(), processed boolean, processed_at timestamptz)`)
+	d.exec(`INSERT INTO nullable_outbox (id, topic, payload) VALUES ('a', 'orders.a', '{}'), ('b', 'orders.b', '{}')`)
+	cols := cdc.DefaultColumns()
+	for _, r := range []cdc.Role{cdc.RoleStream, cdc.RoleEventType, cdc.RoleAggregateType, cdc.RoleAggregateID, cdc.RolePartitionKey, cdc.RoleHeaders} {
+		cols[r] = ""
+	}
+	sw := d.sweeper(func(c *sweep.Config) {
+		c.Table = cdc.TableName{Schema: "public", Name: "nullable_outbox"}
+		c.Columns = cols
+	})
+	st, err := sw.Status(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Unprocessed != 2 {
+		t.Fatalf("status counts %d unprocessed rows, want the 2 NULL ones", st.Unprocessed)
+	}
+	stop := sw.Start(context.Background())
+	sw.OnDelivered(relay.Delivered{ID: "a", AckedAt: time.Now(), Stream: "ORDERS", Seq: 1})
+	stop()
+	if n := d.int(`SELECT count(*) FROM nullable_outbox WHERE processed`); n != 1 {
+		t.Fatalf("%d rows marked, want the acked NULL row", n)
+	}
+}

@@ -532,12 +532,12 @@ func (s *Sweeper) apply(ctx context.Context, batch []mark) error {
 	}
 	if len(proc.ids) > 0 {
 		b.Queue(fmt.Sprintf(`UPDATE %s t SET %s FROM unnest($1::text[], $2::text[], $3::timestamptz[]) AS u(id, created_at, acked_at)
-			WHERE %s%s AND NOT t.processed`, tq, set, idCond, caCond), proc.ids, proc.cas, proc.ats)
+			WHERE %s%s AND t.processed IS NOT TRUE`, tq, set, idCond, caCond), proc.ids, proc.cas, proc.ats)
 		nproc++
 	}
 	if len(procByID.ids) > 0 {
 		b.Queue(fmt.Sprintf(`UPDATE %s t SET %s FROM unnest($1::text[], $2::timestamptz[]) AS u(id, acked_at)
-			WHERE %s AND NOT t.processed`, tq, set, idCond), procByID.ids, procByID.ats)
+			WHERE %s AND t.processed IS NOT TRUE`, tq, set, idCond), procByID.ids, procByID.ats)
 		nproc++
 	}
 	eset := "error = u.reason"
@@ -721,7 +721,7 @@ func unprocessed(ctx context.Context, q querier, ti *tableInfo) (int64, time.Dur
 	}
 	var n int64
 	var secs float64
-	err := q.QueryRow(ctx, fmt.Sprintf("SELECT count(*), %s FROM %s WHERE NOT processed", age, ti.table.Quoted())).Scan(&n, &secs)
+	err := q.QueryRow(ctx, fmt.Sprintf("SELECT count(*), %s FROM %s WHERE processed IS NOT TRUE", age, ti.table.Quoted())).Scan(&n, &secs)
 	if secs < 0 {
 		secs = 0
 	}
