@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin/walbox
 PKGS    := ./...
 
-.PHONY: build test test-short lint bench bench-quick demo chaos clean
+.PHONY: build test test-matrix test-short lint bench bench-quick demo chaos clean
 
 build:
 	$(GO) build -o $(BIN) ./cmd/walbox
@@ -15,6 +15,23 @@ test:
 	cd bench/watermill && $(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || (echo "gofmt needed:"; gofmt -l .; exit 1)
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+
+# The end-to-end core against every other supported PostgreSQL major (make
+# test covers the local one, 15 on Debian): exactly-once under load, kill -9,
+# slot dropped and invalidated, first-start backfill, idle WAL, heartbeat,
+# table-less events, wrong wal_level and privileges, doctor, the grants
+# recipe, slot commands. Each major's server binaries come from
+# scripts/ensure-postgres.sh MAJOR (npm, cached outside the work tree).
+MATRIX_MAJORS ?= 14 16 17 18
+MATRIX_E2E := TestConcurrentProducersArriveExactlyOnceInCommitOrder|TestRelayKilledMidStreamLosesNothing|TestSlotDroppedMidStreamIsRecreatedAndNothingIsLost|TestInvalidatedSlotIsRecreatedAndUnprocessedRowsRepublished|TestFirstStartPublishesRowsAlreadyWaiting|TestBackfillKeepsInsertionOrderInsideTransactions|TestIdleOutboxRetainsNoWALWhileAnotherDatabaseWrites|TestIdleOutboxInBusyDatabaseDoesNotHoldWAL|TestTableLessEventsFromEmitMessage|TestWrongWALLevelNamesTheFix|TestMissingReplicationPrivilegeNamesTheFix|TestPromotedSyncStandbyLosesNothing|TestMovedClusterEventsAreNotSkipped|TestIdleSlotTimeoutInvalidationIsRecovered
+MATRIX_OPS := TestDoctorGoodSetup|TestDoctorBadRoleStreamsAndNATS|TestGrantsRecipeRunsTheRelay|TestSlotCreateStatusDrop|TestSlotCreateFailoverNeedsPG17|TestSlotDropRefusesActiveSlotUnlessForce
+test-matrix:
+	@set -e; for v in $(MATRIX_MAJORS); do \
+	  bin=$$(bash scripts/ensure-postgres.sh $$v); \
+	  echo "== PostgreSQL $$v"; \
+	  WALBOX_PG_BINDIR=$$bin $(GO) test -race -count=1 -timeout 20m -run '$(MATRIX_E2E)' ./internal/e2e; \
+	  WALBOX_PG_BINDIR=$$bin $(GO) test -race -count=1 -timeout 10m -run '$(MATRIX_OPS)' ./internal/ops; \
+	done
 
 lint:
 	$(GO) vet $(PKGS)

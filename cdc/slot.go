@@ -104,12 +104,17 @@ type SlotInfo struct {
 	RestartLSN        LSN
 	ConfirmedFlushLSN LSN
 	WALStatus         string
+	// InvalidationReason (PostgreSQL 17+): why the server invalidated the
+	// slot: wal_removed, rows_removed, wal_level_insufficient, idle_timeout
+	// (18+). Empty when valid or unknown.
+	InvalidationReason string
 }
 
 // LookupSlot reads the slot's row from pg_replication_slots.
 func LookupSlot(ctx context.Context, conn *pgconn.PgConn, slot string) (SlotInfo, error) {
 	rows, err := query(ctx, conn, fmt.Sprintf(
-		"SELECT plugin, database, active, coalesce(active_pid, 0), coalesce(restart_lsn, '0/0'), coalesce(confirmed_flush_lsn, '0/0'), coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = %s",
+		// to_jsonb reads columns newer servers have and older ones lack.
+		"SELECT plugin, database, active, coalesce(active_pid, 0), coalesce(restart_lsn, '0/0'), coalesce(confirmed_flush_lsn, '0/0'), coalesce(wal_status, ''), coalesce(to_jsonb(s)->>'invalidation_reason', '') FROM pg_replication_slots s WHERE slot_name = %s",
 		QuoteLiteral(slot)))
 	if err != nil {
 		return SlotInfo{}, fmt.Errorf("look up slot %s: %w", slot, err)
@@ -118,7 +123,7 @@ func LookupSlot(ctx context.Context, conn *pgconn.PgConn, slot string) (SlotInfo
 		return SlotInfo{}, nil
 	}
 	r := rows[0]
-	info := SlotInfo{Exists: true, Plugin: r[0], Database: r[1], Active: r[2] == "t", WALStatus: r[6]}
+	info := SlotInfo{Exists: true, Plugin: r[0], Database: r[1], Active: r[2] == "t", WALStatus: r[6], InvalidationReason: r[7]}
 	fmt.Sscan(r[3], &info.ActivePID)
 	info.RestartLSN, _ = pglogrepl.ParseLSN(r[4])
 	info.ConfirmedFlushLSN, _ = pglogrepl.ParseLSN(r[5])
@@ -159,9 +164,17 @@ func (s *Source) ensureSlot(ctx context.Context, conn *pgconn.PgConn) (*pglogrep
 			return nil, fmt.Errorf("drop slot %s of an unfinished backfill: %w", slot, err)
 		}
 		info.Exists = false
-	case info.Exists && info.WALStatus == "lost":
+	case info.Exists && (info.WALStatus == "lost" || info.InvalidationReason != ""):
 		reason = SlotInvalidated
 		lost = fmt.Sprintf("replication slot %q was invalidated (wal_status 'lost'): the WAL it needed was removed, probably because max_slot_wal_keep_size was exceeded while walbox was behind or away", slot)
+		switch info.InvalidationReason {
+		case "idle_timeout":
+			lost = fmt.Sprintf("replication slot %q was invalidated (invalidation_reason 'idle_timeout'): it was inactive longer than idle_replication_slot_timeout while walbox was away; raise that setting or set it to 0", slot)
+		case "rows_removed", "wal_level_insufficient":
+			lost = fmt.Sprintf("replication slot %q was invalidated (invalidation_reason '%s')", slot, info.InvalidationReason)
+		case "wal_removed":
+			lost += " (invalidation_reason 'wal_removed')"
+		}
 	case !info.Exists && s.hadSlot.Load():
 		reason = SlotMissing
 		lost = fmt.Sprintf("replication slot %q disappeared while walbox was using it (dropped by someone)", slot)

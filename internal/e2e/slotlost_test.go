@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/walbox/walbox/cdc"
 	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/outboxtest"
 	"github.com/walbox/walbox/internal/pgtest"
@@ -115,6 +116,21 @@ func TestInvalidatedSlotIsRecreatedAndUnprocessedRowsRepublished(t *testing.T) {
 	}
 	if status != "lost" {
 		t.Fatalf("slot wal_status = %q after the checkpoint, want lost (test setup)", status)
+	}
+	// PostgreSQL 17+ says why; walbox's slot status shows it.
+	sc, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sst, err := cdc.ReadSlotStatus(ctx, sc, "walbox")
+	sc.Close(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := cl.Version(); v >= 17 && sst.InvalidationReason != "wal_removed" {
+		t.Fatalf("PostgreSQL %d: invalidation_reason %q, want wal_removed", v, sst.InvalidationReason)
+	} else if v < 17 && sst.InvalidationReason != "" {
+		t.Fatalf("PostgreSQL %d has no invalidation_reason, got %q", v, sst.InvalidationReason)
 	}
 	_ = w
 	e.startRelay()

@@ -108,7 +108,7 @@ func doctorPostgres(ctx context.Context, cfg config.Config, r *DoctorReport) {
 	pgNames := []string{"postgres.version", "postgres.wal_level", "postgres.pending_restart", "postgres.max_replication_slots",
 		"postgres.max_wal_senders", "postgres.role", "postgres.replication_connection", "postgres.outbox_table",
 		"postgres.outbox_privileges", "postgres.publication", "postgres.slot", "postgres.failover",
-		"postgres.max_slot_wal_keep_size", "postgres.track_commit_timestamp", "postgres.walbox_schema"}
+		"postgres.max_slot_wal_keep_size", "postgres.idle_replication_slot_timeout", "postgres.track_commit_timestamp", "postgres.walbox_schema"}
 	skipRest := func(why string) {
 		for _, n := range pgNames {
 			r.add(n, Skip, why, "")
@@ -144,6 +144,7 @@ func doctorPostgres(ctx context.Context, cfg config.Config, r *DoctorReport) {
 	checkSlot(ctx, conn, cfg, f, r)
 	checkFailover(ctx, conn, cfg, f, r)
 	checkKeepSize(ctx, conn, r)
+	checkIdleSlotTimeout(ctx, conn, f, r)
 	checkCommitTimestamp(ctx, conn, r)
 	checkWalboxSchema(ctx, conn, f, r)
 }
@@ -507,6 +508,29 @@ func checkKeepSize(ctx context.Context, conn *pgx.Conn, r *DoctorReport) {
 		return
 	}
 	r.add("postgres.max_slot_wal_keep_size", OK, "max_slot_wal_keep_size = "+v, "")
+}
+
+// checkIdleSlotTimeout: PostgreSQL 18 invalidates a slot that has had no
+// reader for idle_replication_slot_timeout, at the next checkpoint. walbox
+// away that long (stopped, failing over, a long NATS outage does not count:
+// it keeps streaming) then finds its slot gone.
+func checkIdleSlotTimeout(ctx context.Context, conn *pgx.Conn, f pgFacts, r *DoctorReport) {
+	const name = "postgres.idle_replication_slot_timeout"
+	if f.version < 180000 {
+		r.add(name, OK, "not in this PostgreSQL (18+): an idle slot is never invalidated for idleness", "")
+		return
+	}
+	var v string
+	if err := conn.QueryRow(ctx, `SELECT current_setting('idle_replication_slot_timeout')`).Scan(&v); err != nil {
+		r.add(name, Skip, fmt.Sprintf("cannot read it: %v", err), "")
+		return
+	}
+	if v == "0" {
+		r.add(name, OK, "idle_replication_slot_timeout = 0: slots are not invalidated for being idle", "")
+		return
+	}
+	r.add(name, Warn, fmt.Sprintf("idle_replication_slot_timeout = %s: if walbox is stopped longer than that, its slot is invalidated at the next checkpoint; walbox then recreates it and republishes the unprocessed rows, but table-less events (walbox.emit_message) of that time are lost", v),
+		"ALTER SYSTEM SET idle_replication_slot_timeout = 0; SELECT pg_reload_conf(); (or a value longer than any walbox outage you plan for)")
 }
 
 func checkCommitTimestamp(ctx context.Context, conn *pgx.Conn, r *DoctorReport) {

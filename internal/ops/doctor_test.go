@@ -47,6 +47,9 @@ func TestDoctorGoodSetup(t *testing.T) {
 	if c := checkOf(t, rep, "postgres.max_slot_wal_keep_size"); c.Status != Warn || !strings.Contains(c.Fix, "max_slot_wal_keep_size") {
 		t.Errorf("max_slot_wal_keep_size: %+v", c)
 	}
+	if c := checkOf(t, rep, "postgres.idle_replication_slot_timeout"); c.Status != OK {
+		t.Errorf("idle_replication_slot_timeout with the default: %+v", c)
+	}
 	c := checkOf(t, rep, "nats.stream.ORDERS.durability")
 	if c.Status != Warn || !strings.Contains(c.Detail, "R1 stream: acks are durable only with sync_interval: always on the server; use replicas: 3 for durability") {
 		t.Errorf("durability: %+v", c)

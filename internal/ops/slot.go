@@ -16,27 +16,39 @@ import (
 
 // SlotReport is `walbox slot status`.
 type SlotReport struct {
-	Slot              string    `json:"slot"`
-	Exists            bool      `json:"exists"`
-	Plugin            string    `json:"plugin,omitempty"`
-	Database          string    `json:"database,omitempty"`
-	Active            bool      `json:"active"`
-	ActivePID         int       `json:"active_pid,omitempty"`
-	RestartLSN        string    `json:"restart_lsn,omitempty"`
-	ConfirmedFlushLSN string    `json:"confirmed_flush_lsn,omitempty"`
-	CurrentLSN        string    `json:"current_lsn,omitempty"`
-	RetainedBytes     int64     `json:"retained_bytes"`
-	LagBytes          int64     `json:"lag_bytes"`
-	LagSeconds        float64   `json:"lag_seconds"`
-	WALStatus         string    `json:"wal_status,omitempty"`
-	SafeWALSize       int64     `json:"safe_wal_size"` // -1: unlimited
-	CheckedAt         time.Time `json:"checked_at"`
+	Slot              string  `json:"slot"`
+	Exists            bool    `json:"exists"`
+	Plugin            string  `json:"plugin,omitempty"`
+	Database          string  `json:"database,omitempty"`
+	Active            bool    `json:"active"`
+	ActivePID         int     `json:"active_pid,omitempty"`
+	RestartLSN        string  `json:"restart_lsn,omitempty"`
+	ConfirmedFlushLSN string  `json:"confirmed_flush_lsn,omitempty"`
+	CurrentLSN        string  `json:"current_lsn,omitempty"`
+	RetainedBytes     int64   `json:"retained_bytes"`
+	LagBytes          int64   `json:"lag_bytes"`
+	LagSeconds        float64 `json:"lag_seconds"`
+	WALStatus         string  `json:"wal_status,omitempty"`
+	SafeWALSize       int64   `json:"safe_wal_size"` // -1: unlimited
+	// PostgreSQL 17+.
+	Failover           bool       `json:"failover"`
+	Synced             bool       `json:"synced"`
+	Temporary          bool       `json:"temporary"`
+	InvalidationReason string     `json:"invalidation_reason,omitempty"`
+	InactiveSince      *time.Time `json:"inactive_since,omitempty"`
+	CheckedAt          time.Time  `json:"checked_at"`
 }
 
 func slotReport(st cdc.SlotStatus) SlotReport {
-	return SlotReport{Slot: st.Slot, Exists: st.Exists, Plugin: st.Plugin, Database: st.Database, Active: st.Active, ActivePID: st.ActivePID,
+	r := SlotReport{Slot: st.Slot, Exists: st.Exists, Plugin: st.Plugin, Database: st.Database, Active: st.Active, ActivePID: st.ActivePID,
 		RestartLSN: st.RestartLSN, ConfirmedFlushLSN: st.ConfirmedFlushLSN, CurrentLSN: st.CurrentLSN, RetainedBytes: st.RetainedBytes,
-		LagBytes: st.LagBytes, LagSeconds: st.LagSeconds, WALStatus: st.WALStatus, SafeWALSize: st.SafeWALSize, CheckedAt: st.CheckedAt}
+		LagBytes: st.LagBytes, LagSeconds: st.LagSeconds, WALStatus: st.WALStatus, SafeWALSize: st.SafeWALSize, CheckedAt: st.CheckedAt,
+		Failover: st.Failover, Synced: st.Synced, Temporary: st.Temporary, InvalidationReason: st.InvalidationReason}
+	if !st.InactiveSince.IsZero() {
+		t := st.InactiveSince
+		r.InactiveSince = &t
+	}
+	return r
 }
 
 // SlotStatus reads the configured slot's status. A missing slot is not an
@@ -78,6 +90,15 @@ func (s SlotReport) Print(w io.Writer) {
 		{"lag", fmt.Sprintf("%s (%d bytes) not yet confirmed, %.1f s replay lag", HumanBytes(s.LagBytes), s.LagBytes, s.LagSeconds)},
 		{"wal_status", walStatusText(s.WALStatus)},
 		{"safe_wal_size", safe},
+	}
+	if s.Failover || s.Synced {
+		rows = append(rows, [2]string{"failover", fmt.Sprintf("yes (synced %v, temporary %v)", s.Synced, s.Temporary)})
+	}
+	if s.InvalidationReason != "" {
+		rows = append(rows, [2]string{"invalidation_reason", s.InvalidationReason})
+	}
+	if s.InactiveSince != nil {
+		rows = append(rows, [2]string{"inactive since", fmt.Sprintf("%s (%s ago)", s.InactiveSince.UTC().Format(time.RFC3339), time.Since(*s.InactiveSince).Round(time.Second))})
 	}
 	for _, r := range rows {
 		fmt.Fprintf(w, "%-20s %s\n", r[0], r[1])

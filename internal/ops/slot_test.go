@@ -100,6 +100,21 @@ func TestSlotCreateFailoverNeedsPG17(t *testing.T) {
 	if err != nil || !created {
 		t.Fatalf("--failover: %v %v", created, err)
 	}
+	// 17's columns reach slot status: the slot is for failover, not synced
+	// (this is the primary), and inactive since its creation.
+	rep, err := SlotStatus(ctx, e.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.Failover || rep.Synced || rep.InactiveSince == nil || rep.InvalidationReason != "" {
+		t.Fatalf("slot status on PostgreSQL %d: failover %v, synced %v, inactive since %v, invalidation %q; want a failover slot, not synced, inactive, valid",
+			v, rep.Failover, rep.Synced, rep.InactiveSince, rep.InvalidationReason)
+	}
+	var out strings.Builder
+	rep.Print(&out)
+	if !strings.Contains(out.String(), "failover") || !strings.Contains(out.String(), "inactive since") {
+		t.Fatalf("slot status does not show 17's columns:\n%s", out.String())
+	}
 }
 
 // holdSlot streams from the slot on a replication connection, as a relay

@@ -71,6 +71,9 @@ func (e *NotFoundError) Error() string {
 // the bindir reported by PGConfig, the directories matching Globs (highest
 // version first), then the directory of initdb on Path.
 type BinSearch struct {
+	// Dir, when set, is the only place looked at (WALBOX_PG_BINDIR): a test
+	// run against one PostgreSQL major must not fall back to another.
+	Dir string
 	// PGConfig is the pg_config program asked for --bindir; "" skips it.
 	// pg_config may belong to a libpq-dev of another version than the
 	// server, so its bindir is used only if it holds the server programs.
@@ -82,11 +85,12 @@ type BinSearch struct {
 	Path string
 }
 
-// DefaultBinSearch covers Debian/Ubuntu (/usr/lib/postgresql/N/bin, not on
+// DefaultBinSearch takes WALBOX_PG_BINDIR when it is set; otherwise it covers Debian/Ubuntu (/usr/lib/postgresql/N/bin, not on
 // PATH), RHEL (/usr/pgsql-N/bin), Homebrew (keg-only postgresql@N) and
 // anything on PATH.
 func DefaultBinSearch() BinSearch {
 	return BinSearch{
+		Dir:      os.Getenv("WALBOX_PG_BINDIR"),
 		PGConfig: "pg_config",
 		Globs: []string{
 			"/usr/lib/postgresql/*/bin",
@@ -714,6 +718,12 @@ func processAlive(pid int) bool {
 // searching as s says. It returns a *NotFoundError if none has them.
 func FindBinDir(s BinSearch) (string, error) {
 	var searched []string
+	if s.Dir != "" {
+		if hasServerBinaries(s.Dir) {
+			return s.Dir, nil
+		}
+		return "", &NotFoundError{Searched: []string{s.Dir + " (WALBOX_PG_BINDIR)"}}
+	}
 	if s.PGConfig != "" {
 		searched = append(searched, s.PGConfig+" --bindir")
 		if out, err := exec.Command(s.PGConfig, "--bindir").Output(); err == nil {

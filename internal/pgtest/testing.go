@@ -33,6 +33,10 @@ func Main(m *testing.M, cluster **Cluster, opts ...Option) int {
 		return 1
 	}
 	*cluster = c
+	if v, err := c.Version(); err == nil && os.Getenv("WALBOX_PG_BINDIR") != "" {
+		// A matrix run says which major it ran against.
+		fmt.Fprintf(os.Stderr, "pgtest: PostgreSQL %d from %s\n", v, c.BinDir())
+	}
 	code := m.Run()
 	if err := c.Close(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
