@@ -49,6 +49,17 @@ func checkServer(ctx context.Context, conn *pgconn.PgConn) error {
 	return nil
 }
 
+// serverVersion reads server_version_num on a replication connection.
+func serverVersion(ctx context.Context, conn *pgconn.PgConn) (int, error) {
+	rows, err := query(ctx, conn, "SHOW server_version_num")
+	if err != nil || len(rows) != 1 {
+		return 0, fmt.Errorf("read server version: %v", err)
+	}
+	var v int
+	_, err = fmt.Sscan(rows[0][0], &v)
+	return v, err
+}
+
 // ensurePublication creates the publication for the outbox table when it is
 // missing, and checks an existing one covers the table.
 func ensurePublication(ctx context.Context, conn *pgconn.PgConn, name string, table TableName, create bool) error {
@@ -200,8 +211,20 @@ func (s *Source) ensureSlot(ctx context.Context, conn *pgconn.PgConn) (*pglogrep
 	if err := s.markBackfillStarted(ctx); err != nil {
 		return nil, err
 	}
-	res, err := pglogrepl.CreateReplicationSlot(ctx, conn, slot, "pgoutput",
-		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "EXPORT_SNAPSHOT"})
+	var res pglogrepl.CreateReplicationSlotResult
+	if s.cfg.FailoverSlot {
+		if v, verr := serverVersion(ctx, conn); verr == nil && v < 170000 {
+			return nil, &PreconditionError{What: fmt.Sprintf("postgres.failover_slot needs PostgreSQL 17 or newer; this server is %d", v/10000),
+				Fix: "set postgres.failover_slot: false (before 17 walbox recreates the slot on a promoted standby and republishes unprocessed rows)"}
+		}
+		// PostgreSQL 17's option list: a failover slot with an exported
+		// snapshot, so the first start backfills as usual.
+		res, err = pglogrepl.ParseCreateReplicationSlot(conn.Exec(ctx,
+			fmt.Sprintf("CREATE_REPLICATION_SLOT %s LOGICAL pgoutput (SNAPSHOT 'export', FAILOVER true)", QuoteIdent(slot))))
+	} else {
+		res, err = pglogrepl.CreateReplicationSlot(ctx, conn, slot, "pgoutput",
+			pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "EXPORT_SNAPSHOT"})
+	}
 	if err != nil {
 		if sqlState(err) == "42710" { // created concurrently by another relay
 			return nil, nil

@@ -41,6 +41,8 @@ type Config struct {
 	// default walbox recreates the slot from a snapshot and republishes the
 	// unprocessed rows (the processed flag is the durable index for that).
 	FailOnSlotLost bool
+	// FailoverSlot creates the slot with FAILOVER (PostgreSQL 17+).
+	FailoverSlot bool
 	// OnSlotLost, if set, is told each time the slot was found lost: reason
 	// is SlotMissing or SlotInvalidated, msg the logged explanation.
 	OnSlotLost func(reason, msg string)

@@ -68,6 +68,7 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 		BackoffInitial:    cfg.Retry.Initial,
 		BackoffMax:        cfg.Retry.Max,
 		FailOnSlotLost:    cfg.Postgres.OnSlotLost == "fail",
+		FailoverSlot:      cfg.Postgres.FailoverSlot,
 		OnSlotLost:        func(reason, _ string) { metrics.SlotLost.WithLabelValues(reason).Inc() },
 		OnReconnect:       func() { metrics.Reconnects.WithLabelValues("postgres").Inc() },
 		HeartbeatInterval: cfg.Postgres.HeartbeatInterval,

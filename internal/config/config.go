@@ -63,6 +63,10 @@ type Postgres struct {
 	// HeartbeatInterval: when the slot has not advanced for this long, emit a
 	// logical message so an idle outbox in a busy cluster holds no WAL (0: off).
 	HeartbeatInterval time.Duration `yaml:"heartbeat_interval" env:"HEARTBEAT_INTERVAL"`
+	// FailoverSlot makes walbox create its slot with failover = true
+	// (PostgreSQL 17+), so standbys with sync_replication_slots keep a copy
+	// and walbox continues from it after a promotion, without a snapshot.
+	FailoverSlot bool `yaml:"failover_slot" env:"FAILOVER_SLOT"`
 }
 
 // Outbox describes the outbox table.

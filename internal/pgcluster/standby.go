@@ -10,13 +10,27 @@ import (
 	"strings"
 )
 
+// StandbyOptions shape a standby.
+type StandbyOptions struct {
+	// ApplicationName names the standby to the primary
+	// (synchronous_standby_names).
+	ApplicationName string
+	// DBName goes into primary_conninfo; slot synchronization (17+) needs it.
+	DBName string
+	// PrimarySlot is a physical slot on the primary the standby streams
+	// from (primary_slot_name); the caller creates it.
+	PrimarySlot string
+	// Settings are written to the standby's configuration.
+	Settings map[string]string
+}
+
 // Standby makes a streaming standby of c by a cold copy: it stops c (a fast
 // shutdown leaves consistent data), copies its data directory into a new
 // cluster on its own port, starts c again, and starts the copy with
-// standby.signal and primary_conninfo naming application_name. The caller
-// must Close the standby. Cold copies need no pg_basebackup, which not
-// every set of server binaries ships.
-func (c *Cluster) Standby(ctx context.Context, applicationName string) (*Cluster, error) {
+// standby.signal and primary_conninfo. The caller must Close the standby.
+// Cold copies need no pg_basebackup, which not every set of server binaries
+// ships.
+func (c *Cluster) Standby(ctx context.Context, o StandbyOptions) (*Cluster, error) {
 	if err := c.Stop(ctx); err != nil {
 		return nil, err
 	}
@@ -40,8 +54,20 @@ func (c *Cluster) Standby(ctx context.Context, applicationName string) (*Cluster
 	if s.port, err = freePort(); err != nil {
 		return fail(err)
 	}
-	conf := fmt.Sprintf("\n# standby, written by walbox internal/pgcluster\nport = '%d'\nunix_socket_directories = '%s'\nhot_standby = 'on'\nprimary_conninfo = 'host=127.0.0.1 port=%d user=postgres application_name=%s'\n",
-		s.port, s.dataDir, c.port, strings.ReplaceAll(applicationName, "'", ""))
+	conninfo := fmt.Sprintf("host=127.0.0.1 port=%d user=postgres application_name=%s", c.port, o.ApplicationName)
+	if o.DBName != "" {
+		conninfo += " dbname=" + o.DBName
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n# standby, written by walbox internal/pgcluster\nport = '%d'\nunix_socket_directories = '%s'\nhot_standby = 'on'\nprimary_conninfo = '%s'\n",
+		s.port, s.dataDir, strings.ReplaceAll(conninfo, "'", "''"))
+	if o.PrimarySlot != "" {
+		fmt.Fprintf(&b, "primary_slot_name = '%s'\n", o.PrimarySlot)
+	}
+	for k, v := range o.Settings {
+		fmt.Fprintf(&b, "%s = '%s'\n", k, strings.ReplaceAll(v, "'", "''"))
+	}
+	conf := b.String()
 	f, err := os.OpenFile(filepath.Join(s.dataDir, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
 	if err != nil {
 		return fail(fmt.Errorf("pgcluster: standby config: %w", err))
