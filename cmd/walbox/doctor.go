@@ -12,6 +12,7 @@ import (
 
 func newDoctorCmd() *cobra.Command {
 	var asJSON bool
+	var standby string
 	cmd := &cobra.Command{
 		Use:   "doctor",
 		Short: "Check every prerequisite of walbox run and print the fix for each problem",
@@ -26,13 +27,17 @@ the configured streams and their subjects, duplicate windows and durability.
 Each check is ok, warn, fail or skip; every warning and failure comes with
 the exact fix. Exit code 0 when nothing failed, 1 otherwise.`,
 		Example: `  walbox doctor --config walbox.yaml
-  walbox doctor --json | jq '.checks[] | select(.status != "ok")'`,
+  walbox doctor --json | jq '.checks[] | select(.status != "ok")'
+  walbox doctor --standby 'postgres://walbox@standby:5432/app'`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := loadConfig(cmd)
 			if err != nil {
 				return err
 			}
 			rep := ops.Doctor(cmd.Context(), cfg)
+			if standby != "" {
+				ops.DoctorStandby(cmd.Context(), cfg, standby, rep)
+			}
 			out := cmd.OutOrStdout()
 			if asJSON {
 				if err := rep.PrintJSON(out); err != nil {
@@ -48,6 +53,7 @@ the exact fix. Exit code 0 when nothing failed, 1 otherwise.`,
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON")
+	cmd.Flags().StringVar(&standby, "standby", "", "URL of a standby the slot must survive a promotion to: checks failover-slot settings on both servers, and fails until the standby's copy is synced and persisted (PostgreSQL 17+)")
 	return cmd
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/walbox/walbox/internal/app"
+	"github.com/walbox/walbox/internal/ops"
 	"github.com/walbox/walbox/internal/outboxtest"
 	"github.com/walbox/walbox/internal/pgcluster"
 	"github.com/walbox/walbox/internal/pgtest"
@@ -279,6 +280,18 @@ func TestFailoverSlotFollowsPromotion(t *testing.T) {
 	both := fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/app?sslmode=disable&target_session_attrs=read-write", primary.Port(), standby.Port())
 	e := newEnv(t)
 	e.cfg.Postgres.URL, e.dbURL, e.cfg.Postgres.FailoverSlot = both, both, true
+	standbyChecks := func() map[string]ops.Check {
+		rep := &ops.DoctorReport{OK: true}
+		ops.DoctorStandby(ctx, e.cfg, standby.URL("app"), rep)
+		got := map[string]ops.Check{}
+		for _, c := range rep.Checks {
+			got[c.Name] = c
+		}
+		return got
+	}
+	if c := standbyChecks()["standby.slot"]; c.Status != ops.Fail || c.Fix == "" {
+		t.Fatalf("doctor --standby before walbox made its slot: %+v, want a failure with the fix", c)
+	}
 	pool, err := pgxpool.New(ctx, both)
 	if err != nil {
 		t.Fatal(err)
@@ -304,6 +317,11 @@ func TestFailoverSlotFollowsPromotion(t *testing.T) {
 		return ok
 	})
 	t.Logf("standby's slot synced and persisted %.1f s after walbox started", time.Since(start).Seconds())
+	for name, c := range standbyChecks() {
+		if c.Status != ops.OK {
+			t.Fatalf("doctor --standby with the slot synced and persisted: %s is %v: %s", name, c.Status, c.Detail)
+		}
+	}
 	if err := primary.Kill(); err != nil {
 		t.Fatal(err)
 	}
