@@ -22,6 +22,10 @@ type relation struct {
 	outbox        bool
 	roleIdx       [numRoles]int // -1 when the role is unmapped or absent
 	payloadIsJSON bool
+	// unmappable: this definition of the outbox table lacks a column of a
+	// required role (renamed or dropped). Rows decoded with it are
+	// dead-lettered with this reason; the relay goes on.
+	unmappable string
 }
 
 // decoder turns pgoutput frames into Changes. It is owned by the goroutine
@@ -41,9 +45,11 @@ func newDecoder(table TableName, columns Columns) *decoder {
 	return &decoder{table: table, columns: columns, relations: make(map[uint32]*relation)}
 }
 
-// relation records a Relation message and checks that the outbox table has
-// the columns the config maps. A missing column is a configuration error that
-// names the role, the column and the table.
+// relation records a Relation message: column roles follow each one, since
+// rows from before a DDL arrive with the old definition and rows after it
+// with the new one. A definition that lacks the column of a required role
+// (id, topic, payload) cannot map its rows: they are dead-lettered with the
+// reason, naming the role, the column and the table.
 func (d *decoder) relation(m *pglogrepl.RelationMessage) error {
 	r := &relation{name: TableName{Schema: m.Namespace, Name: m.RelationName}}
 	for i := range r.roleIdx {
@@ -66,9 +72,9 @@ func (d *decoder) relation(m *pglogrepl.RelationMessage) error {
 					break
 				}
 			}
-			if !found && (Role(role) == RoleID || Role(role) == RoleTopic || Role(role) == RolePayload) {
-				return &ConfigError{Key: "outbox.columns." + Role(role).String(),
-					Msg: fmt.Sprintf("table %s has no column %q; map the %s role to an existing column", d.table, col, Role(role))}
+			if !found && (Role(role) == RoleID || Role(role) == RoleTopic || Role(role) == RolePayload) && r.unmappable == "" {
+				r.unmappable = fmt.Sprintf("row of table %s written when it had no column %q (renamed or dropped?): outbox.columns.%s maps the %s role to it",
+					d.table, col, Role(role), Role(role))
 			}
 		}
 	}
@@ -131,6 +137,7 @@ func (d *decoder) insert(data []byte, ev *Event) (bool, error) {
 		}
 	}
 	*ev = Event{
+		Poison:        r.unmappable,
 		Pos:           Position{CommitLSN: d.commitLSN, Index: d.index},
 		CommitTime:    d.commitTime,
 		ID:            string(vals[RoleID]),

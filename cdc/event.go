@@ -58,6 +58,9 @@ type Event struct {
 	// relay must validate it before publishing (a poison row is dead-lettered).
 	PayloadIsJSON bool
 	Headers       []byte // JSON object from the headers column, if mapped and not NULL
+	// Poison, when set, says why the event cannot be published as it is:
+	// the relay dead-letters it with this reason.
+	Poison string
 }
 
 // ChangeKind tells what a Change carries.

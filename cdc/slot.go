@@ -49,6 +49,30 @@ func checkServer(ctx context.Context, conn *pgconn.PgConn) error {
 	return nil
 }
 
+// checkColumns fails fast when the outbox table, as it is now, lacks the
+// column of a required role: every new row would be dead-lettered. (Rows
+// written under an older definition are judged by their own Relation
+// message: see decoder.relation.)
+func checkColumns(ctx context.Context, conn *pgconn.PgConn, table TableName, cols Columns) error {
+	rows, err := query(ctx, conn, fmt.Sprintf(
+		"SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped",
+		QuoteLiteral(table.Quoted())))
+	if err != nil {
+		return fmt.Errorf("read columns of %s: %w", table, err)
+	}
+	have := map[string]bool{}
+	for _, r := range rows {
+		have[r[0]] = true
+	}
+	for _, role := range []Role{RoleID, RoleTopic, RolePayload} {
+		if col := cols[role]; col != "" && !have[col] {
+			return &ConfigError{Key: "outbox.columns." + role.String(),
+				Msg: fmt.Sprintf("table %s has no column %q; map the %s role to an existing column (after a rename, rows written before it are dead-lettered with the reason)", table, col, role)}
+		}
+	}
+	return nil
+}
+
 // serverVersion reads server_version_num on a replication connection.
 func serverVersion(ctx context.Context, conn *pgconn.PgConn) (int, error) {
 	rows, err := query(ctx, conn, "SHOW server_version_num")

@@ -270,6 +270,9 @@ func (s *Source) session(ctx context.Context, out chan<- []Change) (streamed boo
 	if err := ensurePublication(ctx, conn, s.cfg.Publication, s.cfg.Table, s.cfg.CreatePublication); err != nil {
 		return false, err
 	}
+	if err := checkColumns(ctx, conn, s.cfg.Table, s.cfg.Columns); err != nil {
+		return false, err
+	}
 	// After a reconnect the server resends from confirmed_flush_lsn: the
 	// relay must forget what it had not finished before anything new arrives.
 	var prefix []Change

@@ -188,6 +188,9 @@ func (r *Router) StreamFor(subject string) (string, bool) {
 
 // Message builds the JetStream message for ev, or a *PoisonError.
 func (r *Router) Message(ev *cdc.Event) (*nats.Msg, string, error) {
+	if ev.Poison != "" {
+		return nil, "", poison("%s", ev.Poison)
+	}
 	if ev.TopicNull || strings.TrimSpace(ev.Topic) == "" {
 		return nil, "", poison("topic is NULL or empty")
 	}
