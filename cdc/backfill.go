@@ -91,6 +91,7 @@ func (s *Source) backfill(ctx context.Context, snapshot string, consistent LSN, 
 	batch := append(first, Change{Kind: KindBegin, LSN: 0})
 	now := time.Now()
 	var n uint32
+	var batchBytes int64
 	started := time.Now()
 	lastLog := started
 	for {
@@ -116,6 +117,15 @@ func (s *Source) backfill(ctx context.Context, snapshot string, consistent LSN, 
 			batch = append(batch, Change{Kind: KindEvent, Event: ev})
 			n++
 			got++
+			batchBytes += int64(len(ev.Payload) + len(ev.Headers))
+			if batchBytes >= s.cfg.BatchBytes {
+				// Large rows: hand over before the fetch is done.
+				if err := send(ctx, out, batch); err != nil {
+					rows.Close()
+					return err
+				}
+				batch, batchBytes = nil, 0
+			}
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
@@ -127,7 +137,7 @@ func (s *Source) backfill(ctx context.Context, snapshot string, consistent LSN, 
 		if err := send(ctx, out, batch); err != nil {
 			return err
 		}
-		batch = nil
+		batch, batchBytes = nil, 0
 		if time.Since(lastLog) > 5*time.Second {
 			lastLog = time.Now()
 			s.log.Info().Uint32("rows", n).Dur("elapsed", time.Since(started)).Msg("backfill in progress")

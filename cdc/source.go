@@ -33,6 +33,10 @@ type Config struct {
 	// BatchSize is how many changes are handed over at once inside a large
 	// transaction (a commit always hands over what it has). Default 512.
 	BatchSize int
+	// BatchBytes hands a batch over once its payloads and headers reach
+	// this many bytes, whatever its length (default 8 MiB): memory is
+	// bounded by bytes, not by row count.
+	BatchBytes int64
 	// BackoffInitial and BackoffMax bound the reconnect back-off (1 s doubling
 	// to 60 s, with jitter, by default).
 	BackoffInitial time.Duration
@@ -61,6 +65,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.BatchSize <= 0 {
 		c.BatchSize = 512
+	}
+	if c.BatchBytes <= 0 {
+		c.BatchBytes = 8 << 20
 	}
 	if c.BackoffInitial <= 0 {
 		c.BackoffInitial = time.Second
@@ -343,8 +350,9 @@ type stream struct {
 	conn     *pgconn.PgConn
 	out      chan<- []Change
 	dec      *decoder
-	batch    []Change
-	streamed bool
+	batch      []Change
+	batchBytes int64 // payloads and headers in batch
+	streamed   bool
 
 	serverWALEnd LSN
 	lastSent     LSN
@@ -477,7 +485,9 @@ func (st *stream) handleWAL(ctx context.Context, xld pglogrepl.XLogData) error {
 			st.batch = st.batch[:len(st.batch)-1]
 			return nil
 		}
-		if len(st.batch) >= st.src.cfg.BatchSize {
+		ev := &st.batch[len(st.batch)-1].Event
+		st.batchBytes += int64(len(ev.Payload) + len(ev.Headers))
+		if len(st.batch) >= st.src.cfg.BatchSize || st.batchBytes >= st.src.cfg.BatchBytes {
 			return st.flush(ctx)
 		}
 	case pglogrepl.MessageTypeCommit:
@@ -512,7 +522,9 @@ func (st *stream) handleWAL(ctx context.Context, xld pglogrepl.XLogData) error {
 				// dead-letters it with the reason.
 				st.src.log.Error().Err(err).Stringer("lsn", m.LSN).Msg("table-less event with a malformed body")
 			}
-			if len(st.batch) >= st.src.cfg.BatchSize {
+			ev := &st.batch[len(st.batch)-1].Event
+			st.batchBytes += int64(len(ev.Payload) + len(ev.Headers))
+			if len(st.batch) >= st.src.cfg.BatchSize || st.batchBytes >= st.src.cfg.BatchBytes {
 				return st.flush(ctx)
 			}
 		} else if !m.Transactional && !st.dec.inTxn {
@@ -535,6 +547,7 @@ func (st *stream) flush(ctx context.Context) error {
 	}
 	b := st.batch
 	st.batch = st.src.newBatch()
+	st.batchBytes = 0
 	for {
 		wait := time.Until(st.nextStatus)
 		if wait <= 0 {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -38,6 +39,22 @@ type fakeStream struct {
 	// unavailable: this many publishes get "no responders" (no stream
 	// leader) before the stream answers again.
 	unavailable int
+	// hold: store, but keep the acks back until release (a slow server).
+	hold    bool
+	held    []func()
+	maxHeld int
+}
+
+// release sends the acks held back so far.
+func (st *fakeStream) release() {
+	st.mu.Lock()
+	acks := st.held
+	st.held = nil
+	st.hold = false
+	st.mu.Unlock()
+	for _, ack := range acks {
+		ack()
+	}
 }
 
 func newFakeStream() *fakeStream {
@@ -106,7 +123,13 @@ func (s *fakeSink) PublishAsync(m *nats.Msg) (jetstream.PubAckFuture, error) {
 	for k, v := range m.Header {
 		h[k] = append([]string(nil), v...) // the relay reuses m once acked
 	}
-	f.ok <- &jetstream.PubAck{Stream: "ORDERS", Sequence: st.store(id, h)}
+	ack := &jetstream.PubAck{Stream: "ORDERS", Sequence: st.store(id, h)}
+	if st.hold {
+		st.held = append(st.held, func() { f.ok <- ack })
+		st.maxHeld = max(st.maxHeld, len(st.held))
+		return f, nil
+	}
+	f.ok <- ack
 	return f, nil
 }
 
@@ -377,6 +400,61 @@ func TestDeadLetterIsConfirmedOnlyOnceTheDLQStoredIt(t *testing.T) {
 			t.Fatalf("dead-letter stream holds %v, want [%s]: the dead letter was confirmed without it", dlq.ids, ids[3])
 		}
 		if err := checkStream(st, append(append([]string{}, ids[:3]...), ids[4:]...)); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// Memory is bounded by bytes, not only by count: with large events and a
+// slow server the window holds what fits in WindowBytes (and always one).
+func TestWindowIsBoundedByBytes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newFakeStream()
+		st.hold = true
+		src, ids := newScript(20, 1)
+		big := []byte(`"` + strings.Repeat("x", 256<<10) + `"`) // 256 KiB each
+		for i := range src.changes {
+			if src.changes[i].Kind == cdc.KindEvent {
+				src.changes[i].Event.Payload = big
+			}
+		}
+		sink := &fakeSink{st: st, dlq: newFakeStream(), ackTimeout: time.Hour}
+		router := NewRouter("", "app/walbox", []Route{{Stream: "ORDERS", Subjects: []string{"orders.>"}}})
+		r := New(Config{Window: 1024, WindowBytes: 768 << 10, StrictOrder: true}, sink, router)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- r.Serve(ctx, src) }()
+		synctest.Wait() // the relay is blocked: the window is full
+		st.mu.Lock()
+		inFlight := len(st.held)
+		st.mu.Unlock()
+		if inFlight != 3 {
+			cancel()
+			st.release()
+			<-done
+			t.Fatalf("%d events of 256 KiB in flight with window_bytes 768 KiB, want 3 (count alone would allow 20)", inFlight)
+		}
+		for {
+			st.release()
+			st.mu.Lock()
+			st.hold = true
+			st.mu.Unlock()
+			synctest.Wait()
+			select {
+			case <-src.reached:
+			default:
+				continue
+			}
+			break
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if st.maxHeld > 3 {
+			t.Fatalf("up to %d events in flight, want at most 3", st.maxHeld)
+		}
+		if err := checkStream(st, ids); err != nil {
 			t.Fatal(err)
 		}
 	})

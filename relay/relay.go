@@ -57,6 +57,10 @@ type Config struct {
 	// Window bounds the events published and not yet acked (default 1024).
 	// Memory is bounded by it, not by transaction size.
 	Window int
+	// WindowBytes bounds the bytes (data and headers) of the events held
+	// for publishing, in flight or waiting to be resent (default 16 MiB);
+	// one event larger than it still goes out alone.
+	WindowBytes int64
 	// DLQPrefix is the subject prefix of dead letters (default "walbox.dlq.").
 	DLQPrefix string
 	// StrictOrder sets Nats-Expected-Last-Sequence on every publish to the
@@ -106,6 +110,9 @@ func (r *Relay) Progress() (oldestUnacked time.Time, delivered uint64) {
 func New(cfg Config, sink Sink, router *Router) *Relay {
 	if cfg.Window <= 0 {
 		cfg.Window = 1024
+	}
+	if cfg.WindowBytes <= 0 {
+		cfg.WindowBytes = 16 << 20
 	}
 	if cfg.DLQPrefix == "" {
 		cfg.DLQPrefix = "walbox.dlq."
@@ -175,6 +182,7 @@ type pending struct {
 	okCh   <-chan *jetstream.PubAck
 	errCh  <-chan error
 	epoch  uint64 // the connection it was published on
+	size   int64  // bytes held for it (counted in loop.held until done)
 }
 
 // errConnectionChanged stops publishing when the connection was replaced
@@ -197,6 +205,7 @@ type loop struct {
 
 	cur    []cdc.Change
 	curPos int
+	held   int64 // bytes of the events published and not done (window and resend list)
 
 	tails    map[string]StoredTail // what each stream holds of this source, for the resume check
 	origin   *cdc.Origin           // WAL history of the changes being read (KindOrigin)
@@ -327,7 +336,13 @@ func (l *loop) canPublish() bool { return !l.failing && l.resume.IsZero() }
 // canRead: a new batch is taken only when the current one is done, nothing
 // waits to be resent, and the publisher is not failing.
 func (l *loop) canRead() bool {
-	return l.curPos >= len(l.cur) && len(l.retry) == 0 && !l.failing && l.resume.IsZero() && len(l.window) < l.r.cfg.Window
+	return l.curPos >= len(l.cur) && len(l.retry) == 0 && !l.failing && l.resume.IsZero() && l.hasRoom()
+}
+
+// hasRoom: the window takes another new event, by count and by bytes (an
+// empty window always takes one, however large).
+func (l *loop) hasRoom() bool {
+	return len(l.window) < l.r.cfg.Window && (l.held < l.r.cfg.WindowBytes || len(l.window) == 0)
 }
 
 // fill publishes resends first, then the current batch, while the window has room.
@@ -339,7 +354,7 @@ func (l *loop) fill() {
 		l.retry = l.retry[1:]
 		l.send(p)
 	}
-	for len(l.retry) == 0 && l.curPos < len(l.cur) && len(l.window) < l.r.cfg.Window && l.canPublish() {
+	for len(l.retry) == 0 && l.curPos < len(l.cur) && l.hasRoom() && l.canPublish() {
 		c := &l.cur[l.curPos]
 		if c.Kind == cdc.KindReset && len(l.window) > 0 {
 			return // the window must settle before the stream starts over
@@ -435,6 +450,10 @@ func (l *loop) send(p *pending) {
 	}
 	p.fut = fut
 	p.okCh, p.errCh = fut.Ok(), fut.Err()
+	if p.size == 0 {
+		p.size = msgSize(p.msg)
+		l.held += p.size
+	}
 	l.window = append(l.window, p)
 	l.r.m.InFlight.Set(float64(len(l.window)))
 }
@@ -476,6 +495,17 @@ func (l *loop) publishFailed(p *pending, err error) {
 		l.retry = slices.Insert(l.retry, i, p)
 	}
 	l.settle()
+}
+
+// msgSize is what a message holds in memory: data and headers.
+func msgSize(m *nats.Msg) int64 {
+	n := int64(len(m.Data) + len(m.Subject))
+	for k, vs := range m.Header {
+		for _, v := range vs {
+			n += int64(len(k) + len(v))
+		}
+	}
+	return max(n, 1)
 }
 
 func cmpU64(a, b uint64) int {
@@ -553,6 +583,8 @@ func (l *loop) otherWriter(stream string, seq uint64) {
 // done records a finished event.
 func (l *loop) done(p *pending, ack *jetstream.PubAck) {
 	now := time.Now()
+	l.held -= p.size
+	p.size = 0
 	if ack != nil && !p.sentAt.IsZero() { // zero: skipped by the resume check
 		if l.backing {
 			l.bo.Reset()

@@ -65,6 +65,7 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 		CreatePublication: cfg.Postgres.CreatePublication,
 		StatusInterval:    cfg.Postgres.StatusInterval,
 		BatchSize:         cfg.NATS.Window / 2,
+		BatchBytes:        cfg.NATS.WindowBytes / 8,
 		BackoffInitial:    cfg.Retry.Initial,
 		BackoffMax:        cfg.Retry.Max,
 		FailOnSlotLost:    cfg.Postgres.OnSlotLost == "fail",
@@ -130,6 +131,7 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 	defer stopSweeper()
 	r := relay.New(relay.Config{
 		Window:         cfg.NATS.Window,
+		WindowBytes:    cfg.NATS.WindowBytes / 4,
 		DLQPrefix:      cfg.NATS.DLQ.SubjectPrefix,
 		StrictOrder:    cfg.NATS.StrictOrder,
 		BackoffInitial: cfg.Retry.Initial,

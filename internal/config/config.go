@@ -84,6 +84,10 @@ type NATS struct {
 	SubjectPrefix string        `yaml:"subject_prefix" env:"SUBJECT_PREFIX"`
 	AckTimeout    time.Duration `yaml:"ack_timeout" env:"ACK_TIMEOUT"`
 	Window        int           `yaml:"window" env:"WINDOW"`
+	// WindowBytes bounds the bytes of events walbox holds in memory: a
+	// quarter for the publish window, an eighth for each decoded batch
+	// (up to six of them wait for the window or are being decoded).
+	WindowBytes int64 `yaml:"window_bytes" env:"WINDOW_BYTES"`
 	// StrictOrder puts Nats-Expected-Last-Sequence on every publish, so a
 	// stream rejects a message whose predecessor was lost (a leader change
 	// in a cluster) and walbox resends in order. Turn it off when several
@@ -206,7 +210,7 @@ func Default() Config {
 		Postgres: Postgres{Slot: "walbox", Publication: "walbox_outbox", CreatePublication: true, StatusInterval: 10 * time.Second,
 			OnSlotLost: "recreate", HeartbeatInterval: 30 * time.Second},
 		Outbox: Outbox{Table: "public.outbox_events"},
-		NATS: NATS{URL: "nats://127.0.0.1:4222", AckTimeout: 10 * time.Second, Window: 1024, StrictOrder: true,
+		NATS: NATS{URL: "nats://127.0.0.1:4222", AckTimeout: 10 * time.Second, Window: 1024, WindowBytes: 64 << 20, StrictOrder: true,
 			SubjectTemplate: relay.DefaultSubjectTemplate, PartitionBuckets: relay.DefaultPartitionBuckets, Envelope: relay.EnvelopeRaw,
 			DLQ: DLQ{Stream: "WALBOX_DLQ", SubjectPrefix: "walbox.dlq."}},
 		Retry:   Retry{Initial: time.Second, Max: 60 * time.Second},
@@ -312,6 +316,9 @@ func (c *Config) Validate() error {
 	}
 	if c.NATS.Window < 1 || c.NATS.Window > 65536 {
 		bad("nats.window", "%d: must be between 1 and 65536", c.NATS.Window)
+	}
+	if c.NATS.WindowBytes < 1<<20 {
+		bad("nats.window_bytes", "%d: must be at least 1048576 (1 MiB)", c.NATS.WindowBytes)
 	}
 	if c.NATS.AckTimeout <= 0 {
 		bad("nats.ack_timeout", "must be positive")

@@ -1,0 +1,122 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/walbox/walbox/internal/config"
+)
+
+// slowProxy forwards TCP connections from a loopback port to target,
+// passing at most rate bytes per second in each direction: a slow NATS.
+// It stops with the test.
+func slowProxy(t *testing.T, target string, rate int) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var conns []net.Conn
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	throttled := func(dst io.Writer, src io.Reader) {
+		buf := make([]byte, 16<<10)
+		for {
+			n, err := src.Read(buf)
+			if n > 0 {
+				if _, werr := dst.Write(buf[:n]); werr != nil {
+					return
+				}
+				time.Sleep(time.Duration(n) * time.Second / time.Duration(rate))
+			}
+			if err != nil {
+				return
+			}
+		}
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			mu.Lock()
+			conns = append(conns, c, u)
+			mu.Unlock()
+			wg.Add(2)
+			go func() { defer wg.Done(); throttled(u, c); u.Close() }()
+			go func() { defer wg.Done(); throttled(c, u); c.Close() }()
+		}
+	}()
+	return "nats://" + ln.Addr().String()
+}
+
+// TestLargeRowsWithSlowNATSStayWithinTheByteBudget: 80 rows of 512 KiB
+// (40 MiB) wait, and NATS takes 8 MiB/s. The relay's heap must stay within
+// nats.window_bytes (8 MiB here) plus a constant; with the window bounded
+// by count alone (1,024 events) it held the whole backlog.
+func TestLargeRowsWithSlowNATSStayWithinTheByteBudget(t *testing.T) {
+	const rows, budget = 80, 8 << 20
+	addr := freeAddr(t)
+	e := newEnv(t, func(c *config.Config) {
+		c.Metrics.Listen = addr
+		c.NATS.WindowBytes = budget
+	})
+	e.cfg.NATS.URL = slowProxy(t, e.nats.URL()[len("nats://"):], 8<<20)
+	e.migrate()
+	p := e.spawnRelay()
+	var peak float64
+	stop, sampled := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for {
+			if v, ok := metric(addr, "go_memstats_heap_inuse_bytes"); ok && v > peak {
+				peak = v
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}()
+	if _, err := e.pool.Exec(context.Background(), fmt.Sprintf(`INSERT INTO outbox_events (topic, payload)
+		SELECT 'orders.big', jsonb_build_object('n', g, 'pad', repeat('x', 512 * 1024)) FROM generate_series(1, %d) g`, rows)); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	e.waitDelivered(rows, 2*time.Minute)
+	close(stop)
+	<-sampled
+	t.Logf("%d rows of 512 KiB through an 8 MiB/s link in %v; relay heap in use peaked at %.1f MB with window_bytes %d MiB; peak RSS %.1f MB",
+		rows, time.Since(start).Round(time.Millisecond), peak/1e6, budget>>20, float64(vmHWM(p.cmd.Process.Pid))/1e6)
+	if peak == 0 {
+		t.Fatal("could not sample the relay's heap")
+	}
+	// The budget, plus one row over each of its three stages, plus the
+	// relay's own ~15 MB: far below the 40 MiB backlog plus that.
+	if limit := float64(budget + 3*(512<<10) + 20e6); peak > limit {
+		t.Fatalf("relay heap peaked at %.1f MB, over the budget's bound of %.1f MB", peak/1e6, limit/1e6)
+	}
+}
