@@ -25,7 +25,8 @@ DO $$
 BEGIN
     IF (SELECT relkind FROM pg_class WHERE oid = {{.TableLiteral}}::regclass) = 'p'
        AND to_regclass({{.DefaultPartitionLiteral}}) IS NULL THEN
-        EXECUTE 'CREATE TABLE {{.DefaultPartition}} PARTITION OF {{.Table}} DEFAULT';
+        EXECUTE format('CREATE TABLE %I.%I PARTITION OF %I.%I DEFAULT',
+                       {{.SchemaLiteral}}, {{.DefaultPartitionNameLiteral}}, {{.SchemaLiteral}}, {{.TableNameLiteral}});
     END IF;
 END $$;
 

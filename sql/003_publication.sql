@@ -3,6 +3,7 @@
 DO $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = {{.PublicationLiteral}}) THEN
-        EXECUTE 'CREATE PUBLICATION {{.Publication}} FOR TABLE {{.Table}} WITH (publish = ''insert'', publish_via_partition_root = true)';
+        EXECUTE format('CREATE PUBLICATION %I FOR TABLE %I.%I WITH (publish = %L, publish_via_partition_root = true)',
+                       {{.PublicationLiteral}}, {{.SchemaLiteral}}, {{.TableNameLiteral}}, 'insert');
     END IF;
 END $$;

@@ -38,7 +38,8 @@ BEGIN
           FROM pg_partitioned_table p JOIN pg_attribute a ON a.attrelid = p.partrelid AND a.attnum = p.partattrs[0]
          WHERE p.partrelid = to_regclass({{.TableLiteral}}) AND p.partstrat = 'r' AND p.partnatts = 1;
         IF key IS NOT NULL THEN
-            EXECUTE format('CREATE TABLE IF NOT EXISTS {{.ArchiveTable}} (LIKE {{.Table}} INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING GENERATED) PARTITION BY RANGE (%I)', key);
+            EXECUTE format('CREATE TABLE IF NOT EXISTS walbox.%I (LIKE %I.%I INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING GENERATED) PARTITION BY RANGE (%I)',
+                           {{.ArchiveNameLiteral}}, {{.SchemaLiteral}}, {{.TableNameLiteral}}, key);
         END IF;
     ELSIF kind = 'r' THEN
         CREATE TABLE IF NOT EXISTS {{.ArchiveTable}} (LIKE {{.Table}} INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING GENERATED);

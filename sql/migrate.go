@@ -70,7 +70,13 @@ func Render(p Params) ([]Migration, error) {
 		"Publication":             quoteIdent(p.Publication),
 		"PublicationLiteral":      quoteLiteral(p.Publication),
 		"ArchiveTable":            archive,
-		"ArchiveIndex":            quoteIdent(archiveName + "_created_idx"),
+		// Names for format('%I'): dynamic SQL gets identifiers only through
+		// %I, never inside a string literal, so a name with ' or % is safe.
+		"SchemaLiteral":               quoteLiteral(p.Schema),
+		"TableNameLiteral":            quoteLiteral(p.Table),
+		"DefaultPartitionNameLiteral": quoteLiteral(p.Table + "_default"),
+		"ArchiveNameLiteral":          quoteLiteral(archiveName),
+		"ArchiveIndex":                quoteIdent(archiveName + "_created_idx"),
 	}
 	names, err := fs.Glob(files, "*.sql")
 	if err != nil {
