@@ -41,7 +41,7 @@ func newRootCmd() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.PersistentFlags().String("config", "", "YAML config file (env WALBOX_CONFIG)")
-	root.PersistentFlags().String("postgres-url", "", "PostgreSQL URL (overrides postgres.url, env WALBOX_POSTGRES_URL)")
+	root.PersistentFlags().String("postgres-url", "", "PostgreSQL URL (overrides postgres.url, env WALBOX_POSTGRES_URL); leave the password out of it, or it shows in the process list: use postgres.password_file (env WALBOX_POSTGRES_PASSWORD_FILE), PGPASSWORD or PGPASSFILE")
 	root.PersistentFlags().String("nats-url", "", "NATS URL (overrides nats.url, env WALBOX_NATS_URL)")
 	root.PersistentFlags().String("log-level", "", "log level: debug, info, warn, error (overrides log.level)")
 	root.AddCommand(newRunCmd(), newMigrateCmd(), newDevCmd(), newArchiveCmd(),

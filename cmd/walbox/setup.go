@@ -32,6 +32,9 @@ func loadConfig(cmd *cobra.Command) (config.Config, error) {
 	if v, _ := cmd.Flags().GetString("log-level"); v != "" {
 		cfg.Log.Level = v
 	}
+	if err := cfg.ApplyPasswordFile(); err != nil {
+		return cfg, err
+	}
 	return cfg, cfg.Validate()
 }
 

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"regexp"
 	"slices"
@@ -63,6 +64,10 @@ type Postgres struct {
 	// HeartbeatInterval: when the slot has not advanced for this long, emit a
 	// logical message so an idle outbox in a busy cluster holds no WAL (0: off).
 	HeartbeatInterval time.Duration `yaml:"heartbeat_interval" env:"HEARTBEAT_INTERVAL"`
+	// PasswordFile holds the PostgreSQL password (one line), so it need not
+	// be in the URL, the environment or the process list. PGPASSWORD and
+	// PGPASSFILE (~/.pgpass) work too, as for every libpq client.
+	PasswordFile string `yaml:"password_file" env:"PASSWORD_FILE"`
 	// FailoverSlot makes walbox create its slot with failover = true
 	// (PostgreSQL 17+), so standbys with sync_replication_slots keep a copy
 	// and walbox continues from it after a promotion, without a snapshot.
@@ -220,6 +225,38 @@ func Default() Config {
 		Archive: Archive{After: 90 * 24 * time.Hour, DeleteAfter: 3 * 365 * 24 * time.Hour, S3: S3{UseSSL: true}},
 		Runtime: Runtime{GOMAXPROCS: 1},
 	}
+}
+
+// ApplyPasswordFile puts the password of postgres.password_file into
+// postgres.url. Call it after every override of the URL.
+func (c *Config) ApplyPasswordFile() error {
+	if c.Postgres.PasswordFile == "" {
+		return nil
+	}
+	b, err := os.ReadFile(c.Postgres.PasswordFile)
+	if err != nil {
+		return &cdc.ConfigError{Key: "postgres.password_file", Msg: fmt.Sprintf("cannot read it: %v", err)}
+	}
+	pw := strings.TrimRight(string(b), "\r\n")
+	if pw == "" {
+		return &cdc.ConfigError{Key: "postgres.password_file", Msg: "the file is empty"}
+	}
+	if strings.HasPrefix(c.Postgres.URL, "postgres://") || strings.HasPrefix(c.Postgres.URL, "postgresql://") {
+		u, err := url.Parse(c.Postgres.URL)
+		if err != nil {
+			return &cdc.ConfigError{Key: "postgres.url", Msg: "cannot parse it (the password is not shown)"}
+		}
+		user := ""
+		if u.User != nil {
+			user = u.User.Username()
+		}
+		u.User = url.UserPassword(user, pw)
+		c.Postgres.URL = u.String()
+		return nil
+	}
+	// key=value form
+	c.Postgres.URL += " password='" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(pw) + "'"
+	return nil
 }
 
 // Load reads path (may be empty: defaults only), then applies WALBOX_*

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/walbox/walbox/relay"
 )
 
@@ -574,5 +576,35 @@ func TestStreamSpecsFromFile(t *testing.T) {
 		if n != 1 {
 			t.Errorf("dead-letter subject %s captured %d times", subject, n)
 		}
+	}
+}
+
+func TestPasswordFileGoesIntoTheURL(t *testing.T) {
+	dir := t.TempDir()
+	pw := filepath.Join(dir, "pw")
+	if err := os.WriteFile(pw, []byte("s3cr'et @/x\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct{ in, want string }{
+		{"postgres://walbox@db:5432/app?sslmode=require", "postgres://walbox:s3cr%27et%20%40%2Fx@db:5432/app?sslmode=require"},
+		{"host=db user=walbox dbname=app", `host=db user=walbox dbname=app password='s3cr\'et @/x'`},
+	} {
+		c := Default()
+		c.Postgres.URL, c.Postgres.PasswordFile = tt.in, pw
+		if err := c.ApplyPasswordFile(); err != nil {
+			t.Fatal(err)
+		}
+		if c.Postgres.URL != tt.want {
+			t.Errorf("%s: got %s, want %s", tt.in, c.Postgres.URL, tt.want)
+		}
+		pc, err := pgconn.ParseConfig(c.Postgres.URL)
+		if err != nil || pc.Password != "s3cr'et @/x" {
+			t.Errorf("%s: pgx reads password %q (%v)", tt.in, pc.Password, err)
+		}
+	}
+	c := Default()
+	c.Postgres.PasswordFile = filepath.Join(dir, "missing")
+	if err := c.ApplyPasswordFile(); err == nil || !strings.Contains(err.Error(), "postgres.password_file") {
+		t.Errorf("missing file: %v", err)
 	}
 }

@@ -59,6 +59,7 @@ type service struct {
 	Command     words             `yaml:"command"`
 	Environment map[string]string `yaml:"environment"`
 	Volumes     []string          `yaml:"volumes"`
+	Ports       []string          `yaml:"ports"`
 	DependsOn   map[string]struct {
 		Condition string `yaml:"condition"`
 	} `yaml:"depends_on"`
@@ -223,6 +224,13 @@ func TestComposeWalboxMigratesThenRunsAfterHealthyPostgresAndNATS(t *testing.T) 
 	}
 	if strings.HasPrefix(cfg.Metrics.Listen, "127.0.0.1:") {
 		t.Errorf("metrics.listen %q is loopback: the published port would not reach it", cfg.Metrics.Listen)
+	}
+	// Metrics and health have no authentication: the host publishes them on
+	// its loopback only.
+	for _, p := range wb.Ports {
+		if strings.Contains(p, "9187") && !strings.HasPrefix(p, "127.0.0.1:") {
+			t.Errorf("walbox publishes %q on every host interface; bind it to 127.0.0.1", p)
+		}
 	}
 	if wb.Healthcheck == nil || !strings.Contains(strings.Join(wb.Healthcheck.Test, " "), "/readyz") {
 		t.Error("walbox needs a /readyz healthcheck (the producer waits for it)")
