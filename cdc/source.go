@@ -346,10 +346,10 @@ func (s *Source) session(ctx context.Context, out chan<- []Change) (streamed boo
 
 // stream is the state of one replication session.
 type stream struct {
-	src      *Source
-	conn     *pgconn.PgConn
-	out      chan<- []Change
-	dec      *decoder
+	src        *Source
+	conn       *pgconn.PgConn
+	out        chan<- []Change
+	dec        *decoder
 	batch      []Change
 	batchBytes int64 // payloads and headers in batch
 	streamed   bool
