@@ -61,5 +61,6 @@ const (
 	stateObjectNotInPrereqState = "55000" // slot invalidated, or wal_level too low
 	stateInsufficientPrivilege  = "42501"
 	stateInvalidPassword        = "28P01"
+	stateInvalidCatalogName     = "3D000" // database does not exist
 	stateInvalidAuthorization   = "28000" // also: no pg_hba.conf entry for replication
 )

@@ -2,10 +2,13 @@ package cdc
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Leadership is a session-level advisory lock, derived from the slot name,
@@ -26,8 +29,12 @@ type Leadership struct {
 const lockKeySQL = "hashtextextended('walbox:' || $1, 0)"
 
 // AcquireLeadership blocks until this process holds the lock for slot, or ctx
-// ends. waiting is called once when another relay holds it.
-func AcquireLeadership(ctx context.Context, connString, slot string, poll time.Duration, waiting func()) (*Leadership, error) {
+// ends. waiting is called once when another relay holds it. A connection
+// error that retrying cannot cure (no such database or role, a wrong
+// password, no pg_hba.conf entry) is returned at once, with its fix; others
+// (the network, a server starting) are passed to retrying, if set, and
+// retried.
+func AcquireLeadership(ctx context.Context, connString, slot string, poll time.Duration, waiting func(), retrying func(error)) (*Leadership, error) {
 	var conn *pgx.Conn
 	told := false
 	for {
@@ -36,6 +43,12 @@ func AcquireLeadership(ctx context.Context, connString, slot string, poll time.D
 			if err != nil {
 				if ctx.Err() != nil {
 					return nil, ctx.Err()
+				}
+				if perm := PermanentConnectError(err, connString); perm != nil {
+					return nil, perm
+				}
+				if retrying != nil {
+					retrying(err)
 				}
 				if !sleepCtx(ctx, poll) {
 					return nil, ctx.Err()
@@ -67,6 +80,30 @@ func AcquireLeadership(ctx context.Context, connString, slot string, poll time.D
 			return nil, ctx.Err()
 		}
 	}
+}
+
+// PermanentConnectError turns a connection error that reconnecting cannot
+// cure into a PreconditionError that names the fix; it returns nil for the
+// others.
+func PermanentConnectError(err error, connString string) error {
+	user, db := "<role>", "<database>"
+	if pc, perr := pgconn.ParseConfig(connString); perr == nil {
+		user, db = pc.User, pc.Database
+	}
+	switch sqlState(err) {
+	case stateInvalidCatalogName:
+		return &PreconditionError{What: "the database in postgres.url does not exist", Fix: "check the database name in postgres.url (or WALBOX_POSTGRES_URL), or create it", Err: err}
+	case stateInvalidAuthorization:
+		if strings.Contains(err.Error(), "pg_hba.conf") {
+			return &PreconditionError{What: "pg_hba.conf has no entry that lets walbox's role connect to this database",
+				Fix: fmt.Sprintf("add a line for the database and walbox's role to pg_hba.conf, e.g. `host %s %s <walbox address>/32 scram-sha-256`, and reload PostgreSQL; it also covers walbox's logical replication connection, which is matched by database name (the keyword `replication` matches physical replication only)", db, user), Err: err}
+		}
+		return &PreconditionError{What: "the role in postgres.url may not log in (it does not exist, or lacks LOGIN)",
+			Fix: "check the user in postgres.url, or create the role: `walbox migrate --print-grants` prints the recipe", Err: err}
+	case stateInvalidPassword:
+		return &PreconditionError{What: "password authentication failed", Fix: "check the user and password (postgres.url, postgres.password_file, PGPASSWORD or ~/.pgpass)", Err: err}
+	}
+	return nil
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) bool {

@@ -267,7 +267,7 @@ func classifyConnectError(err error) error {
 		msg := err.Error()
 		if strings.Contains(msg, "pg_hba.conf") {
 			return &PreconditionError{What: "the server refuses replication connections from walbox",
-				Fix: "add a pg_hba.conf line such as `host replication <role> <walbox address>/32 scram-sha-256` and reload PostgreSQL", Err: err}
+				Fix: "add a pg_hba.conf line for the outbox database, e.g. `host <database> <role> <walbox address>/32 scram-sha-256`, and reload PostgreSQL (a logical replication connection is matched by database name; the keyword `replication` matches physical replication only)", Err: err}
 		}
 		return &PreconditionError{What: "walbox's role may not use replication",
 			Fix: "ALTER ROLE <role> WITH REPLICATION (see `walbox migrate --print-grants`)", Err: err}

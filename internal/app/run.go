@@ -158,9 +158,16 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 	for {
 		// Several relays may run for one database: one holds the leader
 		// lock and streams, the others wait here and take over when it dies.
+		var lastWarn time.Time
 		lead, err := cdc.AcquireLeadership(ctx, cfg.Postgres.URL, cfg.Postgres.Slot, time.Second, func() {
 			health.standby.Store(true)
 			log.Info().Str("slot", cfg.Postgres.Slot).Msg("standby: another walbox holds the leader lock for this slot; waiting to take over")
+		}, func(err error) {
+			// Once, then every 30 s: the cause, not a silent loop.
+			if time.Since(lastWarn) >= 30*time.Second {
+				lastWarn = time.Now()
+				log.Warn().Err(err).Str("postgres", redact(cfg.Postgres.URL)).Msg("cannot connect to PostgreSQL; retrying every second")
+			}
 		})
 		if err != nil {
 			if ctx.Err() != nil {

@@ -292,7 +292,7 @@ func checkReplicationConnection(ctx context.Context, cfg config.Config, roleOK b
 	if err != nil {
 		fix := "check that the server accepts replication connections from here"
 		if strings.Contains(err.Error(), "pg_hba.conf") {
-			fix = fmt.Sprintf("add a pg_hba.conf line such as `host replication %s <walbox address>/32 scram-sha-256` and reload PostgreSQL", pc.User)
+			fix = fmt.Sprintf("add a pg_hba.conf line for the database, e.g. `host %s %s <walbox address>/32 scram-sha-256`, and reload PostgreSQL (a logical replication connection is matched by database name; the keyword `replication` matches physical replication only)", pc.Database, pc.User)
 		}
 		r.add("postgres.replication_connection", Fail, fmt.Sprintf("replication connection refused: %v", err), fix)
 		return

@@ -53,9 +53,10 @@ func Grants(cfg config.Config, role string) string {
 	p("-- or set archive.after: 0 and keep partitions from your own job, as the owner:")
 	p("--   SELECT walbox.ensure_partitions('%s'::regclass);", t)
 	p("")
-	p("-- pg_hba.conf: walbox opens a normal and a replication connection, e.g.")
-	p("--   hostssl <database>    %s  10.0.0.0/24  scram-sha-256", role)
-	p("--   hostssl replication   %s  10.0.0.0/24  scram-sha-256", role)
+	p("-- pg_hba.conf: walbox's normal connections and its logical replication connection")
+	p("-- (replication=database) are both matched by the database name; the keyword")
+	p("-- 'replication' matches physical replication only. One line covers both:")
+	p("--   hostssl <database>  %s  10.0.0.0/24  scram-sha-256", role)
 	p("-- then SELECT pg_reload_conf(); and check everything with: walbox doctor")
 	return b.String()
 }
