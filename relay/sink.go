@@ -64,6 +64,9 @@ func NewJetStreamSink(nc *nats.Conn, ackTimeout time.Duration, maxPending int) (
 	}, nil
 }
 
+// Conn returns the NATS connection.
+func (s *JetStreamSink) Conn() *nats.Conn { return s.nc }
+
 // JetStream returns the underlying JetStream context.
 func (s *JetStreamSink) JetStream() jetstream.JetStream { return s.js }
 

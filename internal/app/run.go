@@ -10,11 +10,13 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -79,7 +81,8 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 		return err
 	}
 
-	nc, err := connectNATS(ctx, cfg, log, metrics)
+	var natsErr atomic.Pointer[error] // the last failed connection attempt, for the logs
+	nc, err := connectNATS(ctx, cfg, log, metrics, &natsErr)
 	if err != nil {
 		return err
 	}
@@ -99,7 +102,7 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 		defer srv.Close()
 	}
 
-	routes, err := ensureStreams(ctx, sink, cfg, log)
+	routes, err := ensureStreams(ctx, sink, cfg, log, &natsErr)
 	if err != nil {
 		return err
 	}
@@ -215,7 +218,7 @@ func redact(u string) string {
 // connectNATS connects with unlimited reconnects. The reconnect buffer is off:
 // while disconnected a publish fails at once, and the relay backs off and
 // resends in order, instead of the library buffering behind its back.
-func connectNATS(ctx context.Context, cfg config.Config, log zerolog.Logger, m *relay.Metrics) (*nats.Conn, error) {
+func connectNATS(ctx context.Context, cfg config.Config, log zerolog.Logger, m *relay.Metrics, lastErr *atomic.Pointer[error]) (*nats.Conn, error) {
 	nlog := log.With().Str("component", "nats").Logger()
 	auth, err := NATSOptions(cfg.NATS)
 	if err != nil {
@@ -234,6 +237,11 @@ func connectNATS(ctx context.Context, cfg config.Config, log zerolog.Logger, m *
 			}
 			nlog.Warn().Err(err).Msg("disconnected from NATS")
 		}),
+		nats.ReconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				lastErr.Store(&err)
+			}
+		}),
 		nats.ReconnectHandler(func(c *nats.Conn) {
 			m.Reconnects.WithLabelValues("nats").Inc()
 			nlog.Info().Str("url", c.ConnectedUrlRedacted()).Msg("reconnected to NATS")
@@ -247,7 +255,7 @@ func connectNATS(ctx context.Context, cfg config.Config, log zerolog.Logger, m *
 
 // ensureStreams creates or checks the configured streams, retrying while
 // NATS is unreachable: an outage at start is an outage like any other.
-func ensureStreams(ctx context.Context, sink *relay.JetStreamSink, cfg config.Config, log zerolog.Logger) ([]relay.Route, error) {
+func ensureStreams(ctx context.Context, sink *relay.JetStreamSink, cfg config.Config, log zerolog.Logger, lastErr *atomic.Pointer[error]) ([]relay.Route, error) {
 	bo := backoff.NewExponentialBackOff()
 	bo.InitialInterval = cfg.Retry.Initial
 	bo.MaxInterval = cfg.Retry.Max
@@ -263,11 +271,29 @@ func ensureStreams(ctx context.Context, sink *relay.JetStreamSink, cfg config.Co
 		if ctx.Err() != nil {
 			return nil, nil
 		}
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.ErrorCode(10074) {
+			// replicas > 1 on a server that is not clustered: no retry helps.
+			return nil, &cdc.ConfigError{Key: "nats.streams[].replicas",
+				Msg: fmt.Sprintf("%v: the NATS server is not clustered; set replicas: 1 (durable only with sync_interval: always on the server) or run a NATS cluster of at least that many nodes", err)}
+		}
 		if relay.ClassifyJetStream(err) == relay.Permanent && !errors.Is(err, context.DeadlineExceeded) {
 			return nil, fmt.Errorf("%w (fix nats.streams in the config, or the stream on the server)", err)
 		}
+		if nc := sink.Conn(); !nc.IsConnected() {
+			// Not an API error: the connection is not up. Say why, not
+			// what the unsent request ran into.
+			cause := nc.LastError()
+			if p := lastErr.Load(); p != nil {
+				cause = *p
+			}
+			if cause == nil {
+				cause = errors.New("not connected yet")
+			}
+			err = fmt.Errorf("cannot reach NATS at %s: %w", ScrubNATSError(errors.New(cfg.NATS.URL), cfg.NATS), cause)
+		}
 		wait := bo.NextBackOff()
-		log.Warn().Err(err).Dur("retry_in", wait).Msg("JetStream not ready; retrying")
+		log.Warn().Err(err).Str("retry_in", wait.Round(time.Millisecond).String()).Msg("JetStream not ready; retrying")
 		select {
 		case <-ctx.Done():
 			return nil, nil

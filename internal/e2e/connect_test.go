@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -140,5 +141,66 @@ func TestPgHBAForLogicalReplicationIsTheDatabaseLine(t *testing.T) {
 	recipe := ops.Grants(config.Default(), "walbox")
 	if !strings.Contains(recipe, "hostssl <database>  walbox") || strings.Contains(recipe, "hostssl replication") {
 		t.Fatalf("--print-grants' pg_hba.conf advice:\n%s", recipe)
+	}
+}
+
+// TestReplicasAboveOneOnASingleServerFailsFast: the README's own minimal
+// config (replicas: 3) against one NATS server looped forever on "replicas >
+// 1 not supported in non-clustered mode", and doctor called it OK. Now
+// doctor fails with the fix and walbox run exits 1 with it.
+func TestReplicasAboveOneOnASingleServerFailsFast(t *testing.T) {
+	e := newEnv(t)
+	e.migrate()
+	for i := range e.cfg.NATS.Streams {
+		e.cfg.NATS.Streams[i].Replicas = 3
+	}
+	rep := ops.Doctor(context.Background(), e.cfg)
+	found := false
+	for _, c := range rep.Checks {
+		if c.Name == "nats.stream.ORDERS.replicas" {
+			found = true
+			if c.Status != ops.Fail || !strings.Contains(c.Fix, "replicas: 1") {
+				t.Fatalf("doctor: %+v, want a failure with the fix", c)
+			}
+		}
+	}
+	if !found {
+		t.Fatal("doctor has no replicas check for ORDERS")
+	}
+	e.runExits(e.dbURL, "nats.streams[].replicas", "not clustered", "replicas: 1")
+}
+
+// TestWrongNATSAddressSaysConnectionRefused: walbox keeps retrying and
+// stays not ready, and says why: the connection is refused (it used to
+// print "outbound buffer limit exceeded" forever).
+func TestWrongNATSAddressSaysConnectionRefused(t *testing.T) {
+	e := newEnv(t)
+	e.migrate()
+	addr := freeAddr(t)
+	e.cfg.NATS.URL = "nats://" + freeAddr(t) // nothing listens there
+	e.cfg.Metrics.Listen = addr
+	p := e.startProc()
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(p.output(), "connection refused") {
+		if time.Now().After(deadline) {
+			t.Fatalf("walbox does not say the connection is refused:\n%s", p.output())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if strings.Contains(p.output(), "outbound buffer limit exceeded") {
+		t.Fatalf("walbox still reports the unsent request instead of the cause:\n%s", p.output())
+	}
+	resp, err := http.Get("http://" + addr + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("/readyz = %d while NATS is unreachable, want 503", resp.StatusCode)
+	}
+	select {
+	case <-p.done:
+		t.Fatalf("walbox exited on an unreachable NATS; it must keep retrying:\n%s", p.output())
+	default:
 	}
 }

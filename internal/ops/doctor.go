@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/walbox/walbox/cdc"
@@ -624,6 +625,28 @@ func doctorNATS(ctx context.Context, cfg config.Config, r *DoctorReport) {
 			storage = "file"
 		}
 		checkStream(cctx, js, sp, key, storage, r)
+		checkReplicas(nc, sp, key, r)
+	}
+}
+
+// checkReplicas compares a stream's replicas with the NATS servers walbox
+// sees: replicas above 1 need a JetStream cluster with at least that many
+// nodes, or creating the stream fails (and walbox run exits with this fix).
+func checkReplicas(nc *nats.Conn, sp relay.StreamSpec, key string, r *DoctorReport) {
+	name := "nats.stream." + sp.Name + ".replicas"
+	replicas := max(sp.Replicas, 1)
+	cluster, servers := nc.ConnectedClusterName(), len(nc.Servers())
+	switch {
+	case replicas > 1 && cluster == "":
+		r.add(name, Fail, fmt.Sprintf("%s.replicas is %d, but the NATS server is not clustered", key, replicas),
+			fmt.Sprintf("set %s.replicas: 1 for a single server (durable with sync_interval: always), or run a NATS cluster of %d or more nodes", key, replicas))
+	case replicas > servers:
+		r.add(name, Warn, fmt.Sprintf("%s.replicas is %d, and walbox sees %d server(s) of cluster %s", key, replicas, servers, cluster),
+			fmt.Sprintf("add servers to cluster %s, or lower %s.replicas", cluster, key))
+	case cluster == "":
+		r.add(name, OK, fmt.Sprintf("R%d on a single server", replicas), "")
+	default:
+		r.add(name, OK, fmt.Sprintf("R%d on cluster %s (%d servers seen)", replicas, cluster, servers), "")
 	}
 }
 
