@@ -119,8 +119,13 @@ func ensurePublication(ctx context.Context, conn *pgconn.PgConn, name string, ta
 			Fix: fmt.Sprintf("ALTER PUBLICATION %s SET (publish = 'insert', publish_via_partition_root = true)", QuoteIdent(name))}
 	}
 	if rows[0][2] != "t" {
+		exists, err := query(ctx, conn, fmt.Sprintf("SELECT to_regclass(%s) IS NOT NULL", QuoteLiteral(table.Quoted())))
+		if err == nil && len(exists) == 1 && exists[0][0] != "t" {
+			return &PreconditionError{What: fmt.Sprintf("outbox table %s does not exist", table),
+				Fix: "run `walbox migrate` (it creates the table and adds it to the publication), or set outbox.table to your existing outbox table"}
+		}
 		return &PreconditionError{What: fmt.Sprintf("publication %q does not include %s", name, table),
-			Fix: fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s", QuoteIdent(name), table.Quoted())}
+			Fix: fmt.Sprintf("run `walbox migrate`, or as the table owner: ALTER PUBLICATION %s ADD TABLE %s", QuoteIdent(name), table.Quoted())}
 	}
 	if rows[0][1] != "t" {
 		return &PreconditionError{What: fmt.Sprintf("publication %q has publish_via_partition_root off, so rows of a partitioned outbox arrive under partition names", name),

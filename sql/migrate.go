@@ -120,6 +120,10 @@ func Print(p Params) (string, error) {
 	return b.String(), nil
 }
 
+// everyTime starts a migration that runs on every `walbox migrate`, applied
+// or not: it brings something to the configuration (idempotent).
+const everyTime = "-- walbox: every time"
+
 // lockKey serializes concurrent `walbox migrate` runs.
 const lockKey = 0x77616c626f78 // "walbox"
 
@@ -151,12 +155,15 @@ CREATE TABLE IF NOT EXISTS walbox.schema_migrations (
 		if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM walbox.schema_migrations WHERE target = $1 AND version = $2)", target, m.Version).Scan(&done); err != nil {
 			return applied, fmt.Errorf("read walbox.schema_migrations: %w", err)
 		}
-		if done {
+		if done && !strings.HasPrefix(m.SQL, everyTime) {
 			continue
 		}
 		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, m.SQL); err != nil {
 				return err
+			}
+			if done {
+				return nil
 			}
 			_, err := tx.Exec(ctx, "INSERT INTO walbox.schema_migrations (target, version, name) VALUES ($1, $2, $3)", target, m.Version, m.Name)
 			return err
@@ -164,7 +171,9 @@ CREATE TABLE IF NOT EXISTS walbox.schema_migrations (
 		if err != nil {
 			return applied, fmt.Errorf("apply migration %s: %w", m.Name, err)
 		}
-		applied = append(applied, m.Name)
+		if !done {
+			applied = append(applied, m.Name)
+		}
 	}
 	return applied, nil
 }

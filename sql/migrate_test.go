@@ -52,3 +52,45 @@ func TestMigrationsTakeNamesWithQuotesAndPercentSigns(t *testing.T) {
 		t.Fatalf("insert into the migrated table: %v", err)
 	}
 }
+
+// After outbox.table changes, migrate brings the publication to the new
+// table, and it does so on every run, not only the first (someone may have
+// taken the table out of it since).
+func TestMigrateBringsThePublicationToTheConfiguredTable(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, pg.NewDB(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	covers := func(table string) bool {
+		var n int
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_publication_tables WHERE pubname = 'walbox_outbox' AND tablename = $1`, table).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	}
+	if _, err := walboxsql.Apply(ctx, conn, walboxsql.Params{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := walboxsql.Apply(ctx, conn, walboxsql.Params{Table: "events_v2"}); err != nil {
+		t.Fatal(err)
+	}
+	if !covers("events_v2") {
+		t.Fatal("after outbox.table changed to events_v2, migrate left the publication without it")
+	}
+	if _, err := conn.Exec(ctx, `ALTER PUBLICATION walbox_outbox DROP TABLE events_v2`); err != nil {
+		t.Fatal(err)
+	}
+	applied, err := walboxsql.Apply(ctx, conn, walboxsql.Params{Table: "events_v2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(applied) != 0 {
+		t.Fatalf("a third run applied %v; every migration was recorded already", applied)
+	}
+	if !covers("events_v2") {
+		t.Fatal("migrate did not put the table back into the publication")
+	}
+}

@@ -204,3 +204,12 @@ func TestWrongNATSAddressSaysConnectionRefused(t *testing.T) {
 	default:
 	}
 }
+
+// A configured table that does not exist: the error says so and names
+// walbox migrate (it suggested ALTER PUBLICATION ... ADD TABLE, which fails
+// for a missing table).
+func TestMissingOutboxTableNamesMigrate(t *testing.T) {
+	e := newEnv(t, func(c *config.Config) { c.Outbox.Table = "public.no_such_outbox" })
+	e.migrate() // creates the publication (for the default table)
+	e.runExits(e.dbURL, "outbox table public.no_such_outbox does not exist", "walbox migrate")
+}
