@@ -47,6 +47,7 @@ func NewSweeper(cfg config.Config, log zerolog.Logger, reg prometheus.Registerer
 		Interval:        cfg.Sweeper.Interval,
 		PartitionStep:   cfg.Sweeper.PartitionStep,
 		PartitionsAhead: cfg.Sweeper.PartitionsAhead,
+		NoMaintenance:   !cfg.Sweeper.Maintain,
 		Archive:         sweep.ArchiveConfig{After: a.After, ExportAfter: a.ExportAfter, DeleteAfter: a.DeleteAfter, Store: store},
 		BackoffInitial:  cfg.Retry.Initial,
 		BackoffMax:      cfg.Retry.Max,

@@ -179,6 +179,9 @@ type Sweeper struct {
 	// PartitionStep is day or month; PartitionsAhead, in days.
 	PartitionStep   string `yaml:"partition_step" env:"PARTITION_STEP"`
 	PartitionsAhead int    `yaml:"partitions_ahead" env:"PARTITIONS_AHEAD"`
+	// Maintain: keep partitions ahead and archive (needs table ownership).
+	// false leaves both to the DBA; rows are still marked.
+	Maintain bool `yaml:"maintain" env:"MAINTAIN"`
 }
 
 // Archive moves old processed rows out of the outbox, to cold storage, and
@@ -221,7 +224,7 @@ func Default() Config {
 		Retry:   Retry{Initial: time.Second, Max: 60 * time.Second},
 		Metrics: Metrics{Listen: "127.0.0.1:9187"},
 		Log:     Log{Level: "info", Format: "auto"},
-		Sweeper: Sweeper{MarkProcessed: true, BatchSize: 1000, Interval: 200 * time.Millisecond, PartitionStep: "day", PartitionsAhead: 7},
+		Sweeper: Sweeper{MarkProcessed: true, BatchSize: 1000, Interval: 200 * time.Millisecond, PartitionStep: "day", PartitionsAhead: 7, Maintain: true},
 		Archive: Archive{After: 90 * 24 * time.Hour, DeleteAfter: 3 * 365 * 24 * time.Hour, S3: S3{UseSSL: true}},
 		Runtime: Runtime{GOMAXPROCS: 1},
 	}

@@ -109,7 +109,7 @@ func doctorPostgres(ctx context.Context, cfg config.Config, r *DoctorReport) {
 	pgNames := []string{"postgres.version", "postgres.wal_level", "postgres.pending_restart", "postgres.max_replication_slots",
 		"postgres.max_wal_senders", "postgres.role", "postgres.replication_connection", "postgres.outbox_table",
 		"postgres.outbox_privileges", "postgres.publication", "postgres.slot", "postgres.failover",
-		"postgres.max_slot_wal_keep_size", "postgres.idle_replication_slot_timeout", "postgres.track_commit_timestamp", "postgres.walbox_schema"}
+		"postgres.max_slot_wal_keep_size", "postgres.idle_replication_slot_timeout", "postgres.sweeper_maintain", "postgres.track_commit_timestamp", "postgres.walbox_schema"}
 	skipRest := func(why string) {
 		for _, n := range pgNames {
 			r.add(n, Skip, why, "")
@@ -146,6 +146,7 @@ func doctorPostgres(ctx context.Context, cfg config.Config, r *DoctorReport) {
 	checkFailover(ctx, conn, cfg, f, r)
 	checkKeepSize(ctx, conn, r)
 	checkIdleSlotTimeout(ctx, conn, f, r)
+	checkMaintain(ctx, conn, cfg, f, r)
 	checkCommitTimestamp(ctx, conn, r)
 	checkWalboxSchema(ctx, conn, f, r)
 }
@@ -509,6 +510,30 @@ func checkKeepSize(ctx context.Context, conn *pgx.Conn, r *DoctorReport) {
 		return
 	}
 	r.add("postgres.max_slot_wal_keep_size", OK, "max_slot_wal_keep_size = "+v, "")
+}
+
+// checkMaintain: partition upkeep and archival need ownership of the table.
+func checkMaintain(ctx context.Context, conn *pgx.Conn, cfg config.Config, f pgFacts, r *DoctorReport) {
+	const name = "postgres.sweeper_maintain"
+	if !cfg.Sweeper.Maintain {
+		r.add(name, OK, "sweeper.maintain is false: partitions and archival are left to the DBA (walbox archive, walbox.ensure_partitions)", "")
+		return
+	}
+	if f.tableOID == 0 {
+		r.add(name, Skip, "no outbox table to check", "")
+		return
+	}
+	var owner bool
+	if err := conn.QueryRow(ctx, `SELECT pg_has_role(current_user, relowner, 'MEMBER') FROM pg_class WHERE oid = $1`, f.tableOID).Scan(&owner); err != nil {
+		r.add(name, Skip, fmt.Sprintf("cannot read the table's owner: %v", err), "")
+		return
+	}
+	if !owner {
+		r.add(name, Warn, fmt.Sprintf("%s does not own %s: partition upkeep and archival will fail (the sweeper warns once and goes on marking rows)", f.user, f.table),
+			fmt.Sprintf("GRANT <owner of %s> TO %s; or set sweeper.maintain: false and keep partitions and archival in a DBA job", f.table, f.user))
+		return
+	}
+	r.add(name, OK, fmt.Sprintf("%s owns %s: walbox keeps partitions ahead and archives", f.user, f.table), "")
 }
 
 // checkIdleSlotTimeout: PostgreSQL 18 invalidates a slot that has had no

@@ -47,6 +47,9 @@ func TestDoctorGoodSetup(t *testing.T) {
 	if c := checkOf(t, rep, "postgres.max_slot_wal_keep_size"); c.Status != Warn || !strings.Contains(c.Fix, "max_slot_wal_keep_size") {
 		t.Errorf("max_slot_wal_keep_size: %+v", c)
 	}
+	if c := checkOf(t, rep, "postgres.sweeper_maintain"); c.Status != OK {
+		t.Errorf("sweeper_maintain for the table's owner: %+v", c)
+	}
 	if c := checkOf(t, rep, "postgres.idle_replication_slot_timeout"); c.Status != OK {
 		t.Errorf("idle_replication_slot_timeout with the default: %+v", c)
 	}
@@ -99,6 +102,9 @@ func TestDoctorBadRoleStreamsAndNATS(t *testing.T) {
 	}
 	if c := checkOf(t, rep, "postgres.role"); c.Status != Fail || !strings.Contains(c.Fix, "WITH REPLICATION") {
 		t.Errorf("role: %+v", c)
+	}
+	if c := checkOf(t, rep, "postgres.sweeper_maintain"); c.Status != Warn || !strings.Contains(c.Fix, "sweeper.maintain: false") {
+		t.Errorf("sweeper_maintain for a role that does not own the table: %+v", c)
 	}
 	if c := checkOf(t, rep, "postgres.replication_connection"); c.Status != Skip {
 		t.Errorf("replication_connection: %+v", c)

@@ -14,6 +14,7 @@ type Metrics struct {
 	Exported          prometheus.Counter
 	RowsExported      prometheus.Counter
 	Blocked           prometheus.Gauge
+	MaintainFailures  *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *Metrics {
@@ -45,9 +46,12 @@ func newMetrics(reg prometheus.Registerer) *Metrics {
 		Blocked: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "walbox_archive_blocked_partitions", Help: "Partitions old enough to archive that still hold unprocessed rows.",
 		}),
+		MaintainFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "walbox_sweeper_maintenance_failures_total", Help: "Partition upkeep and archival runs that failed, by reason: privilege (the role does not own the table) or error.",
+		}, []string{"reason"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Unprocessed, m.OldestUnprocessed, m.Marked, m.Dropped, m.Queue, m.Archived, m.Exported, m.RowsExported, m.Blocked)
+		reg.MustRegister(m.Unprocessed, m.OldestUnprocessed, m.Marked, m.Dropped, m.Queue, m.Archived, m.Exported, m.RowsExported, m.Blocked, m.MaintainFailures)
 	}
 	return m
 }

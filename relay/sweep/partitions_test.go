@@ -3,8 +3,15 @@ package sweep_test
 import (
 	"context"
 	"fmt"
+	"net/url"
+	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/rs/zerolog"
 
 	"github.com/walbox/walbox/relay/sweep"
 )
@@ -185,3 +192,75 @@ func (d *db) fill(start string, rows int, processed bool) {
 		       jsonb_build_object('n', g, 's', E'quote " back \\ nl \n tab \t ü €'), $2, CASE WHEN $2 THEN now() END
 		FROM generate_series(0, $3 - 1) g`, start, processed, rows)
 }
+
+// Without ownership of the table, partition upkeep fails for good: the
+// sweeper says so once, with the fix, and keeps marking rows; with
+// sweeper.maintain false it does not try.
+func TestMaintenanceWithoutOwnershipWarnsOnceAndCanBeTurnedOff(t *testing.T) {
+	d := newDB(t, true)
+	d.exec(`DO $$ BEGIN CREATE ROLE walbox_sweeper LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$`)
+	d.exec(`GRANT USAGE ON SCHEMA walbox TO walbox_sweeper`)
+	d.exec(`GRANT SELECT, UPDATE ON ALL TABLES IN SCHEMA public TO walbox_sweeper`)
+	// A partition due soon is missing: upkeep has work that needs ownership.
+	var missing string
+	if err := d.pool.QueryRow(context.Background(), `SELECT 'outbox_events_p' || to_char(now() + interval '3 days', 'YYYYMMDD')`).Scan(&missing); err != nil {
+		t.Fatal(err)
+	}
+	d.exec(`DROP TABLE ` + missing)
+	u, err := url.Parse(d.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.User("walbox_sweeper")
+	for _, off := range []bool{false, true} {
+		var logs strings.Builder
+		var mu sync.Mutex
+		reg := prometheus.NewRegistry()
+		sw := d.sweeper(func(c *sweep.Config) {
+			c.ConnString = u.String()
+			c.MaintenanceInterval = 20 * time.Millisecond
+			c.NoMaintenance = off
+			c.Registry = reg
+			c.Logger = zerolog.New(zerolog.SyncWriter(writerFunc(func(p []byte) (int, error) {
+				mu.Lock()
+				defer mu.Unlock()
+				return logs.Write(p)
+			}))).Level(zerolog.InfoLevel)
+		})
+		stop := sw.Start(context.Background())
+		failures := func() float64 { return testutil.ToFloat64(sw.Metrics().MaintainFailures.WithLabelValues("privilege")) }
+		if off {
+			waitFor(t, 10*time.Second, "the note that maintenance is off", func() bool {
+				mu.Lock()
+				defer mu.Unlock()
+				return strings.Contains(logs.String(), "sweeper.maintain is false")
+			})
+		} else {
+			waitFor(t, 10*time.Second, "three failed maintenance runs", func() bool {
+				if failures() >= 3 {
+					return true
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				return strings.Count(logs.String(), "maintenance failed") > 3 // another error: fail below with the log
+			})
+		}
+		stop()
+		mu.Lock()
+		out := logs.String()
+		mu.Unlock()
+		warned := strings.Count(out, "need ownership")
+		switch {
+		case off && (warned != 0 || failures() != 0):
+			t.Fatalf("maintain off: %v failures, %d warnings:\n%s", failures(), warned, out)
+		case !off && warned != 1:
+			t.Fatalf("%v failed runs gave %d warnings, want 1 with the fix:\n%s", failures(), warned, out)
+		case !off && !strings.Contains(out, "sweeper.maintain: false"):
+			t.Fatalf("the warning does not name the fix:\n%s", out)
+		}
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

@@ -59,6 +59,9 @@ type Config struct {
 	// days ahead partitions exist (default 7).
 	PartitionStep   string
 	PartitionsAhead int
+	// NoMaintenance leaves partition upkeep and archival to the DBA (they
+	// need table ownership): only rows are marked.
+	NoMaintenance bool
 	// MaintenanceInterval: partitions and archival run at start and then this
 	// often (default 10 min). StatsInterval: the unprocessed gauges (default 30 s).
 	MaintenanceInterval time.Duration
@@ -730,6 +733,10 @@ func unprocessed(ctx context.Context, q querier, ti *tableInfo) (int64, time.Dur
 
 // maintenanceLoop runs Maintain at start and every MaintenanceInterval.
 func (s *Sweeper) maintenanceLoop(ctx context.Context, stopping <-chan struct{}) {
+	if s.cfg.NoMaintenance {
+		s.log.Info().Str("table", s.cfg.Table.String()).Msg("sweeper.maintain is false: partitions and archival are left to the DBA (walbox archive, walbox.ensure_partitions)")
+		return
+	}
 	bo := backoff.NewExponentialBackOff()
 	bo.InitialInterval = s.cfg.BackoffInitial
 	bo.MaxInterval = s.cfg.MaintenanceInterval
@@ -752,7 +759,17 @@ func (s *Sweeper) maintenanceLoop(ctx context.Context, stopping <-chan struct{})
 				return
 			}
 			wait = bo.NextBackOff()
-			s.log.Warn().Err(err).Dur("retry_in", wait).Msg("maintenance failed")
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+				s.m.MaintainFailures.WithLabelValues("privilege").Inc()
+				// Not an outage: the role may not maintain the table. Say
+				// so once with the fix, then try again at the normal pace.
+				s.warn("maintain-privilege", fmt.Sprintf("partition upkeep and archival need ownership of %s (%v): grant walbox's role membership in the owner (see walbox migrate --print-grants), or set sweeper.maintain: false and run walbox archive from a DBA job", s.cfg.Table, err))
+				wait = s.cfg.MaintenanceInterval
+			} else {
+				s.m.MaintainFailures.WithLabelValues("error").Inc()
+				s.log.Warn().Err(err).Str("retry_in", wait.Round(time.Millisecond).String()).Msg("maintenance failed")
+			}
 		} else {
 			bo.Reset()
 			rep.log(s.log)
