@@ -47,6 +47,10 @@ type Config struct {
 	FailOnSlotLost bool
 	// FailoverSlot creates the slot with FAILOVER (PostgreSQL 17+).
 	FailoverSlot bool
+	// Origin is pgoutput's origin filter (PostgreSQL 16+): "none" streams
+	// only changes made on this server, not those applied by a logical
+	// replication subscription; "" or "any" streams both.
+	Origin string
 	// OnSlotLost, if set, is told each time the slot was found lost: reason
 	// is SlotMissing or SlotInvalidated, msg the logged explanation.
 	OnSlotLost func(reason, msg string)
@@ -319,13 +323,19 @@ func (s *Source) session(ctx context.Context, out chan<- []Change) (streamed boo
 	// Start at LSN 0: on an existing slot the server resumes at
 	// confirmed_flush_lsn. Starting at IDENTIFY_SYSTEM's position would skip
 	// transactions that were never acked.
-	err = pglogrepl.StartReplication(ctx, conn, s.cfg.Slot, 0, pglogrepl.StartReplicationOptions{
-		PluginArgs: []string{
-			"proto_version '1'",
-			"publication_names " + QuoteLiteral(s.cfg.Publication),
-			"messages 'true'",
-		},
-	})
+	args := []string{
+		"proto_version '1'",
+		"publication_names " + QuoteLiteral(s.cfg.Publication),
+		"messages 'true'",
+	}
+	if s.cfg.Origin == "none" {
+		if v, verr := serverVersion(ctx, conn); verr == nil && v < 160000 {
+			return false, &PreconditionError{What: fmt.Sprintf("postgres.origin: none needs PostgreSQL 16 or newer; this server is %d", v/10000),
+				Fix: "set postgres.origin: any (rows a subscription applies are then published too; Nats-Msg-Id drops those the stream already holds)"}
+		}
+		args = append(args, "origin 'none'")
+	}
+	err = pglogrepl.StartReplication(ctx, conn, s.cfg.Slot, 0, pglogrepl.StartReplicationOptions{PluginArgs: args})
 	if err != nil {
 		switch sqlState(err) {
 		case stateUndefinedObject:

@@ -72,6 +72,7 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 		BackoffMax:        cfg.Retry.Max,
 		FailOnSlotLost:    cfg.Postgres.OnSlotLost == "fail",
 		FailoverSlot:      cfg.Postgres.FailoverSlot,
+		Origin:            cfg.Postgres.Origin,
 		OnSlotLost:        func(reason, _ string) { metrics.SlotLost.WithLabelValues(reason).Inc() },
 		OnReconnect:       func() { metrics.Reconnects.WithLabelValues("postgres").Inc() },
 		HeartbeatInterval: cfg.Postgres.HeartbeatInterval,

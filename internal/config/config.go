@@ -72,6 +72,10 @@ type Postgres struct {
 	// (PostgreSQL 17+), so standbys with sync_replication_slots keep a copy
 	// and walbox continues from it after a promotion, without a snapshot.
 	FailoverSlot bool `yaml:"failover_slot" env:"FAILOVER_SLOT"`
+	// Origin filters by where a change was made (PostgreSQL 16+): none
+	// publishes only rows written on this server, not rows a logical
+	// replication subscription applied here; any publishes both.
+	Origin string `yaml:"origin" env:"ORIGIN"`
 }
 
 // Outbox describes the outbox table.
@@ -216,7 +220,7 @@ type S3 struct {
 func Default() Config {
 	return Config{
 		Postgres: Postgres{Slot: "walbox", Publication: "walbox_outbox", CreatePublication: true, StatusInterval: 10 * time.Second,
-			OnSlotLost: "recreate", HeartbeatInterval: 30 * time.Second},
+			OnSlotLost: "recreate", HeartbeatInterval: 30 * time.Second, Origin: "any"},
 		Outbox: Outbox{Table: "public.outbox_events"},
 		NATS: NATS{URL: "nats://127.0.0.1:4222", AckTimeout: 10 * time.Second, Window: 1024, WindowBytes: 64 << 20, StrictOrder: true,
 			SubjectTemplate: relay.DefaultSubjectTemplate, PartitionBuckets: relay.DefaultPartitionBuckets, Envelope: relay.EnvelopeRaw,
@@ -356,6 +360,9 @@ func (c *Config) Validate() error {
 	}
 	if c.NATS.Window < 1 || c.NATS.Window > 65536 {
 		bad("nats.window", "%d: must be between 1 and 65536", c.NATS.Window)
+	}
+	if c.Postgres.Origin != "" && c.Postgres.Origin != "any" && c.Postgres.Origin != "none" {
+		bad("postgres.origin", "%q: use any or none", c.Postgres.Origin)
 	}
 	if c.NATS.WindowBytes < 1<<20 {
 		bad("nats.window_bytes", "%d: must be at least 1048576 (1 MiB)", c.NATS.WindowBytes)
