@@ -42,6 +42,11 @@ const (
 	HeaderOriginalSubject  = "Walbox-Dlq-Original-Subject"
 	HeaderOriginalStream   = "Walbox-Dlq-Original-Stream"
 	HeaderOriginalSequence = "Walbox-Dlq-Original-Sequence"
+
+	// On a retried dead letter (walbox dlq retry): the subject the event
+	// had, and the dead letter it came from.
+	HeaderRetrySubject = "Walbox-Retry-Subject"
+	HeaderRetriedFrom  = "Walbox-Dlq-Retried-From"
 )
 
 // Defaults of Config.
@@ -51,6 +56,10 @@ const (
 	// DefaultDeadLetterPrefix + Durable is the default dead-letter subject;
 	// walbox's dead-letter stream (WALBOX_DLQ, walbox.dlq.>) captures it.
 	DefaultDeadLetterPrefix = "walbox.dlq.consumer."
+	// DefaultRetryPrefix + Durable is the default retry subject: `walbox
+	// dlq retry` sends a group's dead letters back there, to that group
+	// alone (the other groups already handled the event).
+	DefaultRetryPrefix = "walbox.dlq.retry."
 )
 
 // DefaultBackoff is the delay before redelivery after the 1st, 2nd and
@@ -163,6 +172,11 @@ type Config struct {
 	// DeadLetterSubject is where dead letters go (default
 	// "walbox.dlq.consumer.<Durable>"). A stream must capture it; Run checks.
 	DeadLetterSubject string
+	// RetrySubject is where `walbox dlq retry` sends this group's dead
+	// letters back (default "walbox.dlq.retry.<Durable>"). A stream must
+	// capture it (WALBOX_DLQ does); Run consumes it with a second durable
+	// consumer, <Durable>-retry, through the same handler.
+	RetrySubject string
 	// Retryable decides whether a handler error is worth retrying (default:
 	// every error not wrapped with Permanent).
 	Retryable func(error) bool
@@ -237,6 +251,12 @@ func (c Config) withDefaults() (Config, error) {
 	if strings.ContainsAny(c.DeadLetterSubject, "*> \t\r\n") {
 		return c, fmt.Errorf("Config.DeadLetterSubject %q: must be a plain subject", c.DeadLetterSubject)
 	}
+	if c.RetrySubject == "" {
+		c.RetrySubject = DefaultRetryPrefix + c.Durable
+	}
+	if strings.ContainsAny(c.RetrySubject, "*> \t\r\n") {
+		return c, fmt.Errorf("Config.RetrySubject %q: must be a plain subject", c.RetrySubject)
+	}
 	if c.Retryable == nil {
 		c.Retryable = func(err error) bool { return !IsPermanent(err) }
 	}
@@ -259,6 +279,7 @@ type runner struct {
 	handler Handler
 	tracer  trace.Tracer
 	log     *slog.Logger
+	retry   bool // consumes the group's retry subject
 }
 
 // Run consumes until ctx ends, then waits for the messages in hand to
@@ -285,7 +306,56 @@ func Run(ctx context.Context, js jetstream.JetStream, cfg Config, handler Handle
 		}
 		return err
 	}
-	return r.loop(ctx, cons)
+	rr := *r
+	rr.retry = true
+	rr.log = r.log.With("retry", true)
+	rcons, err := rr.setupRetry(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	// Both loops stop when ctx ends; if one fails, the other is stopped too.
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	retryDone := make(chan error, 1)
+	go func() {
+		err := rr.loop(lctx, rcons)
+		if err != nil {
+			cancel()
+		}
+		retryDone <- err
+	}()
+	err = r.loop(lctx, cons)
+	cancel()
+	if rerr := <-retryDone; err == nil {
+		err = rerr
+	}
+	return err
+}
+
+// setupRetry creates or updates the durable consumer of the group's retry
+// subject, on the stream that captures it.
+func (r *runner) setupRetry(ctx context.Context) (jetstream.Consumer, error) {
+	stream, err := r.js.StreamNameBySubject(ctx, r.cfg.RetrySubject)
+	if err != nil {
+		return nil, fmt.Errorf("consumer %s: no stream captures the retry subject %s (walbox's WALBOX_DLQ captures walbox.dlq.>; or set Config.RetrySubject): %w",
+			r.cfg.Durable, r.cfg.RetrySubject, err)
+	}
+	cons, err := r.js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{
+		Durable:       r.cfg.Durable + "-retry",
+		Description:   "walbox consumer group " + r.cfg.Durable + ": dead letters sent back by walbox dlq retry",
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       r.cfg.AckWait,
+		MaxDeliver:    -1,
+		FilterSubject: r.cfg.RetrySubject,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("consumer %s: create or update the retry consumer on stream %s: %w", r.cfg.Durable, stream, err)
+	}
+	return cons, nil
 }
 
 func (r *runner) setup(ctx context.Context) (jetstream.Consumer, error) {
@@ -530,6 +600,8 @@ func (r *runner) deadLetter(ctx context.Context, jm jetstream.Msg, m Message, ca
 	dl.Header.Set(HeaderGroup, r.cfg.Durable)
 	dl.Header.Set(HeaderAttempts, strconv.Itoa(m.Attempt))
 	dl.Header.Set(HeaderOriginalSubject, m.Subject)
+	dl.Header.Del(HeaderRetrySubject)
+	dl.Header.Del(HeaderRetriedFrom)
 	dl.Header.Set(HeaderOriginalStream, m.Stream)
 	dl.Header.Set(HeaderOriginalSequence, strconv.FormatUint(m.Sequence, 10))
 	// One dead letter per group and event, even if this runs twice.
@@ -537,6 +609,11 @@ func (r *runner) deadLetter(ctx context.Context, jm jetstream.Msg, m Message, ca
 	if m.ID != "" {
 		dl.Header.Set(HeaderEventID, m.ID)
 		dedup = m.ID
+	}
+	if r.retry {
+		// A retried event failing again is a new dead letter: its first
+		// one's id may still be inside the duplicate window.
+		dedup += ".retry." + m.Stream + "." + strconv.FormatUint(m.Sequence, 10)
 	}
 	dl.Header.Set(HeaderMsgID, "consumer."+r.cfg.Durable+"."+dedup)
 	if _, err := r.js.PublishMsg(ctx, dl); err != nil {
@@ -593,6 +670,14 @@ func newMessage(jm jetstream.Msg) Message {
 	}
 	if m.Attempt < 1 {
 		m.Attempt = 1
+	}
+	// A dead letter sent back by walbox dlq retry: the event's own id and
+	// subject, not the retry message's.
+	if subj := h.Get(HeaderRetrySubject); subj != "" {
+		m.Subject = subj
+		if id := h.Get(HeaderEventID); id != "" {
+			m.ID = id
+		}
 	}
 	return m
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/nats-io/nats.go"
 	"github.com/walbox/walbox/cdc"
 )
@@ -40,6 +41,11 @@ const (
 
 	HeaderDLQReason          = "Walbox-Dlq-Reason"
 	HeaderDLQOriginalSubject = "Walbox-Dlq-Original-Subject"
+	// HeaderDLQOriginalTopic and HeaderDLQHeaders keep what the router
+	// needs to build the event's message again on retry (its envelope,
+	// its subject template): the topic and the headers column.
+	HeaderDLQOriginalTopic = "Walbox-Dlq-Original-Topic"
+	HeaderDLQHeaders       = "Walbox-Dlq-Headers"
 )
 
 // PoisonError marks an event that can never be published as it is. It is
@@ -145,6 +151,27 @@ func setOptional(h nats.Header, key, v string) {
 func NewRouter(prefix, source string, routes []Route) *Router {
 	return &Router{prefix: prefix, source: source, routes: routes, cache: make(map[string]string),
 		buckets: DefaultPartitionBuckets, envelope: EnvelopeRaw, ceSource: "walbox/" + source}
+}
+
+// EventFromHeaders rebuilds, for a retry, the event a dead letter was made
+// from: its id, topic, payload and the headers DeadLetter kept.
+func EventFromHeaders(h nats.Header, topic, id string, payload []byte) cdc.Event {
+	ev := cdc.Event{ID: id, Topic: topic, Payload: payload, PayloadIsJSON: json.Valid(payload),
+		EventType: h.Get(HeaderEventType), AggregateType: h.Get(HeaderAggregateType),
+		AggregateID: h.Get(HeaderAggregateID), PartitionKey: h.Get(HeaderPartitionKey)}
+	if hc := h.Get(HeaderDLQHeaders); hc != "" {
+		ev.Headers = []byte(hc)
+	}
+	if lsn, err := pglogrepl.ParseLSN(h.Get(HeaderCommitLSN)); err == nil {
+		ev.Pos.CommitLSN = lsn
+	}
+	if idx, err := strconv.ParseUint(h.Get(HeaderIndex), 10, 32); err == nil {
+		ev.Pos.Index = uint32(idx)
+	}
+	if t, err := time.Parse(time.RFC3339Nano, h.Get(HeaderCommitTime)); err == nil {
+		ev.CommitTime = t
+	}
+	return ev
 }
 
 // HeaderSafe reports whether v travels in a NATS header unchanged: nats.go
@@ -335,6 +362,15 @@ func (r *Router) DeadLetter(ev *cdc.Event, dlqPrefix, reason string) *nats.Msg {
 		HeaderCommitLSN:          {ev.Pos.CommitLSN.String()},
 		HeaderIndex:              {strconv.FormatUint(uint64(ev.Pos.Index), 10)},
 		HeaderCommitTime:         {ev.CommitTime.UTC().Format(time.RFC3339Nano)},
+	}
+	for k, v := range map[string]string{HeaderEventType: ev.EventType, HeaderAggregateType: ev.AggregateType,
+		HeaderAggregateID: ev.AggregateID, HeaderPartitionKey: ev.PartitionKey, HeaderDLQHeaders: string(ev.Headers)} {
+		if v != "" && HeaderSafe(v) && !strings.ContainsAny(v, "\r\n") {
+			h[k] = []string{v}
+		}
+	}
+	if !ev.TopicNull && ev.Topic != "" && HeaderSafe(ev.Topic) {
+		h[HeaderDLQOriginalTopic] = []string{ev.Topic}
 	}
 	switch {
 	case ev.ID != "" && HeaderSafe(ev.ID):

@@ -588,9 +588,14 @@ func TestDeadLetterCarriesThePoisonReason(t *testing.T) {
 	if got := m.Header.Get(HeaderDLQReason); got != pe.Reason {
 		t.Fatalf("reason header = %q, want %q", got, pe.Reason)
 	}
-	// Ordinary headers of the event are not carried over.
-	if _, ok := m.Header[HeaderEventType]; ok {
-		t.Errorf("dead letter carries %s", HeaderEventType)
+	// It keeps what a retry needs to build the event's message again: the
+	// topic and the event's own headers (walbox dlq retry).
+	if m.Header.Get(HeaderEventType) != ev.EventType || m.Header.Get(HeaderDLQOriginalTopic) != ev.Topic {
+		t.Errorf("dead letter lacks the event type or topic: %v", m.Header)
+	}
+	back := EventFromHeaders(m.Header, m.Header.Get(HeaderDLQOriginalTopic), ev.ID, m.Data)
+	if back.EventType != ev.EventType || back.AggregateID != ev.AggregateID || back.Pos != ev.Pos || !back.CommitTime.Equal(ev.CommitTime) {
+		t.Errorf("event rebuilt from the dead letter: %+v, want %+v", back, *ev)
 	}
 }
 

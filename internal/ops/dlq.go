@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/walbox/walbox/consumer"
 	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/relay"
 )
@@ -33,7 +34,10 @@ type DeadLetter struct {
 	OriginalSubject string    `json:"original_subject"`
 	ID              string    `json:"id"`
 	Reason          string    `json:"reason"`
-	msg             *nats.Msg // with payload, for retry
+	// Group is the consumer group that dead-lettered it; empty for the
+	// relay's dead letters (events no stream stored).
+	Group string    `json:"group,omitempty"`
+	msg   *nats.Msg // with payload, for retry
 }
 
 // DLQList reads up to limit dead letters (oldest first; limit <= 0: all)
@@ -99,10 +103,12 @@ func readDLQ(ctx context.Context, js jetstream.JetStream, name string, limit int
 func fillDeadLetter(dl *DeadLetter, h nats.Header) {
 	dl.OriginalSubject = h.Get(relay.HeaderDLQOriginalSubject)
 	dl.Reason = h.Get(relay.HeaderDLQReason)
-	dl.ID = h.Get(relay.HeaderMsgID)
+	// The event's id: a consumer's dead letter has its own Nats-Msg-Id.
+	dl.ID = h.Get(headerEventID)
 	if dl.ID == "" {
-		dl.ID = h.Get(headerEventID)
+		dl.ID = h.Get(relay.HeaderMsgID)
 	}
+	dl.Group = h.Get(consumer.HeaderGroup)
 }
 
 // PrintDeadLetters writes the list as a table.
@@ -192,6 +198,7 @@ func DLQRetry(ctx context.Context, cfg config.Config, opts DLQRetryOptions) (*DL
 		})
 	}
 	defer bar.finish()
+	routers := &retryRouters{js: js, cfg: cfg}
 	for _, dl := range dls {
 		bar.add(1)
 		target, why := retryTarget(ctx, js, cfg, dl)
@@ -200,7 +207,7 @@ func DLQRetry(ctx context.Context, cfg config.Config, opts DLQRetryOptions) (*DL
 			fmt.Fprintf(opts.Out, "seq %d %s: skipped: %s\n", dl.Seq, orDash(dl.OriginalSubject), why)
 			continue
 		}
-		m := retryMessage(dl, name)
+		m := retryMessage(dl, name, routers.get(ctx, dl.msg.Header.Get(relay.HeaderSource)))
 		ack, err := js.PublishMsg(ctx, m, jetstream.WithExpectStream(target))
 		if err != nil {
 			return res, fmt.Errorf("republish dead letter %d to %s: %w (it stays in %s)", dl.Seq, dl.OriginalSubject, err, name)
@@ -219,6 +226,42 @@ func DLQRetry(ctx context.Context, cfg config.Config, opts DLQRetryOptions) (*DL
 	return res, nil
 }
 
+// retryRouters builds, per source, the router that gives a retried relay
+// dead letter the envelope and subject the relay gives events now.
+type retryRouters struct {
+	js     jetstream.JetStream
+	cfg    config.Config
+	routes []relay.Route
+	read   bool
+	by     map[string]*relay.Router
+}
+
+func (r *retryRouters) get(ctx context.Context, source string) *relay.Router {
+	if !r.read {
+		r.read = true
+		for _, sp := range r.cfg.StreamSpecs() {
+			if sp.Name == r.cfg.NATS.DLQ.Stream {
+				continue
+			}
+			st, err := r.js.Stream(ctx, sp.Name)
+			if err != nil {
+				continue
+			}
+			r.routes = append(r.routes, relay.Route{Stream: sp.Name, Subjects: st.CachedInfo().Config.Subjects})
+		}
+		r.by = map[string]*relay.Router{}
+	}
+	if rt, ok := r.by[source]; ok {
+		return rt
+	}
+	rt, err := relay.NewRouterWithOptions(r.cfg.NATS.SubjectPrefix, source, r.routes, r.cfg.RouterOptions())
+	if err != nil {
+		rt = nil
+	}
+	r.by[source] = rt
+	return rt
+}
+
 // retryTarget finds the stream that now captures the dead letter's original
 // subject, or says why it cannot be retried.
 func retryTarget(ctx context.Context, js jetstream.JetStream, cfg config.Config, dl DeadLetter) (string, string) {
@@ -233,6 +276,14 @@ func retryTarget(ctx context.Context, js jetstream.JetStream, cfg config.Config,
 	case !json.Valid(dl.msg.Data):
 		return "", "the payload is not valid JSON"
 	}
+	if dl.Group != "" {
+		subj := consumer.DefaultRetryPrefix + dl.Group
+		stream, err := js.StreamNameBySubject(ctx, subj)
+		if err != nil {
+			return "", fmt.Sprintf("no stream captures %s, where consumer group %s takes its retried dead letters (WALBOX_DLQ does with the default nats.dlq.subject_prefix)", subj, dl.Group)
+		}
+		return stream, ""
+	}
 	stream, err := js.StreamNameBySubject(ctx, dl.OriginalSubject)
 	if err != nil || stream == cfg.NATS.DLQ.Stream {
 		if err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
@@ -243,18 +294,42 @@ func retryTarget(ctx context.Context, js jetstream.JetStream, cfg config.Config,
 	return stream, ""
 }
 
-// retryMessage rebuilds the event's message: original subject, payload and
-// walbox headers, the dead-letter headers removed.
-func retryMessage(dl DeadLetter, dlqStream string) *nats.Msg {
+// retryMessage rebuilds the event's message.
+//
+// A relay dead letter (an event no stream stored) goes back to its original
+// subject under its own event id, in the envelope the relay gives events now
+// (router, from the dead letter's topic header), so consumers see it as they
+// would have. A consumer group's dead letter (an event the stream holds and
+// the other groups handled) goes to that group's retry subject alone, with
+// its event id in Walbox-Event-Id and a Nats-Msg-Id of its own: under the
+// event id it would be a duplicate, and every other group would get it
+// again under any other id on the original subject.
+func retryMessage(dl DeadLetter, dlqStream string, router *relay.Router) *nats.Msg {
+	from := dlqStream + "/" + strconv.FormatUint(dl.Seq, 10)
 	h := nats.Header{}
 	for k, v := range dl.msg.Header {
 		switch {
-		case strings.HasPrefix(k, "Walbox-Dlq-"), k == headerEventID, strings.HasPrefix(k, "Nats-"):
+		case strings.HasPrefix(k, "Walbox-Dlq-"), k == headerEventID, strings.HasPrefix(k, "Nats-"),
+			k == consumer.HeaderError, k == consumer.HeaderAttempts, k == consumer.HeaderGroup:
 			continue
 		}
 		h[k] = v
 	}
+	if dl.Group != "" {
+		h.Set(consumer.HeaderEventID, dl.ID)
+		h.Set(consumer.HeaderRetrySubject, dl.OriginalSubject)
+		h.Set(relay.HeaderMsgID, "retry."+dl.Group+"."+from)
+		h.Set(HeaderDLQRetriedFrom, from)
+		return &nats.Msg{Subject: consumer.DefaultRetryPrefix + dl.Group, Data: dl.msg.Data, Header: h}
+	}
+	if topic := dl.msg.Header.Get(relay.HeaderDLQOriginalTopic); topic != "" && router != nil {
+		ev := relay.EventFromHeaders(dl.msg.Header, topic, dl.ID, dl.msg.Data)
+		if m, _, err := router.Message(&ev); err == nil {
+			m.Header.Set(HeaderDLQRetriedFrom, from)
+			return m
+		}
+	}
 	h.Set(relay.HeaderMsgID, dl.ID)
-	h.Set(HeaderDLQRetriedFrom, dlqStream+"/"+strconv.FormatUint(dl.Seq, 10))
+	h.Set(HeaderDLQRetriedFrom, from)
 	return &nats.Msg{Subject: dl.OriginalSubject, Data: dl.msg.Data, Header: h}
 }

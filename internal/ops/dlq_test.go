@@ -2,12 +2,20 @@ package ops
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/walbox/walbox/consumer"
+	"github.com/walbox/walbox/internal/config"
 )
 
 func TestDLQListAndRetry(t *testing.T) {
@@ -86,5 +94,117 @@ func TestDLQListAndRetry(t *testing.T) {
 	}
 	if _, err := DLQRetry(ctx, e.cfg, DLQRetryOptions{Yes: true}); err == nil {
 		t.Fatal("retry without --seq or --all accepted")
+	}
+}
+
+// A consumer group's dead letter goes back to that group alone: the event
+// is in the stream, and every other group handled it already. Retried
+// under the event's id on the original subject it was dropped as a
+// duplicate (and the dead letter deleted); under the dead letter's id every
+// other group got it again.
+func TestDLQRetryOfAConsumerDeadLetterReachesThatGroupAlone(t *testing.T) {
+	e := newEnv(t)
+	ctx := testCtx(t)
+	e.startRelay()
+	pool, err := pgxpool.New(ctx, e.dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	js := e.connectJS()
+	var failA atomic.Bool
+	failA.Store(true)
+	var handledA, handledB atomic.Int32
+	run := func(group string, count *atomic.Int32, fail *atomic.Bool) {
+		cctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() {
+			done <- consumer.Run(cctx, js, consumer.Config{Stream: "ORDERS", Durable: group, DB: pool, MaxDeliver: 1, AckWait: 5 * time.Second},
+				func(ctx context.Context, tx pgx.Tx, m consumer.Message) error {
+					if fail != nil && fail.Load() {
+						return consumer.Permanent(errors.New("bug in the handler"))
+					}
+					count.Add(1)
+					return nil
+				})
+		}()
+		t.Cleanup(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("consumer %s: %v", group, err)
+			}
+		})
+	}
+	run("a", &handledA, &failA)
+	run("b", &handledB, nil)
+	id := e.insert("orders.created", `{"n":1}`)
+	e.waitMsgs("WALBOX_DLQ", 1)
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	waitFor("group b to handle the event", func() bool { return handledB.Load() == 1 })
+	dls, _, err := DLQList(ctx, e.cfg, 0)
+	if err != nil || len(dls) != 1 || dls[0].ID != id || dls[0].Group != "a" {
+		t.Fatalf("dead letters: %+v %v; want group a's of %s", dls, err, id)
+	}
+
+	failA.Store(false) // the handler is fixed
+	var out bytes.Buffer
+	res, err := DLQRetry(ctx, e.cfg, DLQRetryOptions{All: true, Yes: true, Out: &out})
+	if err != nil || res.Retried != 1 {
+		t.Fatalf("retry: %+v %v\n%s", res, err, out.String())
+	}
+	waitFor("group a to handle the retried event", func() bool { return handledA.Load() == 1 })
+	// Group b cannot see it again: ORDERS holds no new message, and b
+	// acked the one it has.
+	if n := handledB.Load(); n != 1 {
+		t.Fatalf("group b handled the event %d times after a's dead letter was retried", n)
+	}
+	if ids := e.streamIDs("ORDERS"); len(ids) != 1 {
+		t.Fatalf("ORDERS holds %d messages after the retry, want the 1 original", len(ids))
+	}
+}
+
+// A relay dead letter comes back under its own event id and in the envelope
+// the relay gives events (it came back raw).
+func TestDLQRetryRebuildsTheEnvelope(t *testing.T) {
+	e := newEnv(t, func(c *config.Config) {
+		c.NATS.Envelope = "envelope"
+		c.NATS.Streams = c.NATS.Streams[:1] // ORDERS only: payments.* has no stream yet
+	})
+	ctx := testCtx(t)
+	e.startRelay()
+	id := e.insert("payments.settled", `{"amount":5}`)
+	e.waitMsgs("WALBOX_DLQ", 1)
+	// The operator adds the stream to the config and to the server.
+	e.cfg.NATS.Streams = append(e.cfg.NATS.Streams, config.Stream{Name: "PAYMENTS", Subjects: []string{"payments.>"}})
+	if _, err := e.connectJS().CreateStream(ctx, jetstream.StreamConfig{Name: "PAYMENTS", Subjects: []string{"payments.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if res, err := DLQRetry(ctx, e.cfg, DLQRetryOptions{All: true, Yes: true, Out: &out}); err != nil || res.Retried != 1 {
+		t.Fatalf("retry: %+v %v\n%s", res, err, out.String())
+	}
+	st, _ := e.connectJS().Stream(ctx, "PAYMENTS")
+	m, err := st.GetLastMsgForSubject(ctx, "payments.settled")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var env struct {
+		EventID string          `json:"event_id"`
+		Payload json.RawMessage `json:"payload"`
+	}
+	if err := json.Unmarshal(m.Data, &env); err != nil || env.EventID != id || !strings.Contains(string(env.Payload), `"amount"`) {
+		t.Fatalf("retried message data %s: want walbox's JSON envelope of event %s (%v)", m.Data, id, err)
+	}
+	if m.Header.Get("Nats-Msg-Id") != id {
+		t.Fatalf("retried under id %q, want the event's %s", m.Header.Get("Nats-Msg-Id"), id)
 	}
 }
