@@ -1,5 +1,5 @@
--- The sweeper's archive (relay/sweep; docs/sweeper.md). It creates the same
--- objects itself when they are missing; this file lets a DBA review them.
+-- The sweeper's archive (relay/sweep; docs/sweeper.md). The sweeper runs this
+-- same file, rendered for its table, when the objects are missing.
 
 -- One row per partition taken out of the outbox, with the step it reached:
 -- detached, archived (attached to the archive table), merged, exported

@@ -107,6 +107,22 @@ func Render(p Params) ([]Migration, error) {
 	return out, nil
 }
 
+// ArchiveDDL is migration 005 (the archive journal and table) rendered for
+// p: the sweeper runs it when the objects are missing, so the DDL exists
+// once.
+func ArchiveDDL(p Params) (string, error) {
+	ms, err := Render(p)
+	if err != nil {
+		return "", err
+	}
+	for _, m := range ms {
+		if m.Version == 5 {
+			return m.SQL, nil
+		}
+	}
+	return "", fmt.Errorf("migration 005 (archive) not found")
+}
+
 // Print renders every migration as one script, in order.
 func Print(p Params) (string, error) {
 	ms, err := Render(p)

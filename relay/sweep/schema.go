@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/walbox/walbox/cdc"
+	walboxsql "github.com/walbox/walbox/sql"
 )
 
 // querier is what the sweeper needs of a connection, a pool or a transaction.
@@ -141,62 +142,33 @@ func objectDir(t cdc.TableName) string {
 	return t.Schema + "." + t.Name
 }
 
-// journalDDL creates the archive journal: one row per partition the
-// archiver has taken out of the outbox, with the step it has reached. Every
-// step updates it in the same transaction as its DDL, so a crash leaves the
-// journal and the catalog in agreement. sql/005_archive.sql holds the same.
-const journalDDL = `CREATE SCHEMA IF NOT EXISTS walbox;
-CREATE TABLE IF NOT EXISTS walbox.archive_partitions (
-    source         text        NOT NULL,
-    partition_name text        NOT NULL,
-    range_from     text        NOT NULL,
-    range_to       text        NOT NULL,
-    range_start    timestamptz,
-    range_end      timestamptz,
-    state          text        NOT NULL,
-    rows           bigint,
-    bytes          bigint,
-    sha256         text,
-    object         text,
-    min_created_at timestamptz,
-    max_created_at timestamptz,
-    updated_at     timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (source, partition_name)
-)`
-
-// ensureArchive creates the journal and the archive table: partitioned like
-// the outbox when the outbox is partitioned (partitions move by DETACH and
-// ATTACH, which needs identical columns), a plain table with an index on
-// created_at otherwise (rows move in batches).
+// ensureArchive creates the journal (walbox.archive_partitions: one row per
+// partition the archiver has taken out of the outbox, with the step it has
+// reached; every step updates it in the same transaction as its DDL) and
+// the archive table: partitioned like the outbox when the outbox is
+// partitioned (partitions move by DETACH and ATTACH, which needs identical
+// columns), a plain table with an index on created_at otherwise (rows move
+// in batches). The DDL is sql/005_archive.sql's, rendered for this table:
+// one text for walbox migrate, a DBA reviewing it, and the sweeper.
 func ensureArchive(ctx context.Context, q querier, ti *tableInfo) (cdc.TableName, error) {
 	arch := archiveName(ti.table)
-	if _, err := q.Exec(ctx, journalDDL); err != nil {
-		return arch, fmt.Errorf("create walbox.archive_partitions: %w", err)
+	if ti.partitioned && ti.partCol == "" {
+		return arch, fmt.Errorf("%s is not partitioned by a range of one column: archival needs RANGE (created_at)", ti.table)
 	}
-	var exists bool
-	if err := q.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, arch.Quoted()).Scan(&exists); err != nil {
+	ddl, err := walboxsql.ArchiveDDL(walboxsql.Params{Schema: ti.table.Schema, Table: ti.table.Name})
+	if err != nil {
 		return arch, err
 	}
-	if exists {
-		return arch, nil
+	if _, err := q.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS walbox;\n"+ddl); err != nil {
+		return arch, fmt.Errorf("create the archive journal and table %s: %w", arch, err)
 	}
-	var ddl string
-	if ti.partitioned {
-		if ti.partCol == "" {
-			return arch, fmt.Errorf("%s is not partitioned by a range of one column: archival needs RANGE (created_at)", ti.table)
+	if !ti.partitioned && ti.createdCol != "" && ti.createdCol != "created_at" {
+		// The migration indexes a column named created_at; this table's
+		// created_at role has another name.
+		if _, err := q.Exec(ctx, fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (%s)`,
+			cdc.QuoteIdent(arch.Name+"_created_idx"), arch.Quoted(), cdc.QuoteIdent(ti.createdCol))); err != nil {
+			return arch, fmt.Errorf("index archive table %s: %w", arch, err)
 		}
-		ddl = fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (LIKE %s INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING GENERATED) PARTITION BY RANGE (%s)`,
-			arch.Quoted(), ti.table.Quoted(), cdc.QuoteIdent(ti.partCol))
-	} else {
-		ddl = fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (LIKE %s INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING GENERATED)`,
-			arch.Quoted(), ti.table.Quoted())
-		if ti.createdCol != "" {
-			ddl += fmt.Sprintf(`; CREATE INDEX IF NOT EXISTS %s ON %s (%s)`,
-				cdc.QuoteIdent(arch.Name+"_created_idx"), arch.Quoted(), cdc.QuoteIdent(ti.createdCol))
-		}
-	}
-	if _, err := q.Exec(ctx, ddl); err != nil {
-		return arch, fmt.Errorf("create archive table %s: %w", arch, err)
 	}
 	return arch, nil
 }
