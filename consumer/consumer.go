@@ -172,6 +172,12 @@ type Config struct {
 	// DeadLetterSubject is where dead letters go (default
 	// "walbox.dlq.consumer.<Durable>"). A stream must capture it; Run checks.
 	DeadLetterSubject string
+	// Retention deletes this group's idempotency records
+	// (walbox.processed_events) older than it, in batches, every
+	// Retention/10 (at most hourly). 0 keeps them forever. Make it longer
+	// than any redelivery or replay of an event can come: after it, the
+	// same event would be handled again.
+	Retention time.Duration
 	// RetrySubject is where `walbox dlq retry` sends this group's dead
 	// letters back (default "walbox.dlq.retry.<Durable>"). A stream must
 	// capture it (WALBOX_DLQ does); Run consumes it with a second durable
@@ -319,6 +325,11 @@ func Run(ctx context.Context, js jetstream.JetStream, cfg Config, handler Handle
 	// Both loops stop when ctx ends; if one fails, the other is stopped too.
 	lctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	if r.cfg.Retention > 0 {
+		pruned := make(chan struct{})
+		defer func() { <-pruned }()
+		go func() { defer close(pruned); r.prune(lctx) }()
+	}
 	retryDone := make(chan error, 1)
 	go func() {
 		err := rr.loop(lctx, rcons)
@@ -333,6 +344,33 @@ func Run(ctx context.Context, js jetstream.JetStream, cfg Config, handler Handle
 		err = rerr
 	}
 	return err
+}
+
+// prune deletes the group's idempotency records older than Retention, in
+// batches, now and then every Retention/10 (at most hourly), until ctx ends.
+func (r *runner) prune(ctx context.Context) {
+	every := min(r.cfg.Retention/10, time.Hour)
+	for {
+		for {
+			tag, err := r.cfg.DB.Exec(ctx, `DELETE FROM walbox.processed_events WHERE ctid IN (
+				SELECT ctid FROM walbox.processed_events WHERE consumer_group = $1 AND processed_at < now() - $2::interval LIMIT 10000)`,
+				r.cfg.Durable, r.cfg.Retention.String())
+			if err != nil {
+				if ctx.Err() == nil {
+					r.log.Warn("prune idempotency records", "err", err)
+				}
+				break
+			}
+			if tag.RowsAffected() < 10000 {
+				break
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(every):
+		}
+	}
 }
 
 // setupRetry creates or updates the durable consumer of the group's retry

@@ -426,3 +426,33 @@ func TestNoRelayCode(t *testing.T) {
 		}
 	}
 }
+
+// Retention prunes the group's old idempotency records, and only its own
+// and only the old ones.
+func TestRetentionPrunesOldIdempotencyRecords(t *testing.T) {
+	e := newEnv(t, jetstream.StreamConfig{})
+	ctx := testCtx(t)
+	if _, err := e.db.Exec(ctx, `INSERT INTO walbox.processed_events (consumer_group, event_id, processed_at)
+		SELECT g, 'old-' || n, now() - interval '3 hours' FROM unnest(ARRAY['accounts', 'billing']) g, generate_series(1, 20005) n`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.db.Exec(ctx, `INSERT INTO walbox.processed_events (consumer_group, event_id) VALUES ('accounts', 'recent')`); err != nil {
+		t.Fatal(err)
+	}
+	var runs atomic.Int64
+	stop := e.start(consumer.Config{Stream: "USERS", Durable: "accounts", DB: e.db, Retention: time.Hour}, accounts(&runs))
+	defer stop()
+	deadline := time.Now().Add(30 * time.Second)
+	for e.count("SELECT count(*) FROM walbox.processed_events WHERE consumer_group = 'accounts' AND event_id LIKE 'old-%'") != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("old records of the group were not pruned")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := e.count("SELECT count(*) FROM walbox.processed_events WHERE consumer_group = 'accounts' AND event_id = 'recent'"); n != 1 {
+		t.Fatal("a recent record was pruned")
+	}
+	if n := e.count("SELECT count(*) FROM walbox.processed_events WHERE consumer_group = 'billing'"); n != 20005 {
+		t.Fatalf("another group's records: %d left, want 20005", n)
+	}
+}
