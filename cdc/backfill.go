@@ -140,14 +140,14 @@ func (s *Source) backfill(ctx context.Context, snapshot string, consistent LSN, 
 		batch, batchBytes = nil, 0
 		if time.Since(lastLog) > 5*time.Second {
 			lastLog = time.Now()
-			s.log.Info().Uint32("rows", n).Dur("elapsed", time.Since(started)).Msg("backfill in progress")
+			s.log.Info().Uint32("rows", n).Stringer("elapsed", time.Since(started)).Msg("backfill in progress")
 		}
 	}
 	batch = append(batch, Change{Kind: KindCommit, LSN: consistent})
 	if err := send(ctx, out, batch); err != nil {
 		return err
 	}
-	s.log.Info().Uint32("rows", n).Dur("elapsed", time.Since(started)).Stringer("consistent_point", consistent).Msg("backfill done: unprocessed rows from before the slot existed handed to the relay")
+	s.log.Info().Uint32("rows", n).Stringer("elapsed", time.Since(started)).Stringer("consistent_point", consistent).Msg("backfill done: unprocessed rows from before the slot existed handed to the relay")
 	return nil
 }
 

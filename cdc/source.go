@@ -212,7 +212,7 @@ func (s *Source) Run(ctx context.Context, out chan<- []Change) error {
 			bo.Reset()
 		}
 		wait := bo.NextBackOff()
-		s.log.Warn().Err(err).Dur("retry_in", wait).Msg("replication stream interrupted; reconnecting")
+		s.log.Warn().Err(err).Stringer("retry_in", wait).Msg("replication stream interrupted; reconnecting")
 		if s.cfg.OnReconnect != nil {
 			s.cfg.OnReconnect()
 		}

@@ -524,7 +524,7 @@ func (l *loop) notRead() {
 	wait := l.bo.NextBackOff()
 	l.resume = time.Now().Add(wait)
 	l.backing = true
-	l.r.log.Warn().Dur("retry_in", wait).Msg("strict order: a stream's last sequence could not be read; publishing waits for it")
+	l.r.log.Warn().Stringer("retry_in", wait).Msg("strict order: a stream's last sequence could not be read; publishing waits for it")
 }
 
 // settle ends the failing state once the window is empty and schedules the
@@ -536,7 +536,7 @@ func (l *loop) settle() {
 		wait := l.bo.NextBackOff()
 		l.resume = time.Now().Add(wait)
 		l.backing = true
-		l.r.log.Warn().Dur("retry_in", wait).Int("to_resend", len(l.retry)).Msg("publisher backing off")
+		l.r.log.Warn().Stringer("retry_in", wait).Int("to_resend", len(l.retry)).Msg("publisher backing off")
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -28,6 +29,34 @@ func main() {
 	}
 }
 
+// version is the module version and, for a build from a checkout, the
+// commit it was built from.
+func version() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	v := bi.Main.Version
+	var rev, dirty string
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			if s.Value == "true" {
+				dirty = "+dirty"
+			}
+		}
+	}
+	if len(rev) > 12 {
+		rev = rev[:12]
+	}
+	if rev != "" {
+		v += " (" + rev + dirty + ")"
+	}
+	return v + " " + bi.GoVersion
+}
+
 // exitError carries an exit code for a failure already reported.
 type exitError struct{ code int }
 
@@ -39,6 +68,7 @@ func newRootCmd() *cobra.Command {
 		Short:         "Transactional outbox relay: PostgreSQL WAL to NATS JetStream",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Version:       version(),
 	}
 	root.PersistentFlags().String("config", "", "YAML config file (env WALBOX_CONFIG)")
 	root.PersistentFlags().String("postgres-url", "", "PostgreSQL URL (overrides postgres.url, env WALBOX_POSTGRES_URL); leave the password out of it, or it shows in the process list: use postgres.password_file (env WALBOX_POSTGRES_PASSWORD_FILE), PGPASSWORD or PGPASSFILE")

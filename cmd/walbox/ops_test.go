@@ -166,3 +166,10 @@ func TestOpsCommandsExitCodes(t *testing.T) {
 		t.Fatal("dlq retry without --seq or --all succeeded")
 	}
 }
+
+func TestVersionFlag(t *testing.T) {
+	out, err := runCLI(t.Context(), "", "--version")
+	if err != nil || !strings.HasPrefix(out, "walbox version ") || !strings.Contains(out, "go1.") {
+		t.Fatalf("walbox --version: %q, %v", out, err)
+	}
+}

@@ -194,7 +194,7 @@ func (s *Sweeper) moveDefault(ctx context.Context, q querier, ti *tableInfo, rep
 			return fmt.Errorf("move %d rows of [%s, %s) out of the default partition %s: %w", r.rows, r.from, r.to, def.name, err)
 		}
 		rep.Moved = append(rep.Moved, mv)
-		s.log.Info().Str("partition", name.String()).Int64("rows", r.rows).Dur("took", time.Since(started)).
+		s.log.Info().Str("partition", name.String()).Int64("rows", r.rows).Stringer("took", time.Since(started)).
 			Msg("moved rows out of the default partition into a partition of their own")
 	}
 	return nil

@@ -439,7 +439,7 @@ func (s *Sweeper) write(ctx context.Context, batch []mark) {
 		}
 		wait := bo.NextBackOff()
 		if attempt == 1 || attempt%10 == 0 {
-			s.log.Warn().Err(err).Dur("retry_in", wait).Int("attempt", attempt).Msg("marking rows failed; retrying (publishing goes on)")
+			s.log.Warn().Err(err).Stringer("retry_in", wait).Int("attempt", attempt).Msg("marking rows failed; retrying (publishing goes on)")
 		}
 		select {
 		case <-ctx.Done():
