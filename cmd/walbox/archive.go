@@ -31,7 +31,7 @@ for a running relay's maintenance of the same table to finish first.`,
 			if dryRun == now {
 				return errors.New("say --dry-run (show what would be done) or --now (do it)")
 			}
-			cfg, err := loadConfig(cmd)
+			cfg, err := loadPostgresConfig(cmd)
 			if err != nil {
 				return err
 			}

@@ -25,7 +25,7 @@ With --print-grants it prints a least-privilege role recipe for walbox run
 (--role names the role): migrate runs as the table owner, walbox run as that
 role with postgres.create_publication: false.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := loadConfig(cmd)
+			cfg, err := loadPostgresConfig(cmd)
 			t := tableOf(cfg)
 			params := walboxsql.Params{Schema: t.Schema, Table: t.Name, Publication: cfg.Postgres.Publication}
 			if printGrants {

@@ -173,3 +173,36 @@ func TestVersionFlag(t *testing.T) {
 		t.Fatalf("walbox --version: %q, %v", out, err)
 	}
 }
+
+// The commands that use only PostgreSQL need only a PostgreSQL URL: no
+// config file, no nats.streams.
+func TestPostgresOnlyCommandsNeedOnlyAURL(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+	defer cancel()
+	pg, err := pgtest.Start(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pg.Close() })
+	url, err := pg.CreateDB(ctx, "app")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("WALBOX_CONFIG", "")
+	for _, args := range [][]string{
+		{"migrate", "--postgres-url", url},
+		{"slot", "create", "--postgres-url", url},
+		{"slot", "status", "--postgres-url", url},
+		{"archive", "--dry-run", "--postgres-url", url},
+		{"slot", "drop", "--yes", "--postgres-url", url},
+	} {
+		out, err := runCLI(ctx, "", args...)
+		if err != nil {
+			t.Fatalf("walbox %s with only a PostgreSQL URL: %v\n%s", strings.Join(args[:len(args)-2], " "), err, out)
+		}
+	}
+	// run still needs the streams, and says so.
+	if _, err := runCLI(ctx, "", "run", "--postgres-url", url); err == nil || !strings.Contains(err.Error(), "nats.streams") {
+		t.Fatalf("walbox run without nats.streams: %v", err)
+	}
+}

@@ -14,7 +14,13 @@ import (
 )
 
 // loadConfig reads the file, then WALBOX_* variables, then flags, and validates.
-func loadConfig(cmd *cobra.Command) (config.Config, error) {
+func loadConfig(cmd *cobra.Command) (config.Config, error) { return load(cmd, true) }
+
+// loadPostgresConfig is loadConfig for the commands that use only
+// PostgreSQL: a URL is all they need (no nats.streams).
+func loadPostgresConfig(cmd *cobra.Command) (config.Config, error) { return load(cmd, false) }
+
+func load(cmd *cobra.Command, withNATS bool) (config.Config, error) {
 	path, _ := cmd.Flags().GetString("config")
 	if path == "" {
 		path = os.Getenv("WALBOX_CONFIG")
@@ -34,6 +40,9 @@ func loadConfig(cmd *cobra.Command) (config.Config, error) {
 	}
 	if err := cfg.ApplyPasswordFile(); err != nil {
 		return cfg, err
+	}
+	if !withNATS {
+		return cfg, cfg.ValidatePostgres()
 	}
 	return cfg, cfg.Validate()
 }

@@ -23,7 +23,7 @@ func newSlotStatusCmd() *cobra.Command {
 		Use:   "status",
 		Short: "Show the slot: active pid, LSNs, retained WAL, lag, wal_status, safe_wal_size",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := loadConfig(cmd)
+			cfg, err := loadPostgresConfig(cmd)
 			if err != nil {
 				return err
 			}
@@ -57,7 +57,7 @@ pre-create slots (e.g. as a superuser, or with --failover on PostgreSQL 17).
 walbox run then starts from the slot's position: rows committed before it
 was created are not published (use walbox replay for them).`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := loadConfig(cmd)
+			cfg, err := loadPostgresConfig(cmd)
 			if err != nil {
 				return err
 			}
@@ -91,7 +91,7 @@ Stop walbox before dropping: the next walbox run recreates the slot and
 republishes every unprocessed row (duplicates are dropped by JetStream's
 duplicate window and the relay's resume check).`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := loadConfig(cmd)
+			cfg, err := loadPostgresConfig(cmd)
 			if err != nil {
 				return err
 			}

@@ -21,7 +21,7 @@ The relay is "running" when it wrote its status in the last 10 s, "stale"
 when longer ago, "unknown" when it never did. Latency percentiles are not
 stored anywhere status can read: see walbox_commit_to_ack_seconds.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := loadConfig(cmd)
+			cfg, err := loadPostgresConfig(cmd)
 			if err != nil {
 				return err
 			}

@@ -326,9 +326,18 @@ func ApplyEnv(cfg *Config, environ []string) error {
 }
 
 // Validate checks every key and returns an error naming the first bad one.
-func (c *Config) Validate() error {
+func (c *Config) Validate() error { return c.validate(true) }
+
+// ValidatePostgres checks every key but the nats.* ones: for the commands
+// that use only PostgreSQL (slot, status, archive, migrate).
+func (c *Config) ValidatePostgres() error { return c.validate(false) }
+
+func (c *Config) validate(withNATS bool) error {
 	var errs []string
 	bad := func(key, format string, args ...any) {
+		if !withNATS && strings.HasPrefix(key, "nats.") {
+			return
+		}
 		errs = append(errs, fmt.Sprintf("%s: %s", key, fmt.Sprintf(format, args...)))
 	}
 	if c.Postgres.URL == "" {
