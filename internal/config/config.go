@@ -8,10 +8,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/url"
 	"os"
+	"reflect"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -319,6 +322,9 @@ func ApplyEnv(cfg *Config, environ []string) error {
 			m[k] = v
 		}
 	}
+	if err := checkEnv(m); err != nil {
+		return err
+	}
 	if err := env.ParseWithOptions(cfg, env.Options{Prefix: "WALBOX_", Environment: m}); err != nil {
 		return fmt.Errorf("environment: %w", err)
 	}
@@ -550,4 +556,56 @@ func (c *Config) StreamSpecs() []relay.StreamSpec {
 	out = append(out, relay.StreamSpec{Name: c.NATS.DLQ.Stream, Subjects: []string{c.NATS.DLQ.SubjectPrefix + ">"},
 		Storage: "file", Replicas: max(dlqReplicas, 1), DuplicateWindow: 2 * time.Minute, Manage: true})
 	return out
+}
+
+// envVars lists every WALBOX_* variable the config reads, with its type.
+func envVars(t reflect.Type, prefix string, out map[string]reflect.Type) {
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if p, ok := f.Tag.Lookup("envPrefix"); ok {
+			envVars(f.Type, prefix+p, out)
+			continue
+		}
+		if name, ok := f.Tag.Lookup("env"); ok {
+			out[prefix+strings.Split(name, ",")[0]] = f.Type
+		}
+	}
+}
+
+// notConfig are WALBOX_* variables of the tools around walbox, not keys:
+// the config file, the test and build scripts, docker compose's ports.
+var notConfig = map[string]bool{"WALBOX_CONFIG": true, "WALBOX_PG_BINDIR": true, "WALBOX_PG_CACHE": true,
+	"WALBOX_PG_PORT": true, "WALBOX_NATS_PORT": true, "WALBOX_CHAOS_DURATION": true, "WALBOX_LONG": true}
+
+// checkEnv names a WALBOX_* variable that matches no key, or whose value
+// does not parse, with the form it wants.
+func checkEnv(m map[string]string) error {
+	known := map[string]reflect.Type{}
+	envVars(reflect.TypeOf(Config{}), "WALBOX_", known)
+	var errs []string
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		v := m[k]
+		t, ok := known[k]
+		switch {
+		case notConfig[k]:
+		case !ok:
+			errs = append(errs, fmt.Sprintf("%s matches no configuration key (see walbox.yaml's `# env` lines)", k))
+		case t == reflect.TypeOf(time.Duration(0)):
+			if _, err := time.ParseDuration(v); err != nil {
+				errs = append(errs, fmt.Sprintf("%s=%s: want a duration like 10s, 500ms or 2m", k, v))
+			}
+		case t.Kind() == reflect.Bool:
+			if _, err := strconv.ParseBool(v); err != nil {
+				errs = append(errs, fmt.Sprintf("%s=%s: want true or false", k, v))
+			}
+		case t.Kind() == reflect.Int || t.Kind() == reflect.Int64 || t.Kind() == reflect.Int32:
+			if _, err := strconv.ParseInt(v, 10, 64); err != nil {
+				errs = append(errs, fmt.Sprintf("%s=%s: want a whole number like 1024", k, v))
+			}
+		}
+	}
+	if len(errs) > 0 {
+		return errors.New("environment: " + strings.Join(errs, "; "))
+	}
+	return nil
 }

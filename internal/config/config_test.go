@@ -608,3 +608,24 @@ func TestPasswordFileGoesIntoTheURL(t *testing.T) {
 		t.Errorf("missing file: %v", err)
 	}
 }
+
+func TestEnvironmentErrorsNameTheVariableAndTheForm(t *testing.T) {
+	c := Default()
+	err := ApplyEnv(&c, []string{"WALBOX_NATS_ACK_TIMEOUT=10", "WALBOX_NATS_WINDOW=abc", "WALBOX_NATS_STRICT_ORDER=yes please", "WALBOX_NATS_ACKTIMEOUT=5s", "WALBOX_PG_BINDIR=/x", "WALBOX_CONFIG=/y"})
+	if err == nil {
+		t.Fatal("bad environment accepted")
+	}
+	for _, want := range []string{"WALBOX_NATS_ACK_TIMEOUT=10: want a duration like 10s", "WALBOX_NATS_WINDOW=abc: want a whole number",
+		"WALBOX_NATS_STRICT_ORDER=yes please: want true or false", "WALBOX_NATS_ACKTIMEOUT matches no configuration key"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+	if strings.Contains(err.Error(), "PG_BINDIR") || strings.Contains(err.Error(), "WALBOX_CONFIG") {
+		t.Errorf("variables of the scripts around walbox are not config errors: %v", err)
+	}
+	c = Default()
+	if err := ApplyEnv(&c, []string{"WALBOX_NATS_ACK_TIMEOUT=3s", "WALBOX_SWEEPER_MAINTAIN=false"}); err != nil || c.NATS.AckTimeout != 3*time.Second || c.Sweeper.Maintain {
+		t.Fatalf("good environment: %v %+v", err, c.NATS)
+	}
+}
