@@ -206,3 +206,39 @@ func TestPostgresOnlyCommandsNeedOnlyAURL(t *testing.T) {
 		t.Fatalf("walbox run without nats.streams: %v", err)
 	}
 }
+
+func TestConfigExampleIsTheReference(t *testing.T) {
+	ref, err := os.ReadFile("../../testdata/walbox.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := runCLI(t.Context(), "", "config", "example")
+	if err != nil || out != string(ref) {
+		t.Fatalf("walbox config example differs from testdata/walbox.yaml (cp testdata/walbox.yaml cmd/walbox/walbox.example.yaml): %v", err)
+	}
+}
+
+// Without --config or WALBOX_CONFIG, ./walbox.yaml is read.
+func TestWalboxYAMLInTheWorkingDirectory(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "walbox.yaml"), []byte("postgres:\n  url: postgres://u@127.0.0.1:1/x\n  slot: from_cwd\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir(dir)
+	t.Setenv("WALBOX_CONFIG", "")
+	cmd := newRootCmd()
+	cmd.SetArgs([]string{"slot", "status"})
+	var got string
+	slot, _, _ := cmd.Find([]string{"slot", "status"})
+	if err := slot.ParseFlags(nil); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := loadPostgresConfig(slot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = cfg.Postgres.Slot
+	if got != "from_cwd" {
+		t.Fatalf("slot %q: ./walbox.yaml was not read", got)
+	}
+}

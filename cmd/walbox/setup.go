@@ -25,6 +25,12 @@ func load(cmd *cobra.Command, withNATS bool) (config.Config, error) {
 	if path == "" {
 		path = os.Getenv("WALBOX_CONFIG")
 	}
+	if path == "" {
+		// Like most tools: a walbox.yaml where walbox is started.
+		if _, err := os.Stat("walbox.yaml"); err == nil {
+			path = "walbox.yaml"
+		}
+	}
 	cfg, err := config.Load(path, os.Environ())
 	if err != nil {
 		return cfg, err
