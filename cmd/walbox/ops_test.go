@@ -242,3 +242,26 @@ func TestWalboxYAMLInTheWorkingDirectory(t *testing.T) {
 		t.Fatalf("slot %q: ./walbox.yaml was not read", got)
 	}
 }
+
+// walbox status exits 3 when no relay runs and leads, for scripts and probes.
+func TestStatusExitCodeWithoutARelay(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+	defer cancel()
+	pg, err := pgtest.Start(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pg.Close() })
+	url, err := pg.CreateDB(ctx, "app")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("WALBOX_CONFIG", "")
+	if _, err := runCLI(ctx, "", "migrate", "--postgres-url", url); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runCLI(ctx, "", "status", "--postgres-url", url)
+	if exitCode(err) != 3 || !strings.Contains(out, "unknown") {
+		t.Fatalf("walbox status with no relay: exit %d (%v)\n%s", exitCode(err), err, out)
+	}
+}

@@ -19,7 +19,11 @@ dead-lettered rows, partitions, archive) and the dead-letter stream's size.
 
 The relay is "running" when it wrote its status in the last 10 s, "stale"
 when longer ago, "unknown" when it never did. Latency percentiles are not
-stored anywhere status can read: see walbox_commit_to_ack_seconds.`,
+stored anywhere status can read: see walbox_commit_to_ack_seconds.
+
+Exit code, for scripts and probes: 0 when a relay is running and holds the
+leader lock, 3 when the relay is stale, unknown or not leading (the report
+is printed all the same), 1 on errors.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := loadPostgresConfig(cmd)
 			if err != nil {
@@ -30,9 +34,15 @@ stored anywhere status can read: see walbox_commit_to_ack_seconds.`,
 				return err
 			}
 			if asJSON {
-				return rep.PrintJSON(cmd.OutOrStdout())
+				if err := rep.PrintJSON(cmd.OutOrStdout()); err != nil {
+					return err
+				}
+			} else {
+				rep.Print(cmd.OutOrStdout())
 			}
-			rep.Print(cmd.OutOrStdout())
+			if rep.Relay.State != "running" || !rep.Relay.LockHeld {
+				return exitError{code: 3}
+			}
 			return nil
 		},
 	}
