@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -177,8 +178,10 @@ func Replay(ctx context.Context, cfg config.Config, opts ReplayOptions) (*Replay
 		return res, nil
 	}
 
-	stored := map[string]map[string]struct{}{}
-	if !opts.ForceNewID && !opts.NoCheck {
+	// The ids the streams hold go into a temporary table, not a map: a
+	// stream may hold many millions, and the join in the SELECT below finds
+	// each row's streams.
+	if q.checkStored {
 		from := time.Time{}
 		if minCreated != nil {
 			// Stored after the commit, which is after created_at; a
@@ -190,15 +193,19 @@ func Replay(ctx context.Context, cfg config.Config, opts ReplayOptions) (*Replay
 		if opts.Topic != "" && cfg.NATS.SubjectTemplate == relay.DefaultSubjectTemplate {
 			filter = cfg.NATS.SubjectPrefix + opts.Topic
 		}
+		if _, err := conn.Exec(ctx, `CREATE TEMP TABLE walbox_replay_stored (stream text NOT NULL, id text NOT NULL)`); err != nil {
+			return nil, fmt.Errorf("create a temporary table for the stored ids (the role needs TEMP on the database; or pass --no-check to rely on the duplicate window alone): %w", err)
+		}
 		for _, rt := range rts {
 			if rt.Stream == cfg.NATS.DLQ.Stream {
 				continue
 			}
-			ids, err := storedIDs(ctx, js, rt.Stream, filter, from)
-			if err != nil {
+			if err := storeIDs(ctx, conn, js, rt.Stream, filter, from); err != nil {
 				return nil, fmt.Errorf("read back stream %s (pass --no-check to rely on the duplicate window alone): %w", rt.Stream, err)
 			}
-			stored[rt.Stream] = ids
+		}
+		if _, err := conn.Exec(ctx, `CREATE INDEX ON walbox_replay_stored (id); ANALYZE walbox_replay_stored`); err != nil {
+			return nil, fmt.Errorf("index the stored ids: %w", err)
 		}
 	}
 
@@ -261,7 +268,7 @@ func Replay(ctx context.Context, cfg config.Config, opts ReplayOptions) (*Replay
 	defer rows.Close()
 	var index uint32
 	for rows.Next() {
-		ev, createdAt, err := q.scan(rows)
+		ev, createdAt, storedIn, err := q.scan(rows)
 		if err != nil {
 			return res, err
 		}
@@ -294,7 +301,7 @@ func Replay(ctx context.Context, cfg config.Config, opts ReplayOptions) (*Replay
 		if opts.ForceNewID {
 			m.Header.Set(relay.HeaderMsgID, ev.ID+suffix)
 			m.Header.Set(HeaderReplayOf, ev.ID)
-		} else if _, ok := stored[stream][ev.ID]; ok {
+		} else if slices.Contains(storedIn, stream) {
 			res.AlreadyStored++
 			continue
 		}
@@ -326,6 +333,9 @@ type rowQuery struct {
 	roles               []cdc.Role
 	payloadIsJSON       bool
 	hasCreated          bool // the last column is created_at as timestamptz
+	// checkStored: a last column lists the streams that hold the row's id
+	// (from walbox_replay_stored).
+	checkStored bool
 }
 
 func newRowQuery(ctx context.Context, conn *pgx.Conn, table cdc.TableName, cols cdc.Columns, opts ReplayOptions) (*rowQuery, error) {
@@ -408,14 +418,18 @@ func newRowQuery(ctx context.Context, conn *pgx.Conn, table cdc.TableName, cols 
 		q.hasCreated = true
 		sel = append(sel, created+"::timestamptz")
 	}
+	if !opts.ForceNewID && !opts.NoCheck {
+		q.checkStored = true
+		sel = append(sel, fmt.Sprintf("(SELECT array_agg(DISTINCT s.stream) FROM walbox_replay_stored s WHERE s.id = o.%s::text)", id))
+	}
 	q.selectSQL = fmt.Sprintf("SELECT %s FROM %s o%s ORDER BY %s", strings.Join(sel, ", "), table.Quoted(), w, order)
 	q.countSQL = fmt.Sprintf("SELECT count(*), %s FROM %s%s", minCreated, table.Quoted(), w)
 	return q, nil
 }
 
-func (q *rowQuery) scan(rows pgx.Rows) (cdc.Event, time.Time, error) {
+func (q *rowQuery) scan(rows pgx.Rows) (cdc.Event, time.Time, []string, error) {
 	vals := make([]*string, len(q.roles))
-	ptrs := make([]any, len(q.roles), len(q.roles)+1)
+	ptrs := make([]any, len(q.roles), len(q.roles)+2)
 	for i := range vals {
 		ptrs[i] = &vals[i]
 	}
@@ -423,8 +437,12 @@ func (q *rowQuery) scan(rows pgx.Rows) (cdc.Event, time.Time, error) {
 	if q.hasCreated {
 		ptrs = append(ptrs, &created)
 	}
+	var storedIn []string
+	if q.checkStored {
+		ptrs = append(ptrs, &storedIn)
+	}
 	if err := rows.Scan(ptrs...); err != nil {
-		return cdc.Event{}, time.Time{}, fmt.Errorf("read a row: %w", err)
+		return cdc.Event{}, time.Time{}, nil, fmt.Errorf("read a row: %w", err)
 	}
 	ev := cdc.Event{PayloadIsJSON: q.payloadIsJSON, TopicNull: true}
 	for i, r := range q.roles {
@@ -459,21 +477,48 @@ func (q *rowQuery) scan(rows pgx.Rows) (cdc.Event, time.Time, error) {
 		}
 	}
 	if created != nil {
-		return ev, *created, nil
+		return ev, *created, storedIn, nil
 	}
-	return ev, time.Time{}, nil
+	return ev, time.Time{}, storedIn, nil
 }
 
-// storedIDs reads the Nats-Msg-Id of every message of stream stored since
-// from (zero: all), under filter ("" for all subjects), headers only.
-func storedIDs(ctx context.Context, js jetstream.JetStream, stream, filter string, from time.Time) (map[string]struct{}, error) {
-	ids := map[string]struct{}{}
+// storeIDs reads the Nats-Msg-Id of every message of stream stored since
+// from (zero: all), under filter ("" for all subjects), headers only, and
+// copies them into walbox_replay_stored in batches: memory stays flat
+// however many the stream holds.
+func storeIDs(ctx context.Context, conn *pgx.Conn, js jetstream.JetStream, stream, filter string, from time.Time) error {
+	var batch [][]any
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		_, err := conn.CopyFrom(ctx, pgx.Identifier{"walbox_replay_stored"}, []string{"stream", "id"}, pgx.CopyFromRows(batch))
+		batch = batch[:0]
+		return err
+	}
+	err := storedIDs(ctx, js, stream, filter, from, func(id string) error {
+		batch = append(batch, []any{stream, id})
+		if len(batch) >= 10000 {
+			return flush()
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return flush()
+}
+
+// storedIDs calls fn with the Nats-Msg-Id of every message of stream
+// stored since from (zero: all), under filter ("" for all subjects),
+// headers only.
+func storedIDs(ctx context.Context, js jetstream.JetStream, stream, filter string, from time.Time, fn func(id string) error) error {
 	st, err := js.Stream(ctx, stream)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if st.CachedInfo().State.Msgs == 0 {
-		return ids, nil
+		return nil
 	}
 	cc := jetstream.OrderedConsumerConfig{HeadersOnly: true, DeliverPolicy: jetstream.DeliverAllPolicy}
 	if !from.IsZero() {
@@ -484,31 +529,33 @@ func storedIDs(ctx context.Context, js jetstream.JetStream, stream, filter strin
 	}
 	cons, err := st.OrderedConsumer(ctx, cc)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	for {
 		batch, err := cons.Fetch(1000, jetstream.FetchMaxWait(time.Second))
 		if err != nil {
-			return nil, err
+			return err
 		}
 		got, pending := 0, uint64(1)
 		for m := range batch.Messages() {
 			got++
 			if id := m.Headers().Get(relay.HeaderMsgID); id != "" {
-				ids[id] = struct{}{}
+				if err := fn(id); err != nil {
+					return err
+				}
 			}
 			if md, err := m.Metadata(); err == nil {
 				pending = md.NumPending
 			}
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) {
-			return nil, err
+			return err
 		}
 		if got == 0 || pending == 0 {
-			return ids, nil
+			return nil
 		}
 		if ctx.Err() != nil {
-			return nil, ctx.Err()
+			return ctx.Err()
 		}
 	}
 }

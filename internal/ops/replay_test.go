@@ -2,10 +2,15 @@ package ops
 
 import (
 	"bytes"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/walbox/walbox/internal/config"
 )
@@ -186,5 +191,47 @@ func TestParseTime(t *testing.T) {
 	}
 	if _, err := ParseTime("yesterday", now); err == nil {
 		t.Error("ParseTime(yesterday) accepted")
+	}
+}
+
+// The stored ids go through batched COPYs into a temporary table, not into
+// a map as large as the stream.
+func TestReplayCopiesStoredIDsInBatches(t *testing.T) {
+	e := newEnv(t)
+	ctx := testCtx(t)
+	js := e.connectJS()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "MANY", Subjects: []string{"many.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	const n = 25_000
+	for i := range n {
+		m := nats.NewMsg("many.x")
+		m.Header.Set("Nats-Msg-Id", fmt.Sprintf("id-%d", i))
+		if _, err := js.PublishMsgAsync(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-time.After(60 * time.Second):
+		t.Fatal("publishing timed out")
+	}
+	conn, err := pgx.Connect(ctx, e.dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `CREATE TEMP TABLE walbox_replay_stored (stream text NOT NULL, id text NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	if err := storeIDs(ctx, conn, js, "MANY", "", time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	var got, distinct int
+	if err := conn.QueryRow(ctx, `SELECT count(*), count(DISTINCT id) FROM walbox_replay_stored WHERE stream = 'MANY'`).Scan(&got, &distinct); err != nil {
+		t.Fatal(err)
+	}
+	if got != n || distinct != n {
+		t.Fatalf("copied %d ids (%d distinct), want %d", got, distinct, n)
 	}
 }
