@@ -16,6 +16,13 @@ test:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || (echo "gofmt needed:"; gofmt -l .; exit 1)
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 
+# A few minutes: the unit tests (no servers) and one end-to-end smoke test
+# (exactly-once in commit order under concurrent producers).
+test-short:
+	$(GO) vet $(PKGS)
+	$(GO) test -race -count=1 ./relay ./cdc ./internal/config ./internal/deploytest
+	$(GO) test -race -count=1 -run 'TestConcurrentProducersArriveExactlyOnceInCommitOrder' ./internal/e2e
+
 # The end-to-end core against every other supported PostgreSQL major (make
 # test covers the local one, 15 on Debian): exactly-once under load, kill -9,
 # slot dropped and invalidated, first-start backfill, idle WAL, heartbeat,
