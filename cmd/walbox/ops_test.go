@@ -179,16 +179,7 @@ func TestVersionFlag(t *testing.T) {
 func TestPostgresOnlyCommandsNeedOnlyAURL(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 	defer cancel()
-	pg, err := pgtest.Start(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pg.Close() })
-	url, err := pg.CreateDB(ctx, "app")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("WALBOX_CONFIG", "")
+	url := freshDB(ctx, t)
 	for _, args := range [][]string{
 		{"migrate", "--postgres-url", url},
 		{"slot", "create", "--postgres-url", url},
@@ -247,6 +238,20 @@ func TestWalboxYAMLInTheWorkingDirectory(t *testing.T) {
 func TestStatusExitCodeWithoutARelay(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 	defer cancel()
+	url := freshDB(ctx, t)
+	if _, err := runCLI(ctx, "", "migrate", "--postgres-url", url); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runCLI(ctx, "", "status", "--postgres-url", url)
+	if exitCode(err) != 3 || !strings.Contains(out, "unknown") {
+		t.Fatalf("walbox status with no relay: exit %d (%v)\n%s", exitCode(err), err, out)
+	}
+}
+
+// freshDB starts a cluster of the test's own and returns the URL of its
+// database app; WALBOX_CONFIG is cleared so only flags configure walbox.
+func freshDB(ctx context.Context, t *testing.T) string {
+	t.Helper()
 	pg, err := pgtest.Start(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -257,11 +262,5 @@ func TestStatusExitCodeWithoutARelay(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Setenv("WALBOX_CONFIG", "")
-	if _, err := runCLI(ctx, "", "migrate", "--postgres-url", url); err != nil {
-		t.Fatal(err)
-	}
-	out, err := runCLI(ctx, "", "status", "--postgres-url", url)
-	if exitCode(err) != 3 || !strings.Contains(out, "unknown") {
-		t.Fatalf("walbox status with no relay: exit %d (%v)\n%s", exitCode(err), err, out)
-	}
+	return url
 }

@@ -15,21 +15,7 @@ import (
 
 func TestR3StreamLeaderLossMidLoadLosesNothing(t *testing.T) {
 	cl := natstest.NewCluster(t, 3)
-	e := newEnv(t, func(c *config.Config) {
-		c.NATS.URL = cl.URLs()
-		for i := range c.NATS.Streams {
-			c.NATS.Streams[i].Replicas = 3
-		}
-	})
-	nc, err := nats.Connect(cl.URLs(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	if e.js, err = jetstream.New(nc); err != nil {
-		t.Fatal(err)
-	}
-	e.migrate()
+	e := r3Env(t, cl.URLs())
 	w := e.witness("outbox_events")
 	e.startRelay()
 	stop := e.loadInBackground(outboxtest.Load{Producers: 3, MaxRows: 10, Rollback: 0.1, Rate: 30})
@@ -56,22 +42,7 @@ func TestR3StreamLeaderLossMidLoadLosesNothing(t *testing.T) {
 // node's return.
 func TestR3NATSProcessesLeaderKillAndRollingRestart(t *testing.T) {
 	cl := natstest.NewProcCluster(t, 3)
-	e := newEnv(t, func(c *config.Config) {
-		c.NATS.URL = cl.URLs()
-		c.NATS.AckTimeout = 2 * time.Second
-		for i := range c.NATS.Streams {
-			c.NATS.Streams[i].Replicas = 3
-		}
-	})
-	nc, err := nats.Connect(cl.URLs(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	if e.js, err = jetstream.New(nc); err != nil {
-		t.Fatal(err)
-	}
-	e.migrate()
+	e := r3Env(t, cl.URLs(), func(c *config.Config) { c.NATS.AckTimeout = 2 * time.Second })
 	w := e.witness("outbox_events")
 	e.startRelay()
 	stop := e.loadInBackground(outboxtest.Load{Producers: 4, MaxRows: 10, Rollback: 0.1, Rate: 50})
@@ -148,4 +119,26 @@ func streamLeader(ctx context.Context, t *testing.T, js jetstream.JetStream, str
 		t.Fatalf("no leader for %s", stream)
 	}
 	return info.Cluster.Leader
+}
+
+// r3Env is a migrated env whose streams are R3 on the cluster at urls, with
+// the test's own JetStream client on that cluster.
+func r3Env(t *testing.T, urls string, mutate ...func(*config.Config)) *env {
+	t.Helper()
+	e := newEnv(t, append([]func(*config.Config){func(c *config.Config) {
+		c.NATS.URL = urls
+		for i := range c.NATS.Streams {
+			c.NATS.Streams[i].Replicas = 3
+		}
+	}}, mutate...)...)
+	nc, err := nats.Connect(urls, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	if e.js, err = jetstream.New(nc); err != nil {
+		t.Fatal(err)
+	}
+	e.migrate()
+	return e
 }

@@ -47,24 +47,7 @@ func TestPromotedSyncStandbyLosesNothing(t *testing.T) {
 func testPromotion(t *testing.T, sync bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	primary, err := pgtest.Start(ctx, pgtest.WithSetting("synchronous_commit", "on"),
-		pgtest.WithSetting("wal_sender_timeout", "5s"), pgtest.WithSetting("track_commit_timestamp", "on"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { primary.Close() })
-	pURL, err := primary.CreateDB(ctx, "app")
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := pgx.Connect(ctx, pURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := walboxsql.Apply(ctx, conn, walboxsql.Params{Publication: "walbox"}); err != nil {
-		t.Fatal(err)
-	}
-	conn.Close(ctx)
+	primary, _ := startPrimary(ctx, t)
 	standby, err := primary.Standby(ctx, pgcluster.StandbyOptions{ApplicationName: "walbox_standby"})
 	if err != nil {
 		t.Fatal(err)
@@ -222,6 +205,32 @@ func (e *env) checkPromotion(ctx context.Context, newPrimaryURL string, res *out
 	return s
 }
 
+// startPrimary starts a cluster to promote away from, with database app
+// migrated: commits wait for the WAL flush, and commit times are kept so a
+// republished backfill can keep commit order.
+func startPrimary(ctx context.Context, t *testing.T) (*pgtest.Cluster, string) {
+	t.Helper()
+	primary, err := pgtest.Start(ctx, pgtest.WithSetting("synchronous_commit", "on"),
+		pgtest.WithSetting("wal_sender_timeout", "5s"), pgtest.WithSetting("track_commit_timestamp", "on"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { primary.Close() })
+	pURL, err := primary.CreateDB(ctx, "app")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, pURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := walboxsql.Apply(ctx, conn, walboxsql.Params{Publication: "walbox"}); err != nil {
+		t.Fatal(err)
+	}
+	return primary, pURL
+}
+
 func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
@@ -243,24 +252,7 @@ func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() boo
 func TestFailoverSlotFollowsPromotion(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	primary, err := pgtest.Start(ctx, pgtest.WithSetting("synchronous_commit", "on"),
-		pgtest.WithSetting("wal_sender_timeout", "5s"), pgtest.WithSetting("track_commit_timestamp", "on"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { primary.Close() })
-	pURL, err := primary.CreateDB(ctx, "app")
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := pgx.Connect(ctx, pURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := walboxsql.Apply(ctx, conn, walboxsql.Params{Publication: "walbox"}); err != nil {
-		t.Fatal(err)
-	}
-	conn.Close(ctx)
+	primary, pURL := startPrimary(ctx, t)
 	v, err := primary.Version()
 	if err != nil {
 		t.Fatal(err)

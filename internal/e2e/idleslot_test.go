@@ -40,19 +40,8 @@ func TestIdleSlotTimeoutInvalidationIsRecovered(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	url, err := cl.CreateDB(ctx, "idle")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := newEnv(t, func(c *config.Config) { c.Postgres.URL = url })
-	e.dbURL = url
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	e.pool = pool
-	e.migrate()
+	e := envOn(t, cl, "idle")
+	pool := e.pool
 
 	rep := ops.Doctor(ctx, e.cfg)
 	var idle *ops.Check
@@ -104,4 +93,25 @@ func TestIdleSlotTimeoutInvalidationIsRecovered(t *testing.T) {
 	if n := e.counter("walbox_slot_lost_total", map[string]string{"reason": "invalidated"}); n != want {
 		t.Fatalf("PostgreSQL %d: walbox_slot_lost_total{reason=invalidated} = %v, want %v", v, n, want)
 	}
+}
+
+// envOn is a migrated env whose database, name, is on cluster cl (a cluster
+// of the test's own, with settings the package cluster does not have).
+func envOn(t *testing.T, cl *pgtest.Cluster, name string, mutate ...func(*config.Config)) *env {
+	t.Helper()
+	ctx := context.Background()
+	url, err := cl.CreateDB(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, append([]func(*config.Config){func(c *config.Config) { c.Postgres.URL = url }}, mutate...)...)
+	e.dbURL = url
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	e.pool = pool
+	e.migrate()
+	return e
 }

@@ -7,10 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/walbox/walbox/cdc"
-	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/outboxtest"
 	"github.com/walbox/walbox/internal/pgtest"
 )
@@ -79,19 +77,8 @@ func TestInvalidatedSlotIsRecreatedAndUnprocessedRowsRepublished(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	url, err := cl.CreateDB(ctx, "invalidated")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := newEnv(t, func(c *config.Config) { c.Postgres.URL = url })
-	e.dbURL = url
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	e.pool = pool
-	e.migrate()
+	e := envOn(t, cl, "invalidated")
+	pool, url := e.pool, e.dbURL
 	w := e.witness("outbox_events")
 	r := e.startRelay()
 	first := outboxtest.Load{Producers: 2, MaxRows: 10, Txns: 10}.Run(ctx, pool)
