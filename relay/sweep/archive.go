@@ -41,17 +41,17 @@ func crash(step string) error {
 
 // Blocked is a partition old enough to archive that still holds unprocessed rows.
 type Blocked struct {
-	Partition   string
-	Unprocessed int64
+	Partition   string `json:"partition"`
+	Unprocessed int64  `json:"unprocessed"`
 }
 
 // Export is a partition written to cold storage.
 type Export struct {
-	Partition string
-	Object    string
-	Rows      int64
-	Bytes     int64
-	Resumed   bool // the object was already there from an interrupted run
+	Partition string `json:"partition"`
+	Object    string `json:"object"`
+	Rows      int64  `json:"rows"`
+	Bytes     int64  `json:"bytes"`
+	Resumed   bool   `json:"resumed"` // the object was already there from an interrupted run
 }
 
 // Manifest describes one exported partition; it is written after the data

@@ -11,56 +11,57 @@ import (
 // Status is the outbox table's state as the sweeper sees it, for
 // `walbox status` and humans.
 type Status struct {
-	Table       string
-	Partitioned bool
+	Table       string `json:"table"`
+	Partitioned bool   `json:"partitioned"`
 	// HasProcessed is false when the table has no processed column; the
 	// counts below are then zero.
-	HasProcessed bool
+	HasProcessed bool `json:"has_processed"`
 	// Unprocessed rows and the age of the oldest one (0 when none).
-	Unprocessed       int64
-	OldestUnprocessed time.Duration
+	Unprocessed       int64         `json:"unprocessed"`
+	OldestUnprocessed time.Duration `json:"oldest_unprocessed_ns"`
 	// DeadLettered counts rows whose error column is set (-1: no such column).
-	DeadLettered int64
+	DeadLettered int64 `json:"dead_lettered"`
 	// Partitions of the outbox table in range order, the default partition last.
-	Partitions []PartitionStatus
+	Partitions []PartitionStatus `json:"partitions"`
 	// DefaultRows are the rows waiting in the default partition to be moved.
-	DefaultRows int64
-	Archive     ArchiveStatus
+	DefaultRows int64         `json:"default_rows"`
+	Archive     ArchiveStatus `json:"archive"`
 	// This process's marking: queued, marked and dropped since start.
-	Queue   int
-	Marked  uint64
-	Dropped uint64
+	Queue   int    `json:"queue"`
+	Marked  uint64 `json:"marked"`
+	Dropped uint64 `json:"dropped"`
 }
 
 // PartitionStatus is one partition.
 type PartitionStatus struct {
-	Name          string
-	From, To      time.Time // zero for the default partition
-	Default       bool
-	EstimatedRows int64 // from pg_class.reltuples (-1 or 0 until analyzed)
+	Name          string    `json:"name"`
+	From          time.Time `json:"from"`
+	To            time.Time `json:"to"`
+	Default       bool      `json:"default"`
+	EstimatedRows int64     `json:"estimated_rows"` // from pg_class.reltuples (-1 or 0 until analyzed)
 }
 
 // ArchiveStatus is the archive's side.
 type ArchiveStatus struct {
 	// Table is the archive table; Exists is false until the first archival.
-	Table  string
-	Exists bool
+	Table  string `json:"table"`
+	Exists bool   `json:"exists"`
 	// Partitions attached to the archive (partitioned outbox).
-	Partitions []PartitionStatus
+	Partitions []PartitionStatus `json:"partitions"`
 	// EstimatedRows in the archive table (unpartitioned outbox).
-	EstimatedRows int64
+	EstimatedRows int64 `json:"estimated_rows"`
 	// Blocked are partitions past archive.after that hold unprocessed rows.
-	Blocked []Blocked
+	Blocked []Blocked `json:"blocked"`
 	// Pending are partitions detached from the outbox and not yet attached
 	// to the archive (finished by the next run).
-	Pending []string
+	Pending []string `json:"pending"`
 	// Exported partitions now only in cold storage, their rows, and the
 	// ones deleted after the retention age.
-	Exported     int
-	ExportedRows int64
-	Deleted      int
+	Exported     int   `json:"exported"`
+	ExportedRows int64 `json:"exported_rows"`
+	Deleted      int   `json:"deleted"`
 	// Store names the cold storage ("" when export is off).
-	Store string
+	Store string `json:"store"`
 }
 
 // Status reads the table's state. It needs no running sweeper: `walbox
