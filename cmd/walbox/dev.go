@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 
 	"github.com/spf13/cobra"
@@ -29,6 +30,11 @@ and a summary every 5 seconds. Ctrl-C stops everything and removes the data
   walbox dev --postgres-url postgres://me@localhost:5432/app --rate 0`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg.PostgresURL, _ = cmd.Flags().GetString("postgres-url")
+			if cfg.PostgresURL != "" && !cmd.Flags().Changed("rate") {
+				// A user's database: no sample events unless asked.
+				cfg.Rate = 0
+				fmt.Fprintln(cmd.ErrOrStderr(), "walbox dev: --postgres-url given: no sample events are written (pass --rate to write some)")
+			}
 			cfg.NATSURL, _ = cmd.Flags().GetString("nats-url")
 			level, _ := cmd.Flags().GetString("log-level")
 			if level == "" {

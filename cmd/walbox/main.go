@@ -16,7 +16,10 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// SIGHUP (the terminal closed) and SIGPIPE (`walbox dev | head` ended)
+	// stop walbox like SIGTERM, so what it started is cleaned up; by
+	// default Go would just exit on them.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGPIPE)
 	err := newRootCmd().ExecuteContext(ctx)
 	stop()
 	if err != nil {

@@ -1,0 +1,81 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestDevCleansUpOnHangupAndBrokenPipe: closing the terminal (SIGHUP) or
+// ending the reader of `walbox dev | head` (SIGPIPE on the next write)
+// stops walbox dev as Ctrl-C does: the throwaway PostgreSQL is stopped and
+// the run's folder removed. By default Go exits on both at once and left
+// the postmaster and .walbox-dev/run-* behind.
+func TestDevCleansUpOnHangupAndBrokenPipe(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	defer cancel()
+	bin := filepath.Join(t.TempDir(), "walbox")
+	if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	for _, how := range []string{"hangup", "broken pipe"} {
+		t.Run(how, func(t *testing.T) {
+			dir, err := os.MkdirTemp("", "walbox-dev-signal-*")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chmod(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { os.RemoveAll(dir) })
+			cmd := exec.CommandContext(ctx, bin, "dev", "--dir", dir, "--rate", "20")
+			cmd.Env = append(os.Environ(), "WALBOX_CONFIG=")
+			stdout, err := cmd.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			// Wait for the first stored event: everything is up.
+			sc := bufio.NewScanner(stdout)
+			up := false
+			for sc.Scan() {
+				if strings.Contains(sc.Text(), "STORED") || strings.Contains(sc.Text(), "ORDERS") {
+					up = true
+					break
+				}
+			}
+			if !up {
+				t.Fatal("walbox dev printed no stored event")
+			}
+			if how == "hangup" {
+				_ = cmd.Process.Signal(syscall.SIGHUP)
+				go func() {
+					for sc.Scan() {
+					}
+				}()
+			} else {
+				stdout.Close() // the reader is gone: the next write gets SIGPIPE
+			}
+			done := make(chan error, 1)
+			go func() { done <- cmd.Wait() }()
+			select {
+			case <-done:
+			case <-time.After(60 * time.Second):
+				_ = cmd.Process.Kill()
+				t.Fatal("walbox dev did not stop within 60 s")
+			}
+			left, _ := filepath.Glob(filepath.Join(dir, "run-*"))
+			if len(left) > 0 {
+				t.Fatalf("walbox dev left %v behind after a %s", left, how)
+			}
+		})
+	}
+}
