@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // TestDevCleansUpOnHangupAndBrokenPipe: closing the terminal (SIGHUP) or
@@ -77,5 +79,34 @@ func TestDevCleansUpOnHangupAndBrokenPipe(t *testing.T) {
 				t.Fatalf("walbox dev left %v behind after a %s", left, how)
 			}
 		})
+	}
+}
+
+// With --postgres-url (a user's database), dev writes no sample events
+// unless --rate is given.
+func TestDevWritesNoSampleEventsIntoAGivenDatabase(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	url := freshDB(ctx, t)
+	dir, err := os.MkdirTemp("", "walbox-dev-url-*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	out, err := runCLI(ctx, "", "dev", "--postgres-url", url, "--duration", "2s", "--dir", dir)
+	if err != nil {
+		t.Fatalf("walbox dev --postgres-url: %v\n%s", err, out)
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var n int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM outbox_events").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Fatalf("walbox dev wrote %d sample events into the given database without --rate", n)
 	}
 }
