@@ -264,3 +264,53 @@ func freshDB(ctx context.Context, t *testing.T) string {
 	t.Setenv("WALBOX_CONFIG", "")
 	return url
 }
+
+// walbox uninstall removes the slot, the publication and schema walbox,
+// keeps the outbox table unless asked, and refuses a slot in use.
+func TestUninstall(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+	defer cancel()
+	url := freshDB(ctx, t)
+	for _, args := range [][]string{{"migrate", "--postgres-url", url}, {"slot", "create", "--postgres-url", url}} {
+		if out, err := runCLI(ctx, "", args...); err != nil {
+			t.Fatalf("%v: %v\n%s", args, err, out)
+		}
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	count := func(q string) int {
+		var n int
+		if err := conn.QueryRow(ctx, q).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	state := func() [4]int {
+		return [4]int{count(`SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'walbox'`),
+			count(`SELECT count(*) FROM pg_publication WHERE pubname = 'walbox_outbox'`),
+			count(`SELECT count(*) FROM pg_namespace WHERE nspname = 'walbox'`),
+			count(`SELECT count(*) FROM pg_class WHERE relname = 'outbox_events'`)}
+	}
+	out, err := runCLI(ctx, "", "uninstall", "--dry-run", "--postgres-url", url)
+	if err != nil || !strings.Contains(out, "pg_drop_replication_slot('walbox')") || !strings.Contains(out, "DROP SCHEMA walbox CASCADE") {
+		t.Fatalf("uninstall --dry-run: %v\n%s", err, out)
+	}
+	if s := state(); s != [4]int{1, 1, 1, 1} {
+		t.Fatalf("--dry-run changed something: %v", s)
+	}
+	if _, err := runCLI(ctx, "n\n", "uninstall", "--postgres-url", url); err == nil {
+		t.Fatal("uninstall answered n went ahead")
+	}
+	if out, err := runCLI(ctx, "", "uninstall", "--yes", "--postgres-url", url); err != nil {
+		t.Fatalf("uninstall --yes: %v\n%s", err, out)
+	}
+	if s := state(); s != [4]int{0, 0, 0, 1} {
+		t.Fatalf("after uninstall slot/publication/schema/table = %v, want 0 0 0 1 (the table stays)", s)
+	}
+	if out, err := runCLI(ctx, "", "uninstall", "--yes", "--drop-table", "--postgres-url", url); err != nil || state()[3] != 0 {
+		t.Fatalf("uninstall --drop-table: %v %v\n%s", err, state(), out)
+	}
+}
