@@ -101,6 +101,7 @@ type pgFacts struct {
 	database   string
 	table      cdc.TableName
 	tableOID   uint32 // 0: no such table
+	provider   *provider
 	slotExists bool
 	slotActive bool
 }
@@ -135,7 +136,11 @@ func doctorPostgres(ctx context.Context, cfg config.Config, r *DoctorReport) {
 
 	// Each check runs on its own: one failing query does not hide the others.
 	checkVersion(f, versionText, r)
-	checkWALLevel(ctx, conn, r)
+	f.provider = detectProvider(ctx, conn)
+	if f.provider != nil {
+		r.add("postgres.provider", OK, "managed PostgreSQL: "+f.provider.Name+" (fixes below use its controls; docs/managed-postgres.md)", "")
+	}
+	checkWALLevel(ctx, conn, f, r)
 	checkPendingRestart(ctx, conn, r)
 	checkSlotsAndSenders(ctx, conn, cfg, &f, r)
 	roleOK := checkRole(ctx, conn, &f, r)
@@ -178,7 +183,7 @@ func checkVersion(f pgFacts, text string, r *DoctorReport) {
 	}
 }
 
-func checkWALLevel(ctx context.Context, conn *pgx.Conn, r *DoctorReport) {
+func checkWALLevel(ctx context.Context, conn *pgx.Conn, f pgFacts, r *DoctorReport) {
 	var level string
 	var pending bool
 	if err := conn.QueryRow(ctx, `SELECT setting, pending_restart FROM pg_settings WHERE name = 'wal_level'`).Scan(&level, &pending); err != nil {
@@ -191,6 +196,8 @@ func checkWALLevel(ctx context.Context, conn *pgx.Conn, r *DoctorReport) {
 	case pending:
 		r.add("postgres.wal_level", Fail, fmt.Sprintf("wal_level is '%s'; a changed value waits for a restart (pending_restart)", level),
 			"restart PostgreSQL: wal_level takes effect only at server start (a reload is not enough)")
+	case f.provider != nil:
+		r.add("postgres.wal_level", Fail, fmt.Sprintf("wal_level is '%s': logical decoding needs wal_level = logical", level), f.provider.WALFix)
 	default:
 		r.add("postgres.wal_level", Fail, fmt.Sprintf("wal_level is '%s': logical decoding needs wal_level = logical", level),
 			"ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL (a reload is not enough)")
@@ -262,11 +269,20 @@ func checkRole(ctx context.Context, conn *pgx.Conn, f *pgFacts, r *DoctorReport)
 		r.add("postgres.role", Fail, fmt.Sprintf("cannot read role %s: %v", f.user, err), "")
 		return false
 	}
+	member := false
+	if f.provider != nil && f.provider.ReplicationRole != "" {
+		_ = conn.QueryRow(ctx, `SELECT pg_has_role(current_user, $1, 'MEMBER')`, f.provider.ReplicationRole).Scan(&member)
+	}
 	switch {
 	case super:
 		r.add("postgres.role", OK, fmt.Sprintf("role %s is a superuser (works; a least-privilege role is better: walbox migrate --print-grants)", f.user), "")
 	case repl:
 		r.add("postgres.role", OK, fmt.Sprintf("role %s has REPLICATION", f.user), "")
+	case member:
+		r.add("postgres.role", OK, fmt.Sprintf("role %s is a member of %s (%s's replication role)", f.user, f.provider.ReplicationRole, f.provider.Name), "")
+	case f.provider != nil:
+		r.add("postgres.role", Fail, fmt.Sprintf("role %s may not use replication", f.user), strings.ReplaceAll(f.provider.RoleFix, "<role>", cdc.QuoteIdent(f.user)))
+		return false
 	default:
 		r.add("postgres.role", Fail, fmt.Sprintf("role %s may not use replication (no REPLICATION attribute)", f.user),
 			fmt.Sprintf("as a superuser: ALTER ROLE %s WITH REPLICATION; (the whole recipe: walbox migrate --print-grants --role %s)", cdc.QuoteIdent(f.user), f.user))

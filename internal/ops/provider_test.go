@@ -1,0 +1,62 @@
+package ops
+
+import (
+	"context"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/walbox/walbox/internal/pgtest"
+)
+
+// A server that carries Amazon RDS's setting is recognised: the wal_level
+// fix names the parameter group (ALTER SYSTEM is not allowed there), and a
+// role without the REPLICATION attribute that is a member of rds_replication
+// passes, as on RDS (a local role mimics it).
+func TestDoctorRecognisesRDS(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cl, err := pgtest.Start(ctx, pgtest.WithSetting("rds.logical_replication", "0"), pgtest.WithSetting("wal_level", "replica"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	dbURL, err := cl.CreateDB(ctx, "app")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{"CREATE ROLE rds_replication", "CREATE ROLE app_walbox LOGIN", "GRANT rds_replication TO app_walbox", "CREATE ROLE app_plain LOGIN"} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	conn.Close(ctx)
+	e := newEnv(t)
+	as := func(role string) *DoctorReport {
+		u, _ := url.Parse(dbURL)
+		u.User = url.User(role)
+		cfg := e.cfg
+		cfg.Postgres.URL = u.String()
+		return Doctor(ctx, cfg)
+	}
+	rep := as("app_walbox")
+	if c := checkOf(t, rep, "postgres.provider"); c.Status != OK || !strings.Contains(c.Detail, "Amazon RDS") {
+		t.Errorf("provider: %+v", c)
+	}
+	if c := checkOf(t, rep, "postgres.wal_level"); c.Status != Fail || !strings.Contains(c.Fix, "rds.logical_replication = 1") || !strings.Contains(c.Fix, "parameter group") {
+		t.Errorf("wal_level on RDS: %+v", c)
+	}
+	if c := checkOf(t, rep, "postgres.role"); c.Status != OK || !strings.Contains(c.Detail, "rds_replication") {
+		t.Errorf("a member of rds_replication: %+v", c)
+	}
+	if c := checkOf(t, as("app_plain"), "postgres.role"); c.Status != Fail || !strings.Contains(c.Fix, "GRANT rds_replication TO") {
+		t.Errorf("a role without it: %+v", c)
+	}
+}
