@@ -110,7 +110,7 @@ func doctorPostgres(ctx context.Context, cfg config.Config, r *DoctorReport) {
 	pgNames := []string{"postgres.version", "postgres.wal_level", "postgres.pending_restart", "postgres.max_replication_slots",
 		"postgres.max_wal_senders", "postgres.role", "postgres.replication_connection", "postgres.outbox_table",
 		"postgres.outbox_privileges", "postgres.publication", "postgres.slot", "postgres.failover",
-		"postgres.max_slot_wal_keep_size", "postgres.idle_replication_slot_timeout", "postgres.sweeper_maintain", "postgres.track_commit_timestamp", "postgres.walbox_schema"}
+		"postgres.direct", "postgres.max_slot_wal_keep_size", "postgres.idle_replication_slot_timeout", "postgres.sweeper_maintain", "postgres.track_commit_timestamp", "postgres.walbox_schema"}
 	skipRest := func(why string) {
 		for _, n := range pgNames {
 			r.add(n, Skip, why, "")
@@ -136,6 +136,7 @@ func doctorPostgres(ctx context.Context, cfg config.Config, r *DoctorReport) {
 
 	// Each check runs on its own: one failing query does not hide the others.
 	checkVersion(f, versionText, r)
+	checkDirect(ctx, conn, cfg, r)
 	f.provider = detectProvider(ctx, conn)
 	if f.provider != nil {
 		r.add("postgres.provider", OK, "managed PostgreSQL: "+f.provider.Name+" (fixes below use its controls; docs/managed-postgres.md)", "")
@@ -168,6 +169,30 @@ func pgConnectFix(err error) string {
 		return "create the database, or fix the database name in postgres.url"
 	}
 	return "check postgres.url (or WALBOX_POSTGRES_URL / --postgres-url): host, port, database, sslmode; is PostgreSQL running and reachable from here?"
+}
+
+// checkDirect looks for something between walbox and the server: the port
+// the server listens on differs from the one in postgres.url (a pooler such
+// as PgBouncer, or a proxy). A pooler cannot carry the replication
+// connection; a plain TCP proxy can.
+func checkDirect(ctx context.Context, conn *pgx.Conn, cfg config.Config, r *DoctorReport) {
+	const name = "postgres.direct"
+	var port *int
+	if err := conn.QueryRow(ctx, `SELECT inet_server_port()`).Scan(&port); err != nil || port == nil {
+		r.add(name, Skip, "connected over a Unix socket: nothing in between", "")
+		return
+	}
+	pc, err := pgconn.ParseConfig(cfg.Postgres.URL)
+	if err != nil || pc.Port == 0 {
+		r.add(name, Skip, "cannot tell the port postgres.url uses", "")
+		return
+	}
+	if int(pc.Port) != *port {
+		r.add(name, Warn, fmt.Sprintf("postgres.url connects to port %d, but the server listens on %d: a pooler or a proxy is in between", pc.Port, *port),
+			"a connection pooler (PgBouncer, a proxy in transaction mode) cannot carry walbox's replication connection: point postgres.url at the server itself (a plain TCP proxy is fine)")
+		return
+	}
+	r.add(name, OK, fmt.Sprintf("connected to the server's own port %d", *port), "")
 }
 
 func checkVersion(f pgFacts, text string, r *DoctorReport) {
@@ -309,6 +334,9 @@ func checkReplicationConnection(ctx context.Context, cfg config.Config, roleOK b
 	rc, err := pgconn.ConnectConfig(cctx, pc)
 	if err != nil {
 		fix := "check that the server accepts replication connections from here"
+		if strings.Contains(err.Error(), "unsupported startup parameter") {
+			fix = "a connection pooler (PgBouncer) answered: it cannot carry replication; point postgres.url at the server itself"
+		}
 		if strings.Contains(err.Error(), "pg_hba.conf") {
 			fix = fmt.Sprintf("add a pg_hba.conf line for the database, e.g. `host %s %s <walbox address>/32 scram-sha-256`, and reload PostgreSQL (a logical replication connection is matched by database name; the keyword `replication` matches physical replication only)", pc.Database, pc.User)
 		}

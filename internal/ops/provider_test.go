@@ -2,6 +2,8 @@ package ops
 
 import (
 	"context"
+	"io"
+	"net"
 	"net/url"
 	"strings"
 	"testing"
@@ -58,5 +60,43 @@ func TestDoctorRecognisesRDS(t *testing.T) {
 	}
 	if c := checkOf(t, as("app_plain"), "postgres.role"); c.Status != Fail || !strings.Contains(c.Fix, "GRANT rds_replication TO") {
 		t.Errorf("a role without it: %+v", c)
+	}
+}
+
+// Something between walbox and the server (here a TCP proxy, as a pooler
+// would be) shows as a port that differs from the server's own.
+func TestDoctorSeesSomethingInBetween(t *testing.T) {
+	e := newEnv(t)
+	ctx := testCtx(t)
+	u, _ := url.Parse(e.dbURL)
+	target := u.Host
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			go func() { io.Copy(s, c); s.Close() }()
+			go func() { io.Copy(c, s); c.Close() }()
+		}
+	}()
+	if c := checkOf(t, Doctor(ctx, e.cfg), "postgres.direct"); c.Status != OK {
+		t.Errorf("direct connection: %+v", c)
+	}
+	u.Host = ln.Addr().String()
+	cfg := e.cfg
+	cfg.Postgres.URL = u.String()
+	if c := checkOf(t, Doctor(ctx, cfg), "postgres.direct"); c.Status != Warn || !strings.Contains(c.Fix, "pooler") {
+		t.Errorf("through a proxy: %+v", c)
 	}
 }
