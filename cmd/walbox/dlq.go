@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 
 	"github.com/spf13/cobra"
 
@@ -50,6 +51,7 @@ func newDLQListCmd() *cobra.Command {
 func newDLQRetryCmd() *cobra.Command {
 	var opts ops.DLQRetryOptions
 	var seqs []uint
+	var retryJSON bool
 	cmd := &cobra.Command{
 		Use:   "retry --seq N ... | --all",
 		Short: "Republish dead letters to their original subject and delete them from the DLQ",
@@ -72,8 +74,17 @@ from the row instead (e.g. after fixing its topic).`,
 				opts.Seqs = append(opts.Seqs, uint64(s))
 			}
 			opts.In, opts.Out, opts.TTY = cmd.InOrStdin(), cmd.OutOrStdout(), isTerminal(cmd.OutOrStdout())
+			if retryJSON {
+				opts.Out = io.Discard // the lines would mix with the JSON
+				if !opts.Yes {
+					return fmt.Errorf("--json needs --yes: there is no prompt to answer")
+				}
+			}
 			res, err := ops.DLQRetry(cmd.Context(), cfg, opts)
 			if res != nil && err == nil {
+				if retryJSON {
+					return writeJSONOut(cmd, res)
+				}
 				fmt.Fprintf(cmd.OutOrStdout(), "retried %d, already in their stream %d, skipped %d\n", res.Retried, res.AlreadyStored, res.Skipped)
 			}
 			return err
@@ -81,6 +92,7 @@ from the row instead (e.g. after fixing its topic).`,
 	}
 	cmd.Flags().UintSliceVar(&seqs, "seq", nil, "dead letter sequence numbers in the DLQ stream (repeatable, or comma-separated)")
 	cmd.Flags().BoolVar(&opts.All, "all", false, "retry every dead letter")
+	cmd.Flags().BoolVar(&retryJSON, "json", false, "print the counts as JSON (needs --yes)")
 	cmd.Flags().BoolVar(&opts.Yes, "yes", false, "do not ask for confirmation")
 	return cmd
 }

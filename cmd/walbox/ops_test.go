@@ -14,6 +14,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/relay"
 
 	"github.com/walbox/walbox/internal/natstest"
 	"github.com/walbox/walbox/internal/pgtest"
@@ -164,6 +168,30 @@ func TestOpsCommandsExitCodes(t *testing.T) {
 	}
 	if _, err = runCLI(ctx, "", "dlq", "retry", "--config", goodCfg); err == nil {
 		t.Fatal("dlq retry without --seq or --all succeeded")
+	}
+	// --json on the commands that report (the streams as walbox run makes them).
+	gc, err := config.Load(goodCfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(ns.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	if _, err := relay.EnsureStreams(ctx, js, gc.StreamSpecs()); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"replay", "--json", "--dry-run", "--from", "1h"},
+		{"dlq", "list", "--json"},
+		{"dlq", "retry", "--all", "--yes", "--json"},
+	} {
+		out, err := runCLI(ctx, "", append(args, "--config", goodCfg)...)
+		if err != nil || !json.Valid([]byte(out)) {
+			t.Fatalf("walbox %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
 	}
 }
 

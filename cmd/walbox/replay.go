@@ -11,6 +11,7 @@ import (
 func newReplayCmd() *cobra.Command {
 	var opts ops.ReplayOptions
 	var from, to string
+	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "replay --from T --to T [--topic PATTERN] [--id ID ...]",
 		Short: "Republish outbox (or archived) events by time range, topic and id",
@@ -53,12 +54,19 @@ time), now, or a duration ago (90m). --to defaults to now.`,
 			opts.Progress, opts.TTY = cmd.ErrOrStderr(), isTerminal(cmd.ErrOrStderr())
 			res, err := ops.Replay(cmd.Context(), cfg, opts)
 			if res != nil {
-				res.Print(out)
+				if asJSON {
+					if jerr := ops.WriteJSON(out, res); jerr != nil && err == nil {
+						err = jerr
+					}
+				} else {
+					res.Print(out)
+				}
 			}
 			return err
 		},
 	}
 	f := cmd.Flags()
+	f.BoolVar(&asJSON, "json", false, "print the result as JSON")
 	f.StringVar(&from, "from", "", "created_at from (inclusive)")
 	f.StringVar(&to, "to", "", "created_at to (exclusive; default now)")
 	f.StringVar(&opts.Topic, "topic", "", "only topics matching this NATS-style pattern (orders.*, payments.>)")
