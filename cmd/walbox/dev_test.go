@@ -110,3 +110,63 @@ func TestDevWritesNoSampleEventsIntoAGivenDatabase(t *testing.T) {
 		t.Fatalf("walbox dev wrote %d sample events into the given database without --rate", n)
 	}
 }
+
+// A walbox dev killed with -9 leaves its folder and a running PostgreSQL;
+// the next walbox dev stops and removes them, and says so. Its banner names
+// the run's walbox.yaml and the commands that work against it.
+func TestDevRemovesWhatAKilledRunLeft(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	defer cancel()
+	bin := filepath.Join(t.TempDir(), "walbox")
+	if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	dir, err := os.MkdirTemp("", "walbox-dev-left-*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	first := exec.CommandContext(ctx, bin, "dev", "--dir", dir, "--rate", "5")
+	first.Env = append(os.Environ(), "WALBOX_CONFIG=")
+	stdout, err := first.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(stdout)
+	var banner strings.Builder
+	for sc.Scan() {
+		banner.WriteString(sc.Text() + "\n")
+		if strings.Contains(sc.Text(), "walbox dlq list --config") {
+			break
+		}
+	}
+	if !strings.Contains(banner.String(), "walbox status --config") {
+		t.Fatalf("the banner names no configuration to point the other commands at:\n%s", banner.String())
+	}
+	left, _ := filepath.Glob(filepath.Join(dir, "run-*", "walbox.yaml"))
+	if len(left) != 1 {
+		t.Fatalf("the run's walbox.yaml: %v", left)
+	}
+	_ = first.Process.Kill() // -9: nothing is cleaned up
+	_ = first.Wait()
+	pm, _ := filepath.Glob(filepath.Join(dir, "run-*", "postgres", "data", "postmaster.pid"))
+	if len(pm) != 1 {
+		t.Fatalf("the killed run left no running PostgreSQL to clean up: %v", pm)
+	}
+	out, err := exec.CommandContext(ctx, bin, "dev", "--dir", dir, "--rate", "5", "--duration", "2s").CombinedOutput()
+	if err != nil {
+		t.Fatalf("second walbox dev: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "left behind by an earlier walbox dev (its PostgreSQL was still running: stopped)") {
+		t.Fatalf("the second run does not say it cleaned up:\n%s", out)
+	}
+	if runs, _ := filepath.Glob(filepath.Join(dir, "run-*")); len(runs) != 0 {
+		t.Fatalf("left after the second run: %v", runs)
+	}
+}

@@ -23,10 +23,12 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
+	"gopkg.in/yaml.v3"
 
 	"github.com/walbox/walbox/internal/app"
 	"github.com/walbox/walbox/internal/config"
@@ -157,6 +159,7 @@ type run struct {
 	con   *console
 
 	runDir   string // this run's folder, "" if nothing local was started
+	cfgFile  string // the relay's configuration, written into runDir
 	pg       *pgcluster.Cluster
 	nats     *natsembed.Server
 	dbURL    string
@@ -263,6 +266,7 @@ func (r *run) serve(ctx context.Context) error {
 	}
 	defer w.stop()
 
+	r.writeConfig(rcfg)
 	r.banner(rcfg)
 
 	prodCtx, stopProducer := context.WithCancel(ctx)
@@ -328,6 +332,55 @@ func (r *run) binSearch() pgcluster.BinSearch {
 	return pgcluster.DefaultBinSearch()
 }
 
+// cleanLeftovers removes the runs an earlier walbox dev left behind (killed
+// before it could clean up): not kept (--keep), and whose walbox is gone. A
+// PostgreSQL still running on such a folder is stopped first. It says what
+// it did.
+func (r *run) cleanLeftovers(parent, prefix string) {
+	dirs, _ := filepath.Glob(filepath.Join(parent, prefix))
+	for _, d := range dirs {
+		if _, err := os.Stat(filepath.Join(d, "KEPT")); err == nil {
+			continue
+		}
+		if pidAlive(filepath.Join(d, "walbox.pid")) {
+			continue // another walbox dev is using it
+		}
+		note := ""
+		pmFile := filepath.Join(d, "postgres", "data", "postmaster.pid")
+		if pidAlive(pmFile) {
+			if pid, ok := readPID(pmFile); ok {
+				_ = syscall.Kill(pid, syscall.SIGQUIT) // immediate shutdown: it is throwaway data
+				for i := 0; i < 100 && processAlive(pid); i++ {
+					time.Sleep(50 * time.Millisecond)
+				}
+				note = " (its PostgreSQL was still running: stopped)"
+			}
+		}
+		if err := os.RemoveAll(d); err == nil {
+			r.con.progress("removed %s, left behind by an earlier walbox dev%s", r.rel(d), note)
+		}
+	}
+}
+
+func readPID(file string) (int, bool) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return 0, false
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	pid, err := strconv.Atoi(strings.TrimSpace(line))
+	return pid, err == nil && pid > 0
+}
+
+func pidAlive(file string) bool {
+	pid, ok := readPID(file)
+	return ok && processAlive(pid)
+}
+
+func processAlive(pid int) bool {
+	return pid != os.Getpid() && syscall.Kill(pid, 0) == nil
+}
+
 // makeRunDir creates this run's folder in cfg.Dir, or in a temporary
 // folder when the PostgreSQL server could not reach cfg.Dir.
 func (r *run) makeRunDir() error {
@@ -354,10 +407,14 @@ func (r *run) makeRunDir() error {
 		created = false
 		prefix = "walbox-dev-*"
 	}
+	r.cleanLeftovers(parent, prefix)
 	dir, err := os.MkdirTemp(parent, prefix)
 	if err != nil {
 		return fmt.Errorf("create a run folder in %s: %w", parent, err)
 	}
+	// Which process owns the run, so a later one can tell a run that is
+	// still going from one a killed walbox left behind.
+	_ = os.WriteFile(filepath.Join(dir, "walbox.pid"), []byte(strconv.Itoa(os.Getpid())), 0o644)
 	// MkdirTemp makes it 0700; the server user must be able to enter it.
 	if err := os.Chmod(dir, 0o755); err != nil {
 		_ = os.RemoveAll(dir)
@@ -366,6 +423,7 @@ func (r *run) makeRunDir() error {
 	r.runDir = dir
 	r.onCleanup(func() error {
 		if r.cfg.Keep {
+			_ = os.WriteFile(filepath.Join(dir, "KEPT"), []byte("kept by walbox dev --keep\n"), 0o644)
 			r.con.progress("kept %s (PostgreSQL data in postgres/data, its log in postgres/data/logfile, JetStream store in nats/); remove it with: rm -rf %s", dir, dir)
 			return nil
 		}
@@ -594,5 +652,26 @@ func (r *run) banner(c config.Config) {
 		stop += " and removes " + r.rel(r.runDir) + " (--keep keeps it)"
 	}
 	b.WriteString(stop + ".\n")
+	if r.cfgFile != "" {
+		cf := r.rel(r.cfgFile)
+		fmt.Fprintf(&b, "The run's configuration is %s; against it, from another terminal:\n", cf)
+		fmt.Fprintf(&b, "  walbox status --config %s\n  walbox tail 'orders.>' --config %s\n  walbox dlq list --config %s\n", cf, cf, cf)
+	}
 	r.con.printf("%s", b.String())
+}
+
+// writeConfig writes the relay's configuration into the run folder, so the
+// other commands can be pointed at this run.
+func (r *run) writeConfig(c config.Config) {
+	if r.runDir == "" {
+		return
+	}
+	data, err := yaml.Marshal(c)
+	if err != nil {
+		return
+	}
+	f := filepath.Join(r.runDir, "walbox.yaml")
+	if err := os.WriteFile(f, data, 0o600); err == nil {
+		r.cfgFile = f
+	}
 }
