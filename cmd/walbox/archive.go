@@ -10,11 +10,12 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/walbox/walbox/internal/app"
+	"github.com/walbox/walbox/internal/ops"
 	"github.com/walbox/walbox/relay/sweep"
 )
 
 func newArchiveCmd() *cobra.Command {
-	var dryRun, now bool
+	var dryRun, now, asJSON bool
 	cmd := &cobra.Command{
 		Use:   "archive",
 		Short: "Show (--dry-run) or do (--now) partition upkeep, archival, export and deletion",
@@ -43,16 +44,29 @@ for a running relay's maintenance of the same table to finish first.`,
 			defer sw.Close()
 			out := cmd.OutOrStdout()
 			started := time.Now()
-			if now {
+			if now && !asJSON {
 				fmt.Fprintf(out, "walbox archive: maintaining %s\n", cfg.Outbox.Table)
 			}
-			rep, err := sw.Maintain(cmd.Context(), sweep.MaintainOptions{DryRun: dryRun, Wait: true, Progress: out})
+			progress := out
+			if asJSON {
+				progress = io.Discard
+			}
+			rep, err := sw.Maintain(cmd.Context(), sweep.MaintainOptions{DryRun: dryRun, Wait: true, Progress: progress})
+			if asJSON {
+				if rep != nil {
+					if jerr := ops.WriteJSON(out, rep); jerr != nil && err == nil {
+						err = jerr
+					}
+				}
+				return err
+			}
 			printReport(out, rep, time.Since(started))
 			return err
 		},
 	}
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "show what would be done, change nothing")
 	cmd.Flags().BoolVar(&now, "now", false, "do it now")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON")
 	return cmd
 }
 

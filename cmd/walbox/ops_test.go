@@ -187,6 +187,7 @@ func TestOpsCommandsExitCodes(t *testing.T) {
 		{"replay", "--json", "--dry-run", "--from", "1h"},
 		{"dlq", "list", "--json"},
 		{"dlq", "retry", "--all", "--yes", "--json"},
+		{"archive", "--dry-run", "--json"},
 	} {
 		out, err := runCLI(ctx, "", append(args, "--config", goodCfg)...)
 		if err != nil || !json.Valid([]byte(out)) {

@@ -4,6 +4,8 @@ import (
 	"reflect"
 	"regexp"
 	"testing"
+
+	"github.com/walbox/walbox/relay/sweep"
 )
 
 // Every report a command prints with --json names its keys in snake_case:
@@ -44,7 +46,7 @@ func TestJSONReportsUseSnakeCaseKeys(t *testing.T) {
 			walk(f.Type, path+"."+name)
 		}
 	}
-	for _, v := range []any{StatusReport{}, SlotReport{}, DoctorReport{}, DeadLetter{}, DLQRetryResult{}, ReplayResult{}} {
+	for _, v := range []any{StatusReport{}, SlotReport{}, DoctorReport{}, DeadLetter{}, DLQRetryResult{}, ReplayResult{}, sweep.Report{}} {
 		walk(reflect.TypeOf(v), reflect.TypeOf(v).Name())
 	}
 }

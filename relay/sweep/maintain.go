@@ -15,28 +15,28 @@ import (
 
 // Report says what one maintenance run did (or, in a dry run, would do).
 type Report struct {
-	DryRun bool
-	Table  string
+	DryRun bool   `json:"dry_run"`
+	Table  string `json:"table"`
 	// Skipped is set when another walbox was maintaining the table.
-	Skipped string
+	Skipped string `json:"skipped"`
 	// PartitionsCreated are the partitions created ahead.
-	PartitionsCreated []string
+	PartitionsCreated []string `json:"partitions_created"`
 	// Moved are the ranges moved out of the default partition.
-	Moved []RangeMove
+	Moved []RangeMove `json:"moved"`
 	// Resumed are partitions a stopped run had detached, attached now.
-	Resumed []string
+	Resumed []string `json:"resumed"`
 	// Archived are the partitions moved into the archive table.
-	Archived []string
+	Archived []string `json:"archived"`
 	// RowsArchived counts rows moved (unpartitioned tables).
-	RowsArchived int64
+	RowsArchived int64 `json:"rows_archived"`
 	// Blocked are partitions old enough that still hold unprocessed rows.
-	Blocked []Blocked
+	Blocked []Blocked `json:"blocked"`
 	// Exported are partitions written to cold storage and dropped.
-	Exported []Export
+	Exported []Export `json:"exported"`
 	// Deleted are cold-storage objects deleted after the retention age.
-	Deleted []string
+	Deleted []string `json:"deleted"`
 	// Errors are the steps that failed; the others still ran.
-	Errors []string
+	Errors []string `json:"errors"`
 }
 
 // Empty reports whether the run found nothing to do.

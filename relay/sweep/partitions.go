@@ -72,9 +72,10 @@ func (s *Sweeper) ensurePartitions(ctx context.Context, q querier, ti *tableInfo
 // RangeMove is a range of rows found in the default partition and moved
 // into a partition of their own.
 type RangeMove struct {
-	Partition string
-	From, To  time.Time
-	Rows      int64
+	Partition string    `json:"partition"`
+	From      time.Time `json:"from"`
+	To        time.Time `json:"to"`
+	Rows      int64     `json:"rows"`
 }
 
 // moveDefault moves rows out of the default partition into dated partitions.
