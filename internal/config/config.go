@@ -291,6 +291,59 @@ func Load(path string, environ []string) (Config, error) {
 
 var notFoundRe = regexp.MustCompile(`field (\S+) not found in type config\.(\w+)`)
 
+// typeErrRe is yaml.v3's "line 12: cannot unmarshal !!str `ten` into int".
+var typeErrRe = regexp.MustCompile("line (\\d+): cannot unmarshal !!\\w+ (`[^`]*`|[^ ]+) into ([\\w.\\[\\]]+)")
+
+// formOf says what a Go type wants, for the YAML type errors.
+var formOf = map[string]string{
+	"int": "a whole number like 1024", "int32": "a whole number like 1024", "int64": "a whole number like 1024",
+	"uint64": "a whole number like 1024", "bool": "true or false", "time.Duration": "a duration like 10s, 500ms or 2m",
+	"string": "a string", "[]string": "a list of strings, e.g. [\"orders.>\"]", "map[string]string": "a mapping of names",
+	"float64": "a number",
+}
+
+// keyAtLine is the dotted key whose value is on line of the YAML document
+// ("nats.ack_timeout"), or "".
+func keyAtLine(data []byte, line int) string {
+	var root yaml.Node
+	if yaml.Unmarshal(data, &root) != nil {
+		return ""
+	}
+	var find func(n *yaml.Node, prefix string) string
+	find = func(n *yaml.Node, prefix string) string {
+		switch n.Kind {
+		case yaml.DocumentNode:
+			for _, c := range n.Content {
+				if k := find(c, prefix); k != "" {
+					return k
+				}
+			}
+		case yaml.SequenceNode:
+			for _, c := range n.Content {
+				if k := find(c, prefix+"[]"); k != "" {
+					return k
+				}
+			}
+		case yaml.MappingNode:
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				key := n.Content[i].Value
+				if prefix != "" {
+					key = prefix + "." + key
+				}
+				v := n.Content[i+1]
+				if v.Line == line && v.Kind == yaml.ScalarNode {
+					return key
+				}
+				if k := find(v, key); k != "" {
+					return k
+				}
+			}
+		}
+		return ""
+	}
+	return find(&root, "")
+}
+
 var sectionOf = map[string]string{
 	"Config": "", "Postgres": "postgres.", "Outbox": "outbox.", "NATS": "nats.", "Stream": "nats.streams[].", "RouteRule": "nats.routes[].",
 	"DLQ": "nats.dlq.", "NATSTLS": "nats.tls.", "Retry": "retry.", "Metrics": "metrics.", "Log": "log.",
@@ -307,6 +360,15 @@ func decodeYAML(data []byte, cfg *Config) error {
 		msg := notFoundRe.ReplaceAllStringFunc(err.Error(), func(s string) string {
 			m := notFoundRe.FindStringSubmatch(s)
 			return fmt.Sprintf("unknown key %s%s (check the spelling against testdata/walbox.yaml)", sectionOf[m[2]], m[1])
+		})
+		msg = typeErrRe.ReplaceAllStringFunc(msg, func(s string) string {
+			m := typeErrRe.FindStringSubmatch(s)
+			line, _ := strconv.Atoi(m[1])
+			key := keyAtLine(data, line)
+			if key == "" {
+				key = "line " + m[1]
+			}
+			return fmt.Sprintf("%s: %s is not %s", key, m[2], formOf[m[3]])
 		})
 		return errors.New(strings.TrimPrefix(msg, "yaml: "))
 	}

@@ -629,3 +629,16 @@ func TestEnvironmentErrorsNameTheVariableAndTheForm(t *testing.T) {
 		t.Fatalf("good environment: %v %+v", err, c.NATS)
 	}
 }
+
+func TestYAMLTypeErrorsNameTheKeyAndTheForm(t *testing.T) {
+	c := Default()
+	err := decodeYAML([]byte("postgres:\n  url: x\nnats:\n  ack_timeout: 10\n  window: ten\n  strict_order: maybe\n"), &c)
+	if err == nil {
+		t.Fatal("bad types accepted")
+	}
+	for _, want := range []string{"nats.ack_timeout: `10` is not a duration like 10s", "nats.window: `ten` is not a whole number", "nats.strict_order: `maybe` is not true or false"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+}
