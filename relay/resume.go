@@ -87,35 +87,55 @@ func (s *JetStreamSink) StoredTail(ctx context.Context, stream, source string, n
 	if last >= uint64(n) && last-uint64(n)+1 > start {
 		start = last - uint64(n) + 1
 	}
+	err = scanHeaders(ctx, st, start, last, func(_ uint64, _ bool, h nats.Header) bool {
+		if pos, origin, ok := PositionFromHeaders(h, source); ok {
+			tail.add(h.Get(HeaderMsgID), origin, pos)
+		}
+		return true
+	}, nil)
+	return tail, err
+}
+
+// scanHeaders reads the headers of st's messages from sequence first on,
+// with a headers-only ordered consumer in batches of 512, until a batch
+// reaches sequence last or comes back empty. fn gets each message's
+// sequence (ok false when its metadata could not be read) and headers, and
+// returns false to stop. between, if set, runs after each batch that did
+// not end the scan; its error ends it.
+func scanHeaders(ctx context.Context, st jetstream.Stream, first, last uint64, fn func(seq uint64, ok bool, h nats.Header) bool, between func() error) error {
 	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: start, HeadersOnly: true,
+		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: first, HeadersOnly: true,
 	})
 	if err != nil {
-		return tail, err
+		return err
 	}
 	for {
 		batch, err := cons.Fetch(512, jetstream.FetchMaxWait(2*time.Second))
 		if err != nil {
-			return tail, err
+			return err
 		}
 		var seq uint64
 		got := 0
 		for m := range batch.Messages() {
 			got++
-			if md, err := m.Metadata(); err == nil {
+			md, err := m.Metadata()
+			if err == nil {
 				seq = md.Sequence.Stream
 			}
-			pos, origin, ok := PositionFromHeaders(m.Headers(), source)
-			if !ok {
-				continue
+			if !fn(seq, err == nil, m.Headers()) {
+				break
 			}
-			tail.add(m.Headers().Get(HeaderMsgID), origin, pos)
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, context.DeadlineExceeded) {
-			return tail, err
+			return err
 		}
 		if seq >= last || got == 0 {
-			return tail, nil
+			return nil
+		}
+		if between != nil {
+			if err := between(); err != nil {
+				return err
+			}
 		}
 	}
 }
@@ -264,41 +284,19 @@ func (s *JetStreamSink) ReadBack(ctx context.Context, stream, source string, fir
 	if first > last {
 		return nil
 	}
-	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: first, HeadersOnly: true,
-	})
-	if err != nil {
+	err = scanHeaders(ctx, st, first, last, func(seq uint64, ok bool, h nats.Header) bool {
+		switch {
+		case !ok:
+			return true
+		case seq > last:
+			return false
+		case h != nil && h.Get(HeaderSource) == source:
+			fn(h.Get(HeaderMsgID), h.Get(HeaderDLQReason))
+		}
+		return true
+	}, ctx.Err)
+	if err != nil && err != ctx.Err() {
 		return fmt.Errorf("read back stream %s: %w", stream, err)
 	}
-	for {
-		batch, err := cons.Fetch(512, jetstream.FetchMaxWait(2*time.Second))
-		if err != nil {
-			return fmt.Errorf("read back stream %s: %w", stream, err)
-		}
-		var seq uint64
-		got := 0
-		for m := range batch.Messages() {
-			got++
-			md, err := m.Metadata()
-			if err != nil {
-				continue
-			}
-			seq = md.Sequence.Stream
-			if seq > last {
-				break
-			}
-			if h := m.Headers(); h != nil && h.Get(HeaderSource) == source {
-				fn(h.Get(HeaderMsgID), h.Get(HeaderDLQReason))
-			}
-		}
-		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, context.DeadlineExceeded) {
-			return fmt.Errorf("read back stream %s: %w", stream, err)
-		}
-		if seq >= last || got == 0 {
-			return nil
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-	}
+	return err
 }

@@ -86,24 +86,7 @@ func testPromotion(t *testing.T, sync bool) {
 	e.startRelay()
 	stop := e.loadInBackground(outboxtest.Load{Producers: 8, MaxRows: 10, Rollback: 0.1, Rate: 20})
 	time.Sleep(3 * time.Second)
-	if err := primary.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	promoted := time.Now()
-	if err := standby.Promote(ctx); err != nil {
-		t.Fatal(err)
-	}
-	waitUntil(t, 60*time.Second, "walbox to stream from the promoted standby", func() bool {
-		c, err := pgx.Connect(ctx, standby.URL("app"))
-		if err != nil {
-			return false
-		}
-		defer c.Close(ctx)
-		var active bool
-		_ = c.QueryRow(ctx, "SELECT coalesce(bool_or(active), false) FROM pg_replication_slots WHERE slot_name = 'walbox'").Scan(&active)
-		return active
-	})
-	resumed := time.Since(promoted)
+	resumed := failOver(ctx, t, primary, standby)
 	time.Sleep(3 * time.Second) // load goes on against the new primary
 	res := stop()
 
@@ -231,6 +214,23 @@ func startPrimary(ctx context.Context, t *testing.T) (*pgtest.Cluster, string) {
 	return primary, pURL
 }
 
+// failOver kills the primary with -9, promotes the standby, and returns how
+// long after pg_ctl promote returned walbox streamed from it.
+func failOver(ctx context.Context, t *testing.T, primary *pgtest.Cluster, standby *pgcluster.Cluster) time.Duration {
+	t.Helper()
+	if err := primary.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	promoted := time.Now()
+	if err := standby.Promote(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 60*time.Second, "walbox to stream from the promoted standby", func() bool {
+		return slotActiveOn(ctx, standby.URL("app"), "walbox")
+	})
+	return time.Since(promoted)
+}
+
 func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
@@ -332,24 +332,7 @@ func TestFailoverSlotFollowsPromotion(t *testing.T) {
 			t.Fatalf("doctor --standby with the slot synced and persisted: %s is %v: %s", name, c.Status, c.Detail)
 		}
 	}
-	if err := primary.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	promoted := time.Now()
-	if err := standby.Promote(ctx); err != nil {
-		t.Fatal(err)
-	}
-	waitUntil(t, 60*time.Second, "walbox to stream from the promoted standby", func() bool {
-		c, err := pgx.Connect(ctx, standby.URL("app"))
-		if err != nil {
-			return false
-		}
-		defer c.Close(ctx)
-		var active bool
-		_ = c.QueryRow(ctx, "SELECT coalesce(bool_or(active), false) FROM pg_replication_slots WHERE slot_name = 'walbox'").Scan(&active)
-		return active
-	})
-	resumed := time.Since(promoted)
+	resumed := failOver(ctx, t, primary, standby)
 	time.Sleep(3 * time.Second)
 	res := stop()
 	st := e.checkPromotion(ctx, standby.URL("app"), res)

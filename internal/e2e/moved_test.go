@@ -10,7 +10,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/pgtest"
 	walboxsql "github.com/walbox/walbox/sql"
 )
@@ -126,20 +125,26 @@ func (e *env) storedIDs(stream string) map[string]int {
 	return got
 }
 
-var _ = config.Default
+// slotActiveOn reports whether a walsender streams from slot on the server
+// of dbURL.
+func slotActiveOn(ctx context.Context, dbURL, slot string) bool {
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		return false
+	}
+	defer conn.Close(ctx)
+	var active bool
+	_ = conn.QueryRow(ctx, "SELECT coalesce(bool_or(active), false) FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&active)
+	return active
+}
 
 func waitSlotOn(t *testing.T, dbURL, slot string, p *proc) {
 	t.Helper()
 	ctx := context.Background()
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
-		if conn, err := pgx.Connect(ctx, dbURL); err == nil {
-			var active bool
-			_ = conn.QueryRow(ctx, "SELECT coalesce(bool_or(active), false) FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&active)
-			conn.Close(ctx)
-			if active {
-				return
-			}
+		if slotActiveOn(ctx, dbURL, slot) {
+			return
 		}
 		select {
 		case <-p.done:

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/walbox/walbox/internal/config"
 	walboxsql "github.com/walbox/walbox/sql"
@@ -83,5 +82,4 @@ func TestOriginNoneSkipsRowsASubscriptionApplied(t *testing.T) {
 			t.Fatalf("row %s applied by the subscription was published with origin none", id)
 		}
 	}
-	var _ = pgxpool.New
 }
