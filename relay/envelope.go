@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/walbox/walbox/cdc"
 )
 
@@ -261,7 +260,7 @@ func rfcCommitTime(ev *cdc.Event) string { return ev.CommitTime.UTC().Format(tim
 
 // envelopeHeaders adds the envelope's headers (before the headers column is
 // copied, so that column cannot override them).
-func (r *Router) envelopeHeaders(h nats.Header, ev *cdc.Event) {
+func (r *Router) envelopeHeaders(h Header, ev *cdc.Event) {
 	switch r.envelope {
 	case EnvelopeCloudEvents:
 		h[HeaderCESpecVersion] = []string{"1.0"}

@@ -11,8 +11,6 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/walbox/walbox/cdc"
@@ -28,7 +26,7 @@ type fakeStream struct {
 	mu      sync.Mutex
 	ids     []string
 	seqOf   map[string]uint64
-	hdrs    []nats.Header
+	hdrs    []Header
 	lastSeq uint64
 
 	publishes int
@@ -62,14 +60,23 @@ func newFakeStream() *fakeStream {
 }
 
 type fakeFuture struct {
-	ok  chan *jetstream.PubAck
+	ok  chan *Ack
 	err chan error
-	msg *nats.Msg
 }
 
-func (f *fakeFuture) Ok() <-chan *jetstream.PubAck { return f.ok }
-func (f *fakeFuture) Err() <-chan error            { return f.err }
-func (f *fakeFuture) Msg() *nats.Msg               { return f.msg }
+func (f *fakeFuture) Ok() <-chan *Ack   { return f.ok }
+func (f *fakeFuture) Err() <-chan error { return f.err }
+
+// The fake's errors, sorted the way a real sink's Classify sorts them.
+var (
+	errNoResponders = errors.New("no responders: the stream has no leader")
+	errAckTimeout   = errors.New("timeout waiting for the ack")
+)
+
+// refusedError is a stream's refusal for good (e.g. too large).
+type refusedError struct{ code int }
+
+func (e *refusedError) Error() string { return fmt.Sprintf("refused by the test (code %d)", e.code) }
 
 // fakeSink puts dead letters into one stream, everything else into ORDERS.
 type fakeSink struct {
@@ -79,7 +86,7 @@ type fakeSink struct {
 	tailReads  int
 }
 
-func (s *fakeSink) PublishAsync(m *nats.Msg) (jetstream.PubAckFuture, error) {
+func (s *fakeSink) Publish(m *Msg) (Future, error) {
 	st := s.st
 	if len(m.Subject) > 11 && m.Subject[:11] == "walbox.dlq." {
 		st = s.dlq
@@ -88,42 +95,41 @@ func (s *fakeSink) PublishAsync(m *nats.Msg) (jetstream.PubAckFuture, error) {
 	defer st.mu.Unlock()
 	st.publishes++
 	n := st.publishes
-	f := &fakeFuture{ok: make(chan *jetstream.PubAck, 1), err: make(chan error, 1)}
+	f := &fakeFuture{ok: make(chan *Ack, 1), err: make(chan error, 1)}
 	if st.unavailable > 0 {
 		st.unavailable--
-		f.err <- nats.ErrNoResponders
+		f.err <- errNoResponders
 		return f, nil
 	}
 	if st.lose[n] {
-		time.AfterFunc(s.ackTimeout, func() { f.err <- nats.ErrTimeout })
+		time.AfterFunc(s.ackTimeout, func() { f.err <- errAckTimeout })
 		return f, nil
 	}
 	id := m.Header.Get(HeaderMsgID)
 	if code, ok := st.reject[id]; ok {
 		// Refused for good (e.g. too large), like a stream leader does.
-		f.err <- &jetstream.APIError{Code: 400, ErrorCode: jetstream.ErrorCode(code), Description: "refused by the test"}
+		f.err <- &refusedError{code: code}
 		return f, nil
 	}
 	if st.foreign[n] {
-		st.store("foreign-"+strconv.Itoa(n), nats.Header{})
+		st.store("foreign-"+strconv.Itoa(n), Header{})
 	}
 	if seq, dup := st.seqOf[id]; dup {
-		f.ok <- &jetstream.PubAck{Stream: "ORDERS", Sequence: seq, Duplicate: true}
+		f.ok <- &Ack{Stream: "ORDERS", Sequence: seq, Duplicate: true}
 		return f, nil
 	}
-	if v := m.Header.Get(HeaderExpectedLastSeq); v != "" {
-		want, _ := strconv.ParseUint(v, 10, 64)
-		if want != st.lastSeq {
-			f.err <- &jetstream.APIError{Code: 400, ErrorCode: jetstream.JSErrCodeStreamWrongLastSequence,
-				Description: fmt.Sprintf("wrong last sequence: %d", st.lastSeq)}
-			return f, nil
-		}
+	if m.ExpectSet && m.Expect != st.lastSeq {
+		f.err <- fmt.Errorf("%w: wrong last sequence: %d", ErrOrderRefused, st.lastSeq)
+		return f, nil
 	}
-	h := nats.Header{}
+	h := Header{}
 	for k, v := range m.Header {
 		h[k] = append([]string(nil), v...) // the relay reuses m once acked
 	}
-	ack := &jetstream.PubAck{Stream: "ORDERS", Sequence: st.store(id, h)}
+	if m.ExpectSet { // stored as the JetStream sink sends it
+		h.Set(HeaderExpectedLastSeq, strconv.FormatUint(m.Expect, 10))
+	}
+	ack := &Ack{Stream: "ORDERS", Sequence: st.store(id, h)}
 	if st.hold {
 		st.held = append(st.held, func() { f.ok <- ack })
 		st.maxHeld = max(st.maxHeld, len(st.held))
@@ -133,7 +139,7 @@ func (s *fakeSink) PublishAsync(m *nats.Msg) (jetstream.PubAckFuture, error) {
 	return f, nil
 }
 
-func (st *fakeStream) store(id string, h nats.Header) uint64 {
+func (st *fakeStream) store(id string, h Header) uint64 {
 	st.lastSeq++
 	st.ids = append(st.ids, id)
 	st.hdrs = append(st.hdrs, h)
@@ -141,11 +147,18 @@ func (st *fakeStream) store(id string, h nats.Header) uint64 {
 	return st.lastSeq
 }
 
-func (s *fakeSink) Classify(err error) ErrorClass { return ClassifyJetStream(err) }
-func (s *fakeSink) MaxPayload() int               { return 1 << 20 }
-func (s *fakeSink) Epoch() uint64                 { return 1 }
+func (s *fakeSink) Classify(err error) ErrorClass {
+	var pe *PoisonError
+	var re *refusedError
+	if errors.As(err, &pe) || errors.As(err, &re) {
+		return Permanent
+	}
+	return Transient
+}
+func (s *fakeSink) MaxPayload() int { return 1 << 20 }
+func (s *fakeSink) Epoch() uint64   { return 1 }
 
-// StoredTail implements TailReader over the whole stream.
+// StoredTail implements Sink over the whole stream.
 func (s *fakeSink) StoredTail(_ context.Context, stream, source string, n int) (StoredTail, error) {
 	st := s.st
 	st.mu.Lock()
@@ -160,7 +173,7 @@ func (s *fakeSink) StoredTail(_ context.Context, stream, source string, n int) (
 		if !ok {
 			continue
 		}
-		tail.add(st.ids[i], origin, pos)
+		tail.Add(st.ids[i], origin, pos)
 	}
 	return tail, nil
 }
@@ -295,7 +308,7 @@ func TestStrictOrderRebasesAfterADuplicateAndARejection(t *testing.T) {
 		// headers, so the resume check cannot know it: its ack is a
 		// duplicate and the stream does not grow, which puts the
 		// expectations of the publishes behind it one off.
-		st.store(ids[2], nats.Header{HeaderMsgID: {ids[2]}})
+		st.store(ids[2], Header{HeaderMsgID: {ids[2]}})
 		// Event 12 is refused for good (too large for the stream): it is
 		// dead-lettered, and the stream does not grow either.
 		st.reject[ids[11]] = 10054
@@ -356,7 +369,7 @@ func TestStrictOrderReportsAnotherWriterAndLosesNothing(t *testing.T) {
 func TestStrictOrderWaitsForTheStreamStateBeforePublishing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := newFakeStream()
-		st.store("earlier", nats.Header{}) // the stream is not empty: expecting 0 would be wrong
+		st.store("earlier", Header{}) // the stream is not empty: expecting 0 would be wrong
 		src, ids := newScript(3, 2)
 		sink := &fakeSink{st: st, dlq: newFakeStream(), ackTimeout: 5 * time.Second, tailFails: 2}
 		router := NewRouter("", "app/walbox", []Route{{Stream: "ORDERS", Subjects: []string{"orders.>"}}})

@@ -5,13 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 	"github.com/walbox/walbox/cdc"
 )
@@ -173,13 +170,13 @@ func (r *Relay) Serve(ctx context.Context, src Source) error {
 type pending struct {
 	seq    uint64
 	ev     cdc.Event
-	msg    *nats.Msg
+	msg    *Msg
 	stream string
 	dlq    bool
 	reason string
 	sentAt time.Time
-	fut    jetstream.PubAckFuture
-	okCh   <-chan *jetstream.PubAck
+	fut    Future
+	okCh   <-chan *Ack
 	errCh  <-chan error
 	epoch  uint64 // the connection it was published on
 	size   int64  // bytes held for it (counted in loop.held until done)
@@ -251,7 +248,7 @@ func (r *Relay) run(ctx context.Context, in <-chan []cdc.Change, conf Confirmer)
 		}
 		l.fill()
 
-		var okCh <-chan *jetstream.PubAck
+		var okCh <-chan *Ack
 		var errCh <-chan error
 		if len(l.window) > 0 {
 			okCh, errCh = l.window[0].okCh, l.window[0].errCh
@@ -417,7 +414,7 @@ func (l *loop) deadLetter(p *pending, reason string) {
 func (l *loop) send(p *pending) {
 	if l.alreadyStored(p) {
 		l.r.m.Skipped.Inc()
-		l.done(p, &jetstream.PubAck{Stream: p.stream, Duplicate: true})
+		l.done(p, &Ack{Stream: p.stream, Duplicate: true})
 		return
 	}
 	p.sentAt = time.Now()
@@ -425,18 +422,14 @@ func (l *loop) send(p *pending) {
 	if l.r.cfg.StrictOrder && !p.dlq && p.stream != "" {
 		expect, strict = l.lastSeq[p.stream]
 		strict = strict && !l.shared[p.stream]
-		if strict {
-			setHeader(p.msg.Header, HeaderExpectedLastSeq, strconv.FormatUint(expect, 10))
-		} else {
-			delete(p.msg.Header, HeaderExpectedLastSeq)
-		}
 	}
+	p.msg.Expect, p.msg.ExpectSet = expect, strict
 	epoch := l.r.sink.Epoch()
 	if len(l.window) > 0 && l.window[len(l.window)-1].epoch != epoch {
 		l.publishFailed(p, errConnectionChanged)
 		return
 	}
-	fut, err := l.r.sink.PublishAsync(p.msg)
+	fut, err := l.r.sink.Publish(p.msg)
 	if err != nil {
 		l.publishFailed(p, err)
 		return
@@ -461,8 +454,7 @@ func (l *loop) send(p *pending) {
 // publishFailed handles an error for p, either from PublishAsync or its ack.
 func (l *loop) publishFailed(p *pending, err error) {
 	class := l.r.sink.Classify(err)
-	var apiErr *jetstream.APIError
-	if !p.dlq && errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
+	if !p.dlq && errors.Is(err, ErrOrderRefused) {
 		if l.seqRefused == nil {
 			l.seqRefused = make(map[string]bool)
 		}
@@ -498,8 +490,8 @@ func (l *loop) publishFailed(p *pending, err error) {
 }
 
 // msgSize is what a message holds in memory: data and headers.
-func msgSize(m *nats.Msg) int64 {
-	n := int64(len(m.Data) + len(m.Subject))
+func msgSize(m *Msg) int64 {
+	n := int64(len(m.Data) + len(m.Subject) + len(m.Key))
 	for k, vs := range m.Header {
 		for _, v := range vs {
 			n += int64(len(k) + len(v))
@@ -541,7 +533,7 @@ func (l *loop) settle() {
 }
 
 // acked handles the head of the window resolving.
-func (l *loop) acked(ack *jetstream.PubAck, err error) {
+func (l *loop) acked(ack *Ack, err error) {
 	p := l.window[0]
 	l.window[0] = nil
 	l.window = l.window[1:]
@@ -581,7 +573,7 @@ func (l *loop) otherWriter(stream string, seq uint64) {
 }
 
 // done records a finished event.
-func (l *loop) done(p *pending, ack *jetstream.PubAck) {
+func (l *loop) done(p *pending, ack *Ack) {
 	now := time.Now()
 	l.held -= p.size
 	p.size = 0

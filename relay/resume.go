@@ -2,15 +2,11 @@ package relay
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"slices"
 	"strconv"
 	"time"
 
 	"github.com/jackc/pglogrepl"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/walbox/walbox/cdc"
 )
@@ -38,8 +34,8 @@ type StoredOrigin struct {
 // PosRange is the oldest and newest position stored from one origin.
 type PosRange struct{ Oldest, Newest cdc.Position }
 
-// add records a message of this source.
-func (t *StoredTail) add(id string, o StoredOrigin, pos cdc.Position) {
+// Add records a message of this source.
+func (t *StoredTail) Add(id string, o StoredOrigin, pos cdc.Position) {
 	if t.IDs == nil {
 		t.IDs = map[string]struct{}{}
 	}
@@ -58,91 +54,9 @@ func (t *StoredTail) add(id string, o StoredOrigin, pos cdc.Position) {
 	t.Found = true
 }
 
-// TailReader reads back the newest messages of a stream. The relay uses it
-// for the resume check: JetStream drops a resent duplicate only inside the
-// stream's duplicate window, so after a longer outage the relay itself skips
-// what the stream already holds.
-type TailReader interface {
-	StoredTail(ctx context.Context, stream, source string, n int) (StoredTail, error)
-}
-
-// StoredTail implements TailReader: the headers of the last n messages of
-// stream, read with a headers-only ordered consumer.
-func (s *JetStreamSink) StoredTail(ctx context.Context, stream, source string, n int) (StoredTail, error) {
-	tail := StoredTail{IDs: map[string]struct{}{}}
-	st, err := s.js.Stream(ctx, stream)
-	if err != nil {
-		return tail, err
-	}
-	info, err := st.Info(ctx)
-	if err != nil {
-		return tail, err
-	}
-	tail.LastSeq, tail.StateRead = info.State.LastSeq, true
-	if info.State.Msgs == 0 {
-		return tail, nil
-	}
-	last := info.State.LastSeq
-	start := info.State.FirstSeq
-	if last >= uint64(n) && last-uint64(n)+1 > start {
-		start = last - uint64(n) + 1
-	}
-	err = scanHeaders(ctx, st, start, last, func(_ uint64, _ bool, h nats.Header) bool {
-		if pos, origin, ok := PositionFromHeaders(h, source); ok {
-			tail.add(h.Get(HeaderMsgID), origin, pos)
-		}
-		return true
-	}, nil)
-	return tail, err
-}
-
-// scanHeaders reads the headers of st's messages from sequence first on,
-// with a headers-only ordered consumer in batches of 512, until a batch
-// reaches sequence last or comes back empty. fn gets each message's
-// sequence (ok false when its metadata could not be read) and headers, and
-// returns false to stop. between, if set, runs after each batch that did
-// not end the scan; its error ends it.
-func scanHeaders(ctx context.Context, st jetstream.Stream, first, last uint64, fn func(seq uint64, ok bool, h nats.Header) bool, between func() error) error {
-	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: first, HeadersOnly: true,
-	})
-	if err != nil {
-		return err
-	}
-	for {
-		batch, err := cons.Fetch(512, jetstream.FetchMaxWait(2*time.Second))
-		if err != nil {
-			return err
-		}
-		var seq uint64
-		got := 0
-		for m := range batch.Messages() {
-			got++
-			md, err := m.Metadata()
-			if err == nil {
-				seq = md.Sequence.Stream
-			}
-			if !fn(seq, err == nil, m.Headers()) {
-				break
-			}
-		}
-		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, context.DeadlineExceeded) {
-			return err
-		}
-		if seq >= last || got == 0 {
-			return nil
-		}
-		if between != nil {
-			if err := between(); err != nil {
-				return err
-			}
-		}
-	}
-}
-
 // PositionFromHeaders reads the position headers walbox sets, when they were
 // set by source, and the WAL history they belong to (zero when not recorded).
-func PositionFromHeaders(h nats.Header, source string) (cdc.Position, StoredOrigin, bool) {
+func PositionFromHeaders(h Header, source string) (cdc.Position, StoredOrigin, bool) {
 	if h == nil || h.Get(HeaderSource) != source {
 		return cdc.Position{}, StoredOrigin{}, false
 	}
@@ -169,10 +83,6 @@ func PositionFromHeaders(h nats.Header, source string) (cdc.Position, StoredOrig
 // the last sequence of some stream could not be read: publishing to it then
 // would go unguarded, so the caller backs off and tries again.
 func (l *loop) refreshResume() bool {
-	rd, ok := l.r.sink.(TailReader)
-	if !ok {
-		return true
-	}
 	l.tails = make(map[string]StoredTail)
 	l.lastSeq = make(map[string]uint64)
 	complete := true
@@ -181,7 +91,7 @@ func (l *loop) refreshResume() bool {
 			continue // dead letters are never skipped
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		tail, err := rd.StoredTail(ctx, rt.Stream, l.r.router.source, 2*l.r.cfg.Window)
+		tail, err := l.r.sink.StoredTail(ctx, rt.Stream, l.r.router.source, 2*l.r.cfg.Window)
 		cancel()
 		if tail.StateRead {
 			l.lastSeq[rt.Stream] = tail.LastSeq
@@ -253,50 +163,4 @@ func (l *loop) alreadyStored(p *pending) bool {
 		}
 	}
 	return false
-}
-
-// ReadBack calls fn with the Nats-Msg-Id (and, for a dead letter, the
-// reason) of every message of source that stream holds between sequences
-// first and last; with first 0, of its newest tail messages. The sweeper
-// catches dropped marks up from it: a row is marked only when its id was
-// read back.
-func (s *JetStreamSink) ReadBack(ctx context.Context, stream, source string, first, last uint64, tail int, fn func(id, reason string)) error {
-	st, err := s.js.Stream(ctx, stream)
-	if err != nil {
-		return fmt.Errorf("stream %s: %w", stream, err)
-	}
-	info, err := st.Info(ctx)
-	if err != nil {
-		return fmt.Errorf("stream %s info: %w", stream, err)
-	}
-	if info.State.Msgs == 0 {
-		return nil
-	}
-	if first == 0 {
-		last = info.State.LastSeq
-		first = 1
-		if tail > 0 && last >= uint64(tail) {
-			first = last - uint64(tail) + 1
-		}
-	}
-	first = max(first, info.State.FirstSeq)
-	last = min(last, info.State.LastSeq)
-	if first > last {
-		return nil
-	}
-	err = scanHeaders(ctx, st, first, last, func(seq uint64, ok bool, h nats.Header) bool {
-		switch {
-		case !ok:
-			return true
-		case seq > last:
-			return false
-		case h != nil && h.Get(HeaderSource) == source:
-			fn(h.Get(HeaderMsgID), h.Get(HeaderDLQReason))
-		}
-		return true
-	}, ctx.Err)
-	if err != nil && err != ctx.Err() {
-		return fmt.Errorf("read back stream %s: %w", stream, err)
-	}
-	return err
 }

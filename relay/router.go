@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
-	"github.com/nats-io/nats.go"
 	"github.com/walbox/walbox/cdc"
 )
 
@@ -92,7 +91,7 @@ type Router struct {
 	lastTimeStr string
 	// free holds messages whose ack resolved (Recycle), for their header
 	// maps and value slices to be reused.
-	free []*nats.Msg
+	free []*Msg
 }
 
 // maxFree bounds the recycled messages kept (about one window's worth).
@@ -113,7 +112,7 @@ func standardHeader(key string) bool {
 // Recycle hands back a message made by Message once nothing refers to it
 // any more (its ack resolved and the relay is done with it). Messages with
 // other headers (an envelope's, the row's own) are left to the GC.
-func (r *Router) Recycle(m *nats.Msg) {
+func (r *Router) Recycle(m *Msg) {
 	if m == nil || len(r.free) >= maxFree {
 		return
 	}
@@ -127,7 +126,7 @@ func (r *Router) Recycle(m *nats.Msg) {
 }
 
 // setHeader sets h[key] to the one value v, reusing the value slice.
-func setHeader(h nats.Header, key, v string) {
+func setHeader(h Header, key, v string) {
 	if vs := h[key]; cap(vs) > 0 {
 		vs = vs[:1]
 		vs[0] = v
@@ -138,7 +137,7 @@ func setHeader(h nats.Header, key, v string) {
 }
 
 // setOptional sets h[key] to v, or deletes it when v is empty.
-func setOptional(h nats.Header, key, v string) {
+func setOptional(h Header, key, v string) {
 	if v == "" {
 		delete(h, key)
 		return
@@ -155,7 +154,7 @@ func NewRouter(prefix, source string, routes []Route) *Router {
 
 // EventFromHeaders rebuilds, for a retry, the event a dead letter was made
 // from: its id, topic, payload and the headers DeadLetter kept.
-func EventFromHeaders(h nats.Header, topic, id string, payload []byte) cdc.Event {
+func EventFromHeaders(h Header, topic, id string, payload []byte) cdc.Event {
 	ev := cdc.Event{ID: id, Topic: topic, Payload: payload, PayloadIsJSON: json.Valid(payload),
 		EventType: h.Get(HeaderEventType), AggregateType: h.Get(HeaderAggregateType),
 		AggregateID: h.Get(HeaderAggregateID), PartitionKey: h.Get(HeaderPartitionKey)}
@@ -213,8 +212,8 @@ func (r *Router) StreamFor(subject string) (string, bool) {
 	return stream, stream != ""
 }
 
-// Message builds the JetStream message for ev, or a *PoisonError.
-func (r *Router) Message(ev *cdc.Event) (*nats.Msg, string, error) {
+// Message builds the message for ev (any sink), or a *PoisonError.
+func (r *Router) Message(ev *cdc.Event) (*Msg, string, error) {
 	if ev.Poison != "" {
 		return nil, "", poison("%s", ev.Poison)
 	}
@@ -248,11 +247,11 @@ func (r *Router) Message(ev *cdc.Event) (*nats.Msg, string, error) {
 	if !ev.PayloadIsJSON && !json.Valid(ev.Payload) {
 		return nil, "", poison("payload is not valid JSON")
 	}
-	var m *nats.Msg
+	var m *Msg
 	if n := len(r.free); n > 0 {
 		m, r.free = r.free[n-1], r.free[:n-1]
 	} else {
-		m = &nats.Msg{Header: make(nats.Header, 8)}
+		m = &Msg{Header: make(Header, 8)}
 	}
 	h := m.Header
 	if ev.Pos.CommitLSN != r.lastLSN || r.lastLSNStr == "" {
@@ -284,14 +283,15 @@ func (r *Router) Message(ev *cdc.Event) (*nats.Msg, string, error) {
 	if err != nil {
 		return nil, "", poison("%s envelope: %v", r.envelope, err)
 	}
-	m.Subject, m.Data = subject, data
+	m.Subject, m.Data, m.Key = subject, data, partitionKey(ev)
+	m.Expect, m.ExpectSet = 0, false
 	if r.maxBytes > 0 && len(data)+headerSize(h) > r.maxBytes {
 		return nil, "", poison("message of %d bytes exceeds the server's max_payload of %d", len(data)+headerSize(h), r.maxBytes)
 	}
 	return m, stream, nil
 }
 
-func headerSize(h nats.Header) int {
+func headerSize(h Header) int {
 	n := 12
 	for k, vs := range h {
 		for _, v := range vs {
@@ -306,7 +306,7 @@ func headerSize(h nats.Header) int {
 // header walbox set itself (Nats-Msg-Id, the position headers, ...), and keys
 // the NATS client would refuse are skipped: one bad key fails the whole
 // publish with nats.ErrBadHeaderMsg, which is not a per-event error.
-func addJSONHeaders(h nats.Header, raw []byte) error {
+func addJSONHeaders(h Header, raw []byte) error {
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &obj); err != nil {
 		return fmt.Errorf("want a JSON object: %w", err)
@@ -350,13 +350,13 @@ func validHeaderKey(k string) bool {
 // DeadLetter builds the dead-letter message for an event that cannot be
 // published: the original payload (dropped if it alone is too large) and
 // headers naming the original subject and the reason.
-func (r *Router) DeadLetter(ev *cdc.Event, dlqPrefix, reason string) *nats.Msg {
+func (r *Router) DeadLetter(ev *cdc.Event, dlqPrefix, reason string) *Msg {
 	orig := r.subject(ev)
 	suffix := orig
 	if ev.TopicNull || ValidSubject(orig) != nil {
 		suffix = "invalid"
 	}
-	h := nats.Header{
+	h := Header{
 		HeaderDLQReason:          {reason},
 		HeaderDLQOriginalSubject: {sanitizeHeader(orig)},
 		HeaderCommitLSN:          {ev.Pos.CommitLSN.String()},
@@ -393,7 +393,7 @@ func (r *Router) DeadLetter(ev *cdc.Event, dlqPrefix, reason string) *nats.Msg {
 		data = nil
 		h["Walbox-Dlq-Payload-Dropped"] = []string{strconv.Itoa(len(ev.Payload))}
 	}
-	return &nats.Msg{Subject: dlqPrefix + suffix, Data: data, Header: h}
+	return &Msg{Subject: dlqPrefix + suffix, Key: partitionKey(ev), Data: data, Header: h}
 }
 
 func sanitizeHeader(s string) string {

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/walbox/walbox/cdc"
 )
 
@@ -23,7 +22,7 @@ func newOptRouter(t *testing.T, prefix string, routes []Route, o RouterOptions) 
 }
 
 // wantOwnHeaders checks walbox's own headers are on m whatever the envelope.
-func wantOwnHeaders(t *testing.T, m *nats.Msg, ev *cdc.Event) {
+func wantOwnHeaders(t *testing.T, m *Msg, ev *cdc.Event) {
 	t.Helper()
 	want := map[string]string{
 		HeaderMsgID:         ev.ID,

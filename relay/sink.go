@@ -3,173 +3,117 @@ package relay
 import (
 	"context"
 	"errors"
-	"fmt"
-	"time"
-
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // ErrorClass says what the publisher does with a failed publish.
 type ErrorClass int
 
 const (
-	// Transient errors (disconnect, timeout, stream leader unavailable) stop
-	// reading, let the window settle, back off and resend in order.
+	// Transient errors (disconnect, timeout, no leader for the stream or
+	// partition) stop reading, let the window settle, back off and resend
+	// in order.
 	Transient ErrorClass = iota
-	// Permanent errors are the event's own fault: it is dead-lettered.
+	// Permanent errors are the event's own fault (too large, a name the
+	// broker refuses): it is dead-lettered. Nothing else is.
 	Permanent
 )
 
+// ErrOrderRefused wraps a broker's refusal of a publish whose expected
+// predecessor it does not hold (strict order found a gap, or another
+// writer): the relay resends in order and watches for another writer.
+var ErrOrderRefused = errors.New("refused: the stream's last sequence is not the expected one")
+
+// Header is a message's headers, in the order-free form both buses carry.
+// Keys are case-sensitive, as on the wire.
+type Header map[string][]string
+
+// Get returns the first value of key, or "".
+func (h Header) Get(key string) string {
+	if vs := h[key]; len(vs) > 0 {
+		return vs[0]
+	}
+	return ""
+}
+
+// Values returns all values of key.
+func (h Header) Values(key string) []string { return h[key] }
+
+// Set replaces key's values with v.
+func (h Header) Set(key, v string) { h[key] = []string{v} }
+
+// Msg is one message as the relay builds it, for any sink: Subject is the
+// NATS subject or the Kafka topic, Key the event's partition key (Kafka's
+// record key), Header walbox's headers, Data the payload.
+type Msg struct {
+	Subject string
+	Key     string
+	Header  Header
+	Data    []byte
+	// Expect, when ExpectSet, is the stream's last sequence this message
+	// must follow (strict order); a sink that cannot check it ignores it.
+	Expect    uint64
+	ExpectSet bool
+}
+
+// Ack is a broker's acknowledgement: the stream (or topic) and the
+// sequence (or partition and offset) the message is stored at. Duplicate:
+// the broker already held it and dropped this copy.
+type Ack struct {
+	Stream    string
+	Partition int32
+	Sequence  uint64
+	Duplicate bool
+}
+
+// Future resolves once with an ack or an error.
+type Future interface {
+	Ok() <-chan *Ack
+	Err() <-chan error
+}
+
 // Sink is the bus behind the publisher: publish in order with a future per
-// message, and classify errors. JetStream is the product; another bus fits
-// behind the same three methods without touching cdc or the checkpoint.
+// message, classify errors, and read back what a source already stored.
+// The router, the window, the checkpoint and the dead-letter rules are the
+// relay's; a sink knows only its bus.
 type Sink interface {
-	// PublishAsync sends m. Once its future has resolved with an ack, the
-	// relay reuses m for a later event: a Sink must not keep it past that.
-	PublishAsync(m *nats.Msg) (jetstream.PubAckFuture, error)
+	// Publish sends m. Once its future has resolved with an ack, the relay
+	// reuses m for a later event: a Sink must not keep it past that.
+	Publish(m *Msg) (Future, error)
 	Classify(err error) ErrorClass
 	// MaxPayload is the largest message the server takes (0 when unknown).
 	MaxPayload() int
-	// Epoch changes whenever the connection is re-established. Messages of
-	// one window must travel on one connection: only then does the server
-	// store a prefix of them when it fails, never a later one without an
-	// earlier one.
+	// Epoch changes whenever the connection is re-established in a way
+	// that can lose a message while a later one is stored. Messages of one
+	// window must travel in one epoch: only then does the server store a
+	// prefix of them when it fails, never a later one without an earlier
+	// one. A sink whose client keeps order across reconnects (Kafka's
+	// idempotent producer) returns a constant.
 	Epoch() uint64
+	// StoredTail reads back the newest messages of a stream (or topic):
+	// the resume check skips what it already holds. JetStream drops a
+	// resent duplicate only inside its duplicate window, Kafka not at all,
+	// so after a restart the relay itself skips what is stored.
+	StoredTail(ctx context.Context, stream, source string, n int) (StoredTail, error)
 }
 
-// JetStreamSink publishes to JetStream with PublishMsgAsync.
-type JetStreamSink struct {
-	nc   *nats.Conn
-	js   jetstream.JetStream
-	opts []jetstream.PublishOpt
+// future is a Future a sink resolves from a callback: resolve once.
+type future struct {
+	ok  chan *Ack
+	err chan error
 }
 
-// NewJetStreamSink wraps a connection. ackTimeout bounds how long an ack may
-// take; without it a lost ack would hold the window forever. maxPending must
-// exceed the relay's window so the library never stalls on its own (it fails
-// with ErrTooManyStalledMsgs after 200 ms instead of waiting).
-func NewJetStreamSink(nc *nats.Conn, ackTimeout time.Duration, maxPending int) (*JetStreamSink, error) {
-	js, err := jetstream.New(nc,
-		jetstream.WithPublishAsyncTimeout(ackTimeout),
-		jetstream.WithPublishAsyncMaxPending(maxPending))
-	if err != nil {
-		return nil, fmt.Errorf("jetstream context: %w", err)
-	}
-	return &JetStreamSink{
-		nc: nc, js: js,
-		// The library's own retry on "no responders" resends out of order;
-		// walbox resends in order itself.
-		opts: []jetstream.PublishOpt{jetstream.WithRetryAttempts(0)},
-	}, nil
-}
-
-// Conn returns the NATS connection.
-func (s *JetStreamSink) Conn() *nats.Conn { return s.nc }
-
-// JetStream returns the underlying JetStream context.
-func (s *JetStreamSink) JetStream() jetstream.JetStream { return s.js }
-
-// PublishAsync implements Sink.
-func (s *JetStreamSink) PublishAsync(m *nats.Msg) (jetstream.PubAckFuture, error) {
-	return s.js.PublishMsgAsync(m, s.opts...)
-}
-
-// Epoch implements Sink: the client's reconnect count.
-func (s *JetStreamSink) Epoch() uint64 { return s.nc.Stats().Reconnects }
-
-// MaxPayload implements Sink.
-func (s *JetStreamSink) MaxPayload() int { return int(s.nc.MaxPayload()) }
-
-// Classify implements Sink.
-func (s *JetStreamSink) Classify(err error) ErrorClass { return ClassifyJetStream(err) }
-
-// ClassifyJetStream sorts JetStream publish errors.
-func ClassifyJetStream(err error) ErrorClass {
-	var pe *PoisonError
-	if errors.As(err, &pe) {
-		return Permanent
-	}
-	switch {
-	case errors.Is(err, nats.ErrMaxPayload), errors.Is(err, nats.ErrBadSubject),
-		errors.Is(err, nats.ErrHeadersNotSupported), errors.Is(err, nats.ErrBadHeaderMsg):
-		return Permanent
-	}
-	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) {
-		switch apiErr.ErrorCode {
-		case jetstream.JSErrCodeStreamNotFound:
-			return Transient
-		case jetstream.JSErrCodeStreamWrongLastSequence, // strict order found a gap (or another writer); resend in order
-			10070: // wrong last msg id, from a relay of an earlier version
-			return Transient
-		case 10054, // message size exceeds maximum allowed
-			10060: // expected stream does not match
-			return Permanent
+// NewFuture returns a Future and the function that resolves it (once; it
+// never blocks).
+func NewFuture() (Future, func(*Ack, error)) {
+	f := &future{ok: make(chan *Ack, 1), err: make(chan error, 1)}
+	return f, func(a *Ack, err error) {
+		if err != nil {
+			f.err <- err
+			return
 		}
-		if apiErr.Code >= 500 || apiErr.Code == 0 {
-			return Transient
-		}
-		if apiErr.Code >= 400 {
-			return Permanent
-		}
+		f.ok <- a
 	}
-	return Transient
 }
 
-// EnsureStreams creates or updates the configured streams (manage = true)
-// or checks they exist. It returns the routes for the router, taken from the
-// server's view of each stream.
-func EnsureStreams(ctx context.Context, js jetstream.JetStream, streams []StreamSpec) ([]Route, error) {
-	var routes []Route
-	for _, sp := range streams {
-		var info *jetstream.StreamInfo
-		if sp.Manage {
-			st, err := js.CreateOrUpdateStream(ctx, sp.config())
-			if err != nil {
-				return nil, fmt.Errorf("create or update stream %s: %w", sp.Name, err)
-			}
-			info = st.CachedInfo()
-		} else {
-			st, err := js.Stream(ctx, sp.Name)
-			if err != nil {
-				return nil, fmt.Errorf("stream %s (nats.streams[].manage is false, so walbox only checks it): %w", sp.Name, err)
-			}
-			info = st.CachedInfo()
-		}
-		routes = append(routes, Route{Stream: sp.Name, Subjects: info.Config.Subjects})
-	}
-	return routes, nil
-}
-
-// StreamSpec is a stream as the config declares it.
-type StreamSpec struct {
-	Name            string
-	Subjects        []string
-	Storage         string // file or memory
-	Replicas        int
-	DuplicateWindow time.Duration
-	MaxAge          time.Duration
-	MaxMsgSize      int32
-	Manage          bool
-}
-
-func (sp StreamSpec) config() jetstream.StreamConfig {
-	c := jetstream.StreamConfig{
-		Name:       sp.Name,
-		Subjects:   sp.Subjects,
-		Replicas:   sp.Replicas,
-		Duplicates: sp.DuplicateWindow,
-		MaxAge:     sp.MaxAge,
-		MaxMsgSize: sp.MaxMsgSize,
-	}
-	if sp.Storage == "memory" {
-		c.Storage = jetstream.MemoryStorage
-	} else {
-		c.Storage = jetstream.FileStorage
-	}
-	if c.Replicas == 0 {
-		c.Replicas = 1
-	}
-	return c
-}
+func (f *future) Ok() <-chan *Ack   { return f.ok }
+func (f *future) Err() <-chan error { return f.err }

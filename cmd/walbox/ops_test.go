@@ -20,7 +20,7 @@ import (
 	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/natstest"
 	"github.com/walbox/walbox/internal/pgtest"
-	"github.com/walbox/walbox/relay"
+	"github.com/walbox/walbox/relay/jssink"
 	walboxsql "github.com/walbox/walbox/sql"
 )
 
@@ -180,7 +180,7 @@ func TestOpsCommandsExitCodes(t *testing.T) {
 	}
 	defer nc.Close()
 	js, _ := jetstream.New(nc)
-	if _, err := relay.EnsureStreams(ctx, js, gc.StreamSpecs()); err != nil {
+	if _, err := jssink.EnsureStreams(ctx, js, gc.StreamSpecs()); err != nil {
 		t.Fatal(err)
 	}
 	for _, args := range [][]string{

@@ -25,6 +25,7 @@ import (
 	"github.com/walbox/walbox/cdc"
 	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/relay"
+	"github.com/walbox/walbox/relay/jssink"
 )
 
 // Options adjust Run for embedding (tests, walbox dev).
@@ -88,7 +89,7 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 		return err
 	}
 	defer nc.Close()
-	sink, err := relay.NewJetStreamSink(nc, cfg.NATS.AckTimeout, cfg.NATS.Window*2+64)
+	sink, err := jssink.New(nc, cfg.NATS.AckTimeout, cfg.NATS.Window*2+64)
 	if err != nil {
 		return err
 	}
@@ -256,7 +257,7 @@ func connectNATS(ctx context.Context, cfg config.Config, log zerolog.Logger, m *
 
 // ensureStreams creates or checks the configured streams, retrying while
 // NATS is unreachable: an outage at start is an outage like any other.
-func ensureStreams(ctx context.Context, sink *relay.JetStreamSink, cfg config.Config, log zerolog.Logger, lastErr *atomic.Pointer[error]) ([]relay.Route, error) {
+func ensureStreams(ctx context.Context, sink *jssink.Sink, cfg config.Config, log zerolog.Logger, lastErr *atomic.Pointer[error]) ([]relay.Route, error) {
 	bo := backoff.NewExponentialBackOff()
 	bo.InitialInterval = cfg.Retry.Initial
 	bo.MaxInterval = cfg.Retry.Max
@@ -264,7 +265,7 @@ func ensureStreams(ctx context.Context, sink *relay.JetStreamSink, cfg config.Co
 	bo.Reset()
 	for {
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		routes, err := relay.EnsureStreams(cctx, sink.JetStream(), cfg.StreamSpecs())
+		routes, err := jssink.EnsureStreams(cctx, sink.JetStream(), cfg.StreamSpecs())
 		cancel()
 		if err == nil {
 			return routes, nil
@@ -278,7 +279,7 @@ func ensureStreams(ctx context.Context, sink *relay.JetStreamSink, cfg config.Co
 			return nil, &cdc.ConfigError{Key: "nats.streams[].replicas",
 				Msg: fmt.Sprintf("%v: the NATS server is not clustered; set replicas: 1 (durable only with sync_interval: always on the server) or run a NATS cluster of at least that many nodes", err)}
 		}
-		if relay.ClassifyJetStream(err) == relay.Permanent && !errors.Is(err, context.DeadlineExceeded) {
+		if jssink.Classify(err) == relay.Permanent && !errors.Is(err, context.DeadlineExceeded) {
 			return nil, fmt.Errorf("%w (fix nats.streams in the config, or the stream on the server)", err)
 		}
 		if nc := sink.Conn(); !nc.IsConnected() {

@@ -23,6 +23,7 @@ import (
 
 	"github.com/walbox/walbox/cdc"
 	"github.com/walbox/walbox/relay"
+	"github.com/walbox/walbox/relay/jssink"
 )
 
 // Config is the whole configuration. Defaults are set by Default.
@@ -600,8 +601,8 @@ func subjectsOverlap(a, b string) bool {
 }
 
 // Streams converts the stream config for the relay.
-func (c *Config) StreamSpecs() []relay.StreamSpec {
-	var out []relay.StreamSpec
+func (c *Config) StreamSpecs() []jssink.StreamSpec {
+	var out []jssink.StreamSpec
 	dlqReplicas := c.NATS.DLQ.Replicas
 	for _, s := range c.NATS.Streams {
 		if c.NATS.DLQ.Replicas == 0 {
@@ -612,10 +613,10 @@ func (c *Config) StreamSpecs() []relay.StreamSpec {
 		if dw == 0 {
 			dw = 2 * time.Minute
 		}
-		out = append(out, relay.StreamSpec{Name: s.Name, Subjects: s.Subjects, Storage: s.Storage, Replicas: s.Replicas,
+		out = append(out, jssink.StreamSpec{Name: s.Name, Subjects: s.Subjects, Storage: s.Storage, Replicas: s.Replicas,
 			DuplicateWindow: dw, MaxAge: s.MaxAge, Manage: manage})
 	}
-	out = append(out, relay.StreamSpec{Name: c.NATS.DLQ.Stream, Subjects: []string{c.NATS.DLQ.SubjectPrefix + ">"},
+	out = append(out, jssink.StreamSpec{Name: c.NATS.DLQ.Stream, Subjects: []string{c.NATS.DLQ.SubjectPrefix + ">"},
 		Storage: "file", Replicas: max(dlqReplicas, 1), DuplicateWindow: 2 * time.Minute, Manage: true})
 	return out
 }

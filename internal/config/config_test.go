@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/walbox/walbox/relay"
+	"github.com/walbox/walbox/relay/jssink"
 )
 
 // validYAML is the smallest file that validates.
@@ -495,13 +496,13 @@ func TestStreamSpecs(t *testing.T) {
 		name    string
 		streams []Stream
 		dlq     DLQ
-		want    []relay.StreamSpec
+		want    []jssink.StreamSpec
 	}{
 		{
 			name:    "defaults and the DLQ stream",
 			streams: []Stream{{Name: "ORDERS", Subjects: []string{"orders.>"}}},
 			dlq:     Default().NATS.DLQ,
-			want: []relay.StreamSpec{
+			want: []jssink.StreamSpec{
 				{Name: "ORDERS", Subjects: []string{"orders.>"}, DuplicateWindow: 2 * time.Minute, Manage: true},
 				{Name: "WALBOX_DLQ", Subjects: []string{"walbox.dlq.>"}, Storage: "file", Replicas: 1, DuplicateWindow: 2 * time.Minute, Manage: true},
 			},
@@ -513,7 +514,7 @@ func TestStreamSpecs(t *testing.T) {
 				{Name: "PAYMENTS", Subjects: []string{"payments.*", "refunds.*"}, Manage: &yes},
 			},
 			dlq: DLQ{Stream: "DEAD", SubjectPrefix: "app.dead."},
-			want: []relay.StreamSpec{
+			want: []jssink.StreamSpec{
 				{Name: "ORDERS", Subjects: []string{"orders.>"}, Storage: "memory", Replicas: 3, DuplicateWindow: 10 * time.Minute, MaxAge: time.Hour, Manage: false},
 				{Name: "PAYMENTS", Subjects: []string{"payments.*", "refunds.*"}, DuplicateWindow: 2 * time.Minute, Manage: true},
 				{Name: "DEAD", Subjects: []string{"app.dead.>"}, Storage: "file", Replicas: 3, DuplicateWindow: 2 * time.Minute, Manage: true},
@@ -523,7 +524,7 @@ func TestStreamSpecs(t *testing.T) {
 			name:    "nats.dlq.replicas overrides the streams' replicas",
 			streams: []Stream{{Name: "ORDERS", Subjects: []string{"orders.>"}, Replicas: 3}},
 			dlq:     DLQ{Stream: "WALBOX_DLQ", SubjectPrefix: "walbox.dlq.", Replicas: 5},
-			want: []relay.StreamSpec{
+			want: []jssink.StreamSpec{
 				{Name: "ORDERS", Subjects: []string{"orders.>"}, Replicas: 3, DuplicateWindow: 2 * time.Minute, Manage: true},
 				{Name: "WALBOX_DLQ", Subjects: []string{"walbox.dlq.>"}, Storage: "file", Replicas: 5, DuplicateWindow: 2 * time.Minute, Manage: true},
 			},

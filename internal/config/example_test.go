@@ -138,7 +138,7 @@ func TestExampleConfigShowsTheDefaults(t *testing.T) {
 	bare := config.Config{NATS: config.NATS{DLQ: got.NATS.DLQ, Streams: []config.Stream{{Name: first.Name, Subjects: first.Subjects}}}}
 	implied := bare.StreamSpecs()[0]
 	// The relay creates a stream with storage "" as file and replicas 0
-	// as 1 (relay.StreamSpec).
+	// as 1 (jssink.StreamSpec).
 	if implied.Storage == "" {
 		implied.Storage = "file"
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/walbox/walbox/consumer"
 	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/relay"
+	"github.com/walbox/walbox/relay/jssink"
 )
 
 // Headers of dead letters besides relay's.
@@ -323,10 +324,10 @@ func retryMessage(dl DeadLetter, dlqStream string, router *relay.Router) *nats.M
 		return &nats.Msg{Subject: consumer.DefaultRetryPrefix + dl.Group, Data: dl.msg.Data, Header: h}
 	}
 	if topic := dl.msg.Header.Get(relay.HeaderDLQOriginalTopic); topic != "" && router != nil {
-		ev := relay.EventFromHeaders(dl.msg.Header, topic, dl.ID, dl.msg.Data)
+		ev := relay.EventFromHeaders(relay.Header(dl.msg.Header), topic, dl.ID, dl.msg.Data)
 		if m, _, err := router.Message(&ev); err == nil {
 			m.Header.Set(HeaderDLQRetriedFrom, from)
-			return m
+			return jssink.NATSMsg(m)
 		}
 	}
 	h.Set(relay.HeaderMsgID, dl.ID)

@@ -18,7 +18,7 @@ import (
 	"github.com/walbox/walbox/cdc"
 	"github.com/walbox/walbox/internal/app"
 	"github.com/walbox/walbox/internal/config"
-	"github.com/walbox/walbox/relay"
+	"github.com/walbox/walbox/relay/jssink"
 )
 
 // CheckStatus is the outcome of one doctor check.
@@ -701,7 +701,7 @@ func doctorNATS(ctx context.Context, cfg config.Config, r *DoctorReport) {
 // checkReplicas compares a stream's replicas with the NATS servers walbox
 // sees: replicas above 1 need a JetStream cluster with at least that many
 // nodes, or creating the stream fails (and walbox run exits with this fix).
-func checkReplicas(nc *nats.Conn, sp relay.StreamSpec, key string, r *DoctorReport) {
+func checkReplicas(nc *nats.Conn, sp jssink.StreamSpec, key string, r *DoctorReport) {
 	name := "nats.stream." + sp.Name + ".replicas"
 	replicas := max(sp.Replicas, 1)
 	cluster, servers := nc.ConnectedClusterName(), len(nc.Servers())
@@ -719,7 +719,7 @@ func checkReplicas(nc *nats.Conn, sp relay.StreamSpec, key string, r *DoctorRepo
 	}
 }
 
-func checkStream(ctx context.Context, js jetstream.JetStream, sp relay.StreamSpec, key, confStorage string, r *DoctorReport) {
+func checkStream(ctx context.Context, js jetstream.JetStream, sp jssink.StreamSpec, key, confStorage string, r *DoctorReport) {
 	name := "nats.stream." + sp.Name
 	dlq := key == "nats.dlq.stream"
 	// What the stream has (or, before walbox created it, will have).
@@ -762,7 +762,7 @@ func checkStream(ctx context.Context, js jetstream.JetStream, sp relay.StreamSpe
 }
 
 // checkStreamConfig compares an existing stream with its configuration.
-func checkStreamConfig(sp relay.StreamSpec, info *jetstream.StreamInfo, key, confStorage string, r *DoctorReport) {
+func checkStreamConfig(sp jssink.StreamSpec, info *jetstream.StreamInfo, key, confStorage string, r *DoctorReport) {
 	name := "nats.stream." + sp.Name
 	var uncovered []string
 	for _, want := range sp.Subjects {

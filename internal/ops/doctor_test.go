@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/walbox/walbox/internal/config"
-	"github.com/walbox/walbox/relay"
+	"github.com/walbox/walbox/relay/jssink"
 )
 
 func checkOf(t *testing.T, r *DoctorReport, name string) Check {
@@ -26,7 +26,7 @@ func checkOf(t *testing.T, r *DoctorReport, name string) Check {
 func TestDoctorGoodSetup(t *testing.T) {
 	e := newEnv(t)
 	ctx := testCtx(t)
-	if _, err := relay.EnsureStreams(ctx, e.connectJS(), e.cfg.StreamSpecs()); err != nil {
+	if _, err := jssink.EnsureStreams(ctx, e.connectJS(), e.cfg.StreamSpecs()); err != nil {
 		t.Fatal(err)
 	}
 	rep := Doctor(ctx, e.cfg)
@@ -86,7 +86,7 @@ func TestDoctorBadRoleStreamsAndNATS(t *testing.T) {
 		e.exec("DROP ROLE " + role)
 	})
 	e.exec("GRANT SELECT ON outbox_events TO " + role)
-	if _, err := relay.EnsureStreams(ctx, e.connectJS(), e.cfg.StreamSpecs()[:1]); err != nil {
+	if _, err := jssink.EnsureStreams(ctx, e.connectJS(), e.cfg.StreamSpecs()[:1]); err != nil {
 		t.Fatal(err)
 	}
 	u, _ := url.Parse(e.dbURL)

@@ -18,6 +18,7 @@ import (
 	"github.com/walbox/walbox/cdc"
 	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/relay"
+	"github.com/walbox/walbox/relay/jssink"
 )
 
 // HeaderReplayOf names the event a --force-new-id replay delivers again.
@@ -290,7 +291,7 @@ func Replay(ctx context.Context, cfg config.Config, opts ReplayOptions) (*Replay
 		if errors.As(err, &pe) {
 			res.DeadLettered++
 			res.ByStream[cfg.NATS.DLQ.Stream]++
-			if err := publish(router.DeadLetter(&ev, cfg.NATS.DLQ.SubjectPrefix, pe.Reason), cfg.NATS.DLQ.Stream, true); err != nil {
+			if err := publish(jssink.NATSMsg(router.DeadLetter(&ev, cfg.NATS.DLQ.SubjectPrefix, pe.Reason)), cfg.NATS.DLQ.Stream, true); err != nil {
 				return res, err
 			}
 			continue
@@ -310,7 +311,7 @@ func Replay(ctx context.Context, cfg config.Config, opts ReplayOptions) (*Replay
 			res.Published++
 			continue
 		}
-		if err := publish(m, stream, false); err != nil {
+		if err := publish(jssink.NATSMsg(m), stream, false); err != nil {
 			return res, err
 		}
 	}

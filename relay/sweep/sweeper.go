@@ -187,7 +187,7 @@ func (r seqRange) with(seq uint64) seqRange {
 
 // StreamReader reads back what a stream stored: for every message of source
 // with a sequence in [first, last] (first 0: the newest tail messages), its
-// Nats-Msg-Id and, for a dead letter, the reason. relay.JetStreamSink
+// Nats-Msg-Id and, for a dead letter, the reason. jssink.Sink
 // implements it.
 type StreamReader interface {
 	ReadBack(ctx context.Context, stream, source string, first, last uint64, tail int, fn func(id, reason string)) error

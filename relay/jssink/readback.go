@@ -1,0 +1,133 @@
+package jssink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/walbox/walbox/relay"
+)
+
+// StoredTail implements relay.Sink: the headers of the last n messages of
+// stream, read with a headers-only ordered consumer.
+func (s *Sink) StoredTail(ctx context.Context, stream, source string, n int) (relay.StoredTail, error) {
+	tail := relay.StoredTail{IDs: map[string]struct{}{}}
+	st, err := s.js.Stream(ctx, stream)
+	if err != nil {
+		return tail, err
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return tail, err
+	}
+	tail.LastSeq, tail.StateRead = info.State.LastSeq, true
+	if info.State.Msgs == 0 {
+		return tail, nil
+	}
+	last := info.State.LastSeq
+	start := info.State.FirstSeq
+	if last >= uint64(n) && last-uint64(n)+1 > start {
+		start = last - uint64(n) + 1
+	}
+	err = scanHeaders(ctx, st, start, last, func(_ uint64, _ bool, h nats.Header) bool {
+		if pos, origin, ok := relay.PositionFromHeaders(relay.Header(h), source); ok {
+			tail.Add(h.Get(relay.HeaderMsgID), origin, pos)
+		}
+		return true
+	}, nil)
+	return tail, err
+}
+
+// scanHeaders reads the headers of st's messages from sequence first on,
+// with a headers-only ordered consumer in batches of 512, until a batch
+// reaches sequence last or comes back empty. fn gets each message's
+// sequence (ok false when its metadata could not be read) and headers, and
+// returns false to stop. between, if set, runs after each batch that did
+// not end the scan; its error ends it.
+func scanHeaders(ctx context.Context, st jetstream.Stream, first, last uint64, fn func(seq uint64, ok bool, h nats.Header) bool, between func() error) error {
+	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: first, HeadersOnly: true,
+	})
+	if err != nil {
+		return err
+	}
+	for {
+		batch, err := cons.Fetch(512, jetstream.FetchMaxWait(2*time.Second))
+		if err != nil {
+			return err
+		}
+		var seq uint64
+		got := 0
+		for m := range batch.Messages() {
+			got++
+			md, err := m.Metadata()
+			if err == nil {
+				seq = md.Sequence.Stream
+			}
+			if !fn(seq, err == nil, m.Headers()) {
+				break
+			}
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, context.DeadlineExceeded) {
+			return err
+		}
+		if seq >= last || got == 0 {
+			return nil
+		}
+		if between != nil {
+			if err := between(); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// ReadBack implements sweep.StreamReader: it calls fn with the Nats-Msg-Id
+// (and, for a dead letter, the reason) of every message of source that
+// stream holds between sequences first and last; with first 0, of its
+// newest tail messages. The sweeper catches dropped marks up from it: a row
+// is marked only when its id was read back.
+func (s *Sink) ReadBack(ctx context.Context, stream, source string, first, last uint64, tail int, fn func(id, reason string)) error {
+	st, err := s.js.Stream(ctx, stream)
+	if err != nil {
+		return fmt.Errorf("stream %s: %w", stream, err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("stream %s info: %w", stream, err)
+	}
+	if info.State.Msgs == 0 {
+		return nil
+	}
+	if first == 0 {
+		last = info.State.LastSeq
+		first = 1
+		if tail > 0 && last >= uint64(tail) {
+			first = last - uint64(tail) + 1
+		}
+	}
+	first = max(first, info.State.FirstSeq)
+	last = min(last, info.State.LastSeq)
+	if first > last {
+		return nil
+	}
+	err = scanHeaders(ctx, st, first, last, func(seq uint64, ok bool, h nats.Header) bool {
+		switch {
+		case !ok:
+			return true
+		case seq > last:
+			return false
+		case h != nil && h.Get(relay.HeaderSource) == source:
+			fn(h.Get(relay.HeaderMsgID), h.Get(relay.HeaderDLQReason))
+		}
+		return true
+	}, ctx.Err)
+	if err != nil && err != ctx.Err() {
+		return fmt.Errorf("read back stream %s: %w", stream, err)
+	}
+	return err
+}
