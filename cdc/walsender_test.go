@@ -112,32 +112,17 @@ func (ws *fakeWalsender) send(msgs ...pgproto3.BackendMessage) error {
 	return ws.be.Flush()
 }
 
-// nextStatus returns the next status update the client sent, failing the
-// test when there is none by the time every goroutine is blocked (in a
-// synctest bubble) or the client hung up.
-func (ws *fakeWalsender) nextStatus() statusUpdate {
-	ws.t.Helper()
-	select {
-	case su := <-ws.status:
-		return su
-	case <-ws.done:
+// statuses returns the status updates the client has sent so far. In a
+// synctest bubble call it after synctest.Wait, so that every write the
+// client made has been read.
+func (ws *fakeWalsender) statuses() []statusUpdate {
+	var sus []statusUpdate
+	for {
 		select {
 		case su := <-ws.status:
-			return su
+			sus = append(sus, su)
 		default:
+			return sus
 		}
-		ws.t.Fatal("the client sent no status update before it hung up")
-		return statusUpdate{}
-	}
-}
-
-// noStatus fails the test when a status update is waiting. Only meaningful
-// once the client is known to be done writing (see synctest.Wait).
-func (ws *fakeWalsender) noStatus() {
-	ws.t.Helper()
-	select {
-	case su := <-ws.status:
-		ws.t.Fatalf("unexpected status update %+v", su)
-	default:
 	}
 }
