@@ -18,7 +18,7 @@ import (
 func fakeStream(t *testing.T, mod func(*Config)) (*stream, *fakeWalsender, chan []Change) {
 	t.Helper()
 	src := testSource(t, mod)
-	conn, ws := dialFake(t)
+	conn, ws := dialFake(t, nil)
 	out := make(chan []Change, 64)
 	st := &stream{src: src, conn: conn, out: out, dec: newDecoder(src.cfg.Table, src.cfg.Columns),
 		nextStatus: time.Now().Add(src.cfg.StatusInterval)}
@@ -145,7 +145,7 @@ func TestStatusAfterReconnect(t *testing.T) {
 func TestStatusWhileTheRelayTakesNothing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		src := testSource(t, func(c *Config) { c.StatusInterval = 10 * time.Second })
-		conn, ws := dialFake(t)
+		conn, ws := dialFake(t, nil)
 		out := make(chan []Change) // the relay takes nothing until the test says so
 		start := time.Now()
 		st := &stream{src: src, conn: conn, out: out, dec: newDecoder(outboxTable, DefaultColumns()), nextStatus: start.Add(10 * time.Second)}
@@ -209,7 +209,7 @@ func TestRun(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				src := testSource(t, func(cfg *Config) { cfg.StatusInterval = 10 * time.Second })
-				conn, ws := dialFake(t)
+				conn, ws := dialFake(t, nil)
 				out := make(chan []Change, 64)
 				st := &stream{src: src, conn: conn, out: out, dec: newDecoder(outboxTable, DefaultColumns())}
 				ctx, cancel := context.WithCancel(t.Context())
@@ -287,7 +287,7 @@ func TestRun(t *testing.T) {
 func TestRunReadError(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		src := testSource(t, nil)
-		conn, _ := dialFake(t)
+		conn, _ := dialFake(t, nil)
 		st := &stream{src: src, conn: conn, out: make(chan []Change, 1), dec: newDecoder(outboxTable, DefaultColumns())}
 		done := make(chan error, 1)
 		go func() { done <- st.run(t.Context()) }()
