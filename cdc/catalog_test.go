@@ -249,3 +249,41 @@ func TestIdentify(t *testing.T) {
 		})
 	}
 }
+
+// TestSlotLost: when the slot as pg_replication_slots shows it counts as
+// lost, the reason (walbox_slot_lost_total{reason}) and what is logged.
+func TestSlotLost(t *testing.T) {
+	const base = `replication slot "walbox" was invalidated (wal_status 'lost'): the WAL it needed was removed, probably because max_slot_wal_keep_size was exceeded while walbox was behind or away`
+	for _, c := range []struct {
+		name       string
+		info       SlotInfo
+		hadSlot    bool
+		wantReason string
+		wantMsg    string
+	}{
+		{name: "a healthy slot", info: SlotInfo{Exists: true, Plugin: "pgoutput", WALStatus: "reserved"}, hadSlot: true},
+		{name: "an unreserved slot is not lost yet", info: SlotInfo{Exists: true, WALStatus: "unreserved"}, hadSlot: true},
+		{name: "never created", info: SlotInfo{}},
+		{name: "dropped while walbox used it", info: SlotInfo{}, hadSlot: true, wantReason: SlotMissing,
+			wantMsg: `replication slot "walbox" disappeared while walbox was using it (dropped by someone)`},
+		{name: "lost, before PostgreSQL 17", info: SlotInfo{Exists: true, WALStatus: "lost"}, wantReason: SlotInvalidated, wantMsg: base},
+		{name: "WAL removed", info: SlotInfo{Exists: true, WALStatus: "lost", InvalidationReason: "wal_removed"}, hadSlot: true,
+			wantReason: SlotInvalidated, wantMsg: base + " (invalidation_reason 'wal_removed')"},
+		{name: "idle too long", info: SlotInfo{Exists: true, WALStatus: "lost", InvalidationReason: "idle_timeout"},
+			wantReason: SlotInvalidated,
+			wantMsg:    `replication slot "walbox" was invalidated (invalidation_reason 'idle_timeout'): it was inactive longer than idle_replication_slot_timeout while walbox was away; raise that setting or set it to 0`},
+		{name: "rows removed, WAL kept", info: SlotInfo{Exists: true, WALStatus: "reserved", InvalidationReason: "rows_removed"},
+			wantReason: SlotInvalidated, wantMsg: `replication slot "walbox" was invalidated (invalidation_reason 'rows_removed')`},
+		{name: "wal_level lowered", info: SlotInfo{Exists: true, InvalidationReason: "wal_level_insufficient"},
+			wantReason: SlotInvalidated, wantMsg: `replication slot "walbox" was invalidated (invalidation_reason 'wal_level_insufficient')`},
+		{name: "a reason this walbox does not know", info: SlotInfo{Exists: true, InvalidationReason: "something_new"},
+			wantReason: SlotInvalidated, wantMsg: base},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			reason, msg := slotLost("walbox", c.info, c.hadSlot)
+			if reason != c.wantReason || msg != c.wantMsg {
+				t.Fatalf("slotLost = %q, %q\nwant %q, %q", reason, msg, c.wantReason, c.wantMsg)
+			}
+		})
+	}
+}

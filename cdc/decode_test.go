@@ -587,16 +587,35 @@ func TestRecycledBatches(t *testing.T) {
 	}
 }
 
-// TestHandOverCancelled: a hand-over the relay does not take gives up when
-// the context ends.
+// TestHandOverCancelled: every frame that hands a batch over gives up when
+// the context ends while the relay takes nothing.
 func TestHandOverCancelled(t *testing.T) {
-	src := testSource(t, nil)
-	st := &stream{src: src, out: make(chan []Change), dec: newDecoder(outboxTable, DefaultColumns()), nextStatus: time.Now().Add(time.Hour)}
-	ctx, cancel := context.WithCancel(t.Context())
-	cancel()
-	feed(t, st, 0x100, beginMsg(0x200, commitTime, 1))
-	err := st.handleCopyData(ctx, xlogData(0x100, 0x100, serverClock, commitMsg(0x200, 0x230, commitTime)))
-	if !errors.Is(err, context.Canceled) {
-		t.Fatalf("err %v, want context.Canceled", err)
+	body := `{"id": "m1", "topic": "t", "payload": {}}`
+	for _, c := range []struct {
+		name  string
+		inTxn bool
+		frame []byte
+	}{
+		{"a commit", true, xlogData(0x100, 0x100, serverClock, commitMsg(0x200, 0x230, commitTime))},
+		{"a full batch of rows", true, xlogData(0x100, 0x100, serverClock, insertMsg(outboxRel, outboxRow("a", "t", `{}`)...))},
+		{"a full batch with a table-less event", true, xlogData(0x100, 0x100, serverClock, logicalMsg(true, 0x1F0, MessagePrefix, body))},
+		{"a heartbeat", false, xlogData(0x100, 0x100, serverClock, logicalMsg(false, 0x300, "walbox.heartbeat", "x"))},
+		{"a keepalive", false, keepaliveMsg(0x300, serverClock, false)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			src := testSource(t, func(cfg *Config) { cfg.BatchSize = 1 })
+			st := &stream{src: src, out: make(chan []Change), dec: newDecoder(outboxTable, DefaultColumns()), nextStatus: time.Now().Add(time.Hour)}
+			if err := st.dec.relation(parseRelation(t, relationMsg(outboxRel, "public", "outbox_events", outboxColumns...))); err != nil {
+				t.Fatal(err)
+			}
+			if c.inTxn {
+				st.dec.inTxn, st.dec.commitLSN = true, 0x200
+			}
+			ctx, cancel := context.WithCancel(t.Context())
+			cancel()
+			if err := st.handleCopyData(ctx, c.frame); !errors.Is(err, context.Canceled) {
+				t.Fatalf("err %v, want context.Canceled", err)
+			}
+		})
 	}
 }

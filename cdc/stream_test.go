@@ -203,6 +203,8 @@ func TestRun(t *testing.T) {
 			func(err error) bool { return err != nil && !errors.Is(err, ErrSlotLost) && !IsPermanent(err) }, "replication stream: ERROR: could not read WAL (SQLSTATE XX000)"},
 		{"the server ends the copy", &pgproto3.CopyDone{},
 			func(err error) bool { return err != nil && !IsPermanent(err) }, "replication stream: server ended the copy stream"},
+		{"a frame that does not parse", copyData([]byte{'w', 0, 1}),
+			func(err error) bool { return err != nil && !IsPermanent(err) }, "parse XLogData: XLogData must be at least 24 bytes, got 2"},
 		{"shut down", nil,
 			func(err error) bool { return errors.Is(err, context.Canceled) }, "context canceled"},
 	} {
@@ -299,6 +301,19 @@ func TestRunReadError(t *testing.T) {
 		}
 		if !conn.IsClosed() {
 			t.Errorf("pgconn did not mark the broken connection closed")
+		}
+	})
+}
+
+// TestStatusSendFails: a status update that cannot be written ends the
+// session with that error.
+func TestStatusSendFails(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st, _, _ := fakeStream(t, nil)
+		_ = st.conn.Conn().Close()
+		err := st.handleCopyData(t.Context(), keepaliveMsg(0, serverClock, true))
+		if err == nil || !strings.HasPrefix(err.Error(), "send standby status: ") {
+			t.Fatalf("err %v", err)
 		}
 	})
 }
