@@ -317,3 +317,57 @@ func TestStatusSendFails(t *testing.T) {
 		}
 	})
 }
+
+// TestRunReconnects: Run retries what reconnecting may cure, with a
+// doubling back-off and OnReconnect before each attempt, returns nil once
+// cancelled, and returns at once what retrying cannot fix.
+func TestRunReconnects(t *testing.T) {
+	t.Run("transient failures", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			var attempts []time.Time
+			src := testSource(t, func(c *Config) {
+				// A Unix socket that is not there: every connect fails at once.
+				c.ConnString = "host=" + t.TempDir() + " user=walbox database=app sslmode=disable"
+				c.BackoffInitial, c.BackoffMax = time.Second, 4*time.Second
+				c.HeartbeatInterval = time.Second // idle: never connects while the stream is down
+				c.OnReconnect = func() { attempts = append(attempts, time.Now()) }
+			})
+			ctx, cancel := context.WithCancel(t.Context())
+			done := make(chan error, 1)
+			start := time.Now()
+			go func() { done <- src.Run(ctx, make(chan []Change)) }()
+			time.Sleep(20 * time.Second)
+			cancel()
+			if err := <-done; err != nil {
+				t.Fatalf("Run returned %v after cancellation, want nil", err)
+			}
+			// Back-off of 1 s doubling to at most 4 s, each ±20 %.
+			want := []time.Duration{0, time.Second, 2 * time.Second, 4 * time.Second, 4 * time.Second}
+			if len(attempts) < len(want) {
+				t.Fatalf("%d reconnects in 20 s: %v", len(attempts), attempts)
+			}
+			prev := start
+			for i, w := range want {
+				gap := attempts[i].Sub(prev)
+				if gap < w*8/10 || gap > w*12/10 {
+					t.Errorf("reconnect %d after %v, want %v ±20%%", i, gap, w)
+				}
+				prev = attempts[i]
+			}
+			if src.Connected() {
+				t.Error("connected without a server")
+			}
+		})
+	})
+	t.Run("a URL that does not parse", func(t *testing.T) {
+		src := testSource(t, func(c *Config) {
+			c.ConnString = "postgres://walbox:secret@db.internal:notaport/app"
+			c.OnReconnect = func() { t.Error("reconnecting after a configuration error") }
+		})
+		err := src.Run(t.Context(), make(chan []Change))
+		var ce *ConfigError
+		if !errors.As(err, &ce) || ce.Key != "postgres.url" {
+			t.Fatalf("Run returned %v, want the postgres.url ConfigError", err)
+		}
+	})
+}
