@@ -3,6 +3,7 @@ package cdc
 import (
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -170,5 +171,24 @@ func TestPositionOrder(t *testing.T) {
 	}
 	if got := (*Origin)(nil).String(); got != "unknown" {
 		t.Errorf("nil Origin.String = %q", got)
+	}
+}
+
+// TestPluginArgs: what walbox asks pgoutput for. Protocol version 1 and no
+// "streaming" option: a transaction's changes only ever arrive between its
+// Begin and Commit, which is all the decoder handles (no Stream Start,
+// Stream Commit or xid-prefixed frames).
+func TestPluginArgs(t *testing.T) {
+	for _, c := range []struct {
+		origin string
+		want   []string
+	}{
+		{"", []string{"proto_version '1'", "publication_names 'it''s_outbox'", "messages 'true'"}},
+		{"any", []string{"proto_version '1'", "publication_names 'it''s_outbox'", "messages 'true'"}},
+		{"none", []string{"proto_version '1'", "publication_names 'it''s_outbox'", "messages 'true'", "origin 'none'"}},
+	} {
+		if got := pluginArgs("it's_outbox", c.origin); !reflect.DeepEqual(got, c.want) {
+			t.Errorf("origin %q: %q, want %q", c.origin, got, c.want)
+		}
 	}
 }
