@@ -141,7 +141,8 @@ func rowsFetcher(pages ...[][]*string) func(context.Context, func([]*string) err
 
 func row(id, payload string) []*string { return []*string{ptr(id), ptr("t"), ptr(payload)} }
 
-// flatten concatenates the batches received on out until it is closed.
+// drain returns the batches received on out until it is closed, and their
+// changes in order.
 func drain(out chan []Change) (batches [][]Change, all []Change) {
 	for b := range out {
 		batches = append(batches, b)
