@@ -49,15 +49,66 @@ func (s *Source) backfill(ctx context.Context, snapshot string, consistent LSN, 
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("backfill: read columns: %w", err)
 	}
+	var tct string
+	commitTimestamps := false
+	if err := tx.QueryRow(ctx, "SHOW track_commit_timestamp").Scan(&tct); err == nil && tct == "on" {
+		commitTimestamps = true
+	}
+	plan := planBackfill(s.cfg.Table, s.cfg.Columns, types, commitTimestamps)
+	if _, err := tx.Exec(ctx, plan.declare); err != nil {
+		return fmt.Errorf("backfill: %w", err)
+	}
+
+	fetch := func(ctx context.Context, each func(vals []*string) error) (int, error) {
+		rows, err := tx.Query(ctx, fmt.Sprintf("FETCH %d FROM walbox_backfill", s.cfg.BatchSize))
+		if err != nil {
+			return 0, fmt.Errorf("backfill: fetch: %w", err)
+		}
+		defer rows.Close()
+		got := 0
+		for rows.Next() {
+			vals := make([]*string, len(plan.roles))
+			ptrs := make([]any, len(plan.roles))
+			for i := range vals {
+				ptrs[i] = &vals[i]
+			}
+			if err := rows.Scan(ptrs...); err != nil {
+				return got, fmt.Errorf("backfill: scan: %w", err)
+			}
+			if err := each(vals); err != nil {
+				return got, err
+			}
+			got++
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return got, fmt.Errorf("backfill: fetch: %w", err)
+		}
+		return got, nil
+	}
+	return s.sendBackfill(ctx, plan, consistent, out, first, fetch)
+}
+
+// backfillPlan is what a backfill selects and in which order, worked out
+// from the outbox table's columns as the catalogue lists them.
+type backfillPlan struct {
+	roles         []Role // the mapped roles whose column exists, in select order
+	payloadIsJSON bool
+	declare       string // DECLARE walbox_backfill ... CURSOR FOR SELECT ...
+}
+
+// planBackfill builds the backfill's cursor from the table's columns (name
+// to type OID, from pg_attribute) and whether track_commit_timestamp is on.
+func planBackfill(table TableName, cols Columns, types map[string]int, commitTimestamps bool) backfillPlan {
+	var p backfillPlan
 	var sel []string
-	var roles []Role
-	for r, col := range s.cfg.Columns {
+	for r, col := range cols {
 		if _, ok := types[col]; col != "" && ok {
 			sel = append(sel, QuoteIdent(col)+"::text")
-			roles = append(roles, Role(r))
+			p.roles = append(p.roles, Role(r))
 		}
 	}
-	payloadIsJSON := types[s.cfg.Columns[RolePayload]] == oidJSON || types[s.cfg.Columns[RolePayload]] == oidJSONB
+	p.payloadIsJSON = types[cols[RolePayload]] == oidJSON || types[cols[RolePayload]] == oidJSONB
 	where := ""
 	if _, ok := types["processed"]; ok {
 		where = " WHERE processed IS NOT TRUE"
@@ -67,11 +118,10 @@ func (s *Source) backfill(ctx context.Context, snapshot string, consistent LSN, 
 	// transaction does (xmin keeps a transaction's rows together); without
 	// it created_at, id is the best there is.
 	order := []string{}
-	var tct string
-	if err := tx.QueryRow(ctx, "SHOW track_commit_timestamp").Scan(&tct); err == nil && tct == "on" {
+	if commitTimestamps {
 		order = append(order, "pg_xact_commit_timestamp(xmin)")
 	}
-	if c := s.cfg.Columns[RoleCreatedAt]; c != "" && types[c] != 0 {
+	if c := cols[RoleCreatedAt]; c != "" && types[c] != 0 {
 		order = append(order, QuoteIdent(c))
 	}
 	// Inside a transaction, insertion order: its rows share xmin (and
@@ -79,15 +129,28 @@ func (s *Source) backfill(ctx context.Context, snapshot string, consistent LSN, 
 	// command id (cmin), and within one statement the rows were placed in
 	// the heap one after the other (ctid). The id, random for a uuid, says
 	// nothing about order; it is only the last resort.
-	order = append(order, "xmin::text::bigint", "cmin::text::bigint", "ctid", QuoteIdent(s.cfg.Columns[RoleID]))
-	q := fmt.Sprintf("DECLARE walbox_backfill NO SCROLL CURSOR FOR SELECT %s FROM %s%s ORDER BY %s",
-		strings.Join(sel, ", "), s.cfg.Table.Quoted(), where, strings.Join(order, ", "))
-	if _, err := tx.Exec(ctx, q); err != nil {
-		return fmt.Errorf("backfill: %w", err)
-	}
+	order = append(order, "xmin::text::bigint", "cmin::text::bigint", "ctid", QuoteIdent(cols[RoleID]))
+	p.declare = fmt.Sprintf("DECLARE walbox_backfill NO SCROLL CURSOR FOR SELECT %s FROM %s%s ORDER BY %s",
+		strings.Join(sel, ", "), table.Quoted(), where, strings.Join(order, ", "))
+	return p
+}
 
-	// The backfill is one synthetic transaction that ends at the slot's
-	// consistent point: confirming it is what the slot already has.
+// event is the n-th backfilled event, from one row's values (text; nil for
+// NULL) in the order of p.roles.
+func (p *backfillPlan) event(n uint32, at time.Time, vals []*string) Event {
+	ev := Event{Pos: Position{CommitLSN: 0, Index: n}, CommitTime: at, PayloadIsJSON: p.payloadIsJSON, TopicNull: true}
+	for i, r := range p.roles {
+		setRole(&ev, r, vals[i])
+	}
+	return ev
+}
+
+// sendBackfill hands the rows fetch yields to out as one synthetic
+// transaction that ends at the slot's consistent point: confirming it is
+// what the slot already has. fetch calls each for every row of the next
+// cursor batch and returns how many there were (0 at the end).
+func (s *Source) sendBackfill(ctx context.Context, plan backfillPlan, consistent LSN, out chan<- []Change, first []Change,
+	fetch func(ctx context.Context, each func(vals []*string) error) (int, error)) error {
 	batch := append(first, Change{Kind: KindBegin, LSN: 0})
 	now := time.Now()
 	var n uint32
@@ -95,41 +158,22 @@ func (s *Source) backfill(ctx context.Context, snapshot string, consistent LSN, 
 	started := time.Now()
 	lastLog := started
 	for {
-		rows, err := tx.Query(ctx, fmt.Sprintf("FETCH %d FROM walbox_backfill", s.cfg.BatchSize))
-		if err != nil {
-			return fmt.Errorf("backfill: fetch: %w", err)
-		}
-		got := 0
-		for rows.Next() {
-			vals := make([]*string, len(roles))
-			ptrs := make([]any, len(roles))
-			for i := range vals {
-				ptrs[i] = &vals[i]
-			}
-			if err := rows.Scan(ptrs...); err != nil {
-				rows.Close()
-				return fmt.Errorf("backfill: scan: %w", err)
-			}
-			ev := Event{Pos: Position{CommitLSN: 0, Index: n}, CommitTime: now, PayloadIsJSON: payloadIsJSON, TopicNull: true}
-			for i, r := range roles {
-				setRole(&ev, r, vals[i])
-			}
+		got, err := fetch(ctx, func(vals []*string) error {
+			ev := plan.event(n, now, vals)
 			batch = append(batch, Change{Kind: KindEvent, Event: ev})
 			n++
-			got++
 			batchBytes += int64(len(ev.Payload) + len(ev.Headers))
 			if batchBytes >= s.cfg.BatchBytes {
 				// Large rows: hand over before the fetch is done.
 				if err := send(ctx, out, batch); err != nil {
-					rows.Close()
 					return err
 				}
 				batch, batchBytes = nil, 0
 			}
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return fmt.Errorf("backfill: fetch: %w", err)
+			return nil
+		})
+		if err != nil {
+			return err
 		}
 		if got == 0 {
 			break

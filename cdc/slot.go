@@ -196,28 +196,15 @@ func (s *Source) ensureSlot(ctx context.Context, conn *pgconn.PgConn) (*pglogrep
 		return nil, err
 	}
 	lost, reason := "", ""
-	switch {
-	case info.Exists && pending:
+	if info.Exists && pending {
 		// Not a loss: walbox's own unfinished work. Always redone.
 		s.log.Warn().Str("slot", slot).Msg("the slot was created by a backfill that did not finish (walbox.slot_backfill still names it); recreating it and backfilling again")
 		if err := pglogrepl.DropReplicationSlot(ctx, conn, slot, pglogrepl.DropReplicationSlotOptions{}); err != nil {
 			return nil, fmt.Errorf("drop slot %s of an unfinished backfill: %w", slot, err)
 		}
 		info.Exists = false
-	case info.Exists && (info.WALStatus == "lost" || info.InvalidationReason != ""):
-		reason = SlotInvalidated
-		lost = fmt.Sprintf("replication slot %q was invalidated (wal_status 'lost'): the WAL it needed was removed, probably because max_slot_wal_keep_size was exceeded while walbox was behind or away", slot)
-		switch info.InvalidationReason {
-		case "idle_timeout":
-			lost = fmt.Sprintf("replication slot %q was invalidated (invalidation_reason 'idle_timeout'): it was inactive longer than idle_replication_slot_timeout while walbox was away; raise that setting or set it to 0", slot)
-		case "rows_removed", "wal_level_insufficient":
-			lost = fmt.Sprintf("replication slot %q was invalidated (invalidation_reason '%s')", slot, info.InvalidationReason)
-		case "wal_removed":
-			lost += " (invalidation_reason 'wal_removed')"
-		}
-	case !info.Exists && s.hadSlot.Load():
-		reason = SlotMissing
-		lost = fmt.Sprintf("replication slot %q disappeared while walbox was using it (dropped by someone)", slot)
+	} else {
+		reason, lost = slotLost(slot, info, s.hadSlot.Load())
 	}
 	if lost != "" {
 		s.log.Error().Str("slot", slot).Str("reason", reason).Msg(lost)
@@ -262,6 +249,30 @@ func (s *Source) ensureSlot(ctx context.Context, conn *pgconn.PgConn) (*pglogrep
 	}
 	s.hadSlot.Store(true)
 	return &res, nil
+}
+
+// slotLost says whether, and why, the slot as pg_replication_slots shows it
+// (info) was lost: invalidated, or gone while walbox used it (hadSlot).
+// reason is SlotInvalidated or SlotMissing, msg the explanation to log; both
+// are empty for a slot that is fine or was never there.
+func slotLost(slot string, info SlotInfo, hadSlot bool) (reason, msg string) {
+	switch {
+	case info.Exists && (info.WALStatus == "lost" || info.InvalidationReason != ""):
+		reason = SlotInvalidated
+		msg = fmt.Sprintf("replication slot %q was invalidated (wal_status 'lost'): the WAL it needed was removed, probably because max_slot_wal_keep_size was exceeded while walbox was behind or away", slot)
+		switch info.InvalidationReason {
+		case "idle_timeout":
+			msg = fmt.Sprintf("replication slot %q was invalidated (invalidation_reason 'idle_timeout'): it was inactive longer than idle_replication_slot_timeout while walbox was away; raise that setting or set it to 0", slot)
+		case "rows_removed", "wal_level_insufficient":
+			msg = fmt.Sprintf("replication slot %q was invalidated (invalidation_reason '%s')", slot, info.InvalidationReason)
+		case "wal_removed":
+			msg += " (invalidation_reason 'wal_removed')"
+		}
+	case !info.Exists && hadSlot:
+		reason = SlotMissing
+		msg = fmt.Sprintf("replication slot %q disappeared while walbox was using it (dropped by someone)", slot)
+	}
+	return reason, msg
 }
 
 // classifyConnectError turns the server errors people hit on first start

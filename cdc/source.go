@@ -323,18 +323,13 @@ func (s *Source) session(ctx context.Context, out chan<- []Change) (streamed boo
 	// Start at LSN 0: on an existing slot the server resumes at
 	// confirmed_flush_lsn. Starting at IDENTIFY_SYSTEM's position would skip
 	// transactions that were never acked.
-	args := []string{
-		"proto_version '1'",
-		"publication_names " + QuoteLiteral(s.cfg.Publication),
-		"messages 'true'",
-	}
 	if s.cfg.Origin == "none" {
 		if v, verr := serverVersion(ctx, conn); verr == nil && v < 160000 {
 			return false, &PreconditionError{What: fmt.Sprintf("postgres.origin: none needs PostgreSQL 16 or newer; this server is %d", v/10000),
 				Fix: "set postgres.origin: any (rows a subscription applies are then published too; Nats-Msg-Id drops those the stream already holds)"}
 		}
-		args = append(args, "origin 'none'")
 	}
+	args := pluginArgs(s.cfg.Publication, s.cfg.Origin)
 	err = pglogrepl.StartReplication(ctx, conn, s.cfg.Slot, 0, pglogrepl.StartReplicationOptions{PluginArgs: args})
 	if err != nil {
 		switch sqlState(err) {
@@ -352,6 +347,22 @@ func (s *Source) session(ctx context.Context, out chan<- []Change) (streamed boo
 	st := &stream{src: s, conn: conn, out: out, dec: newDecoder(s.cfg.Table, s.cfg.Columns), batch: prefix}
 	err = st.run(ctx)
 	return st.streamed, err
+}
+
+// pluginArgs are pgoutput's options for START_REPLICATION: protocol
+// version 1 (no streaming of transactions in progress, so every change
+// arrives between its Begin and Commit), the publication, logical messages
+// (table-less events and heartbeats), and the origin filter.
+func pluginArgs(publication, origin string) []string {
+	args := []string{
+		"proto_version '1'",
+		"publication_names " + QuoteLiteral(publication),
+		"messages 'true'",
+	}
+	if origin == "none" {
+		args = append(args, "origin 'none'")
+	}
+	return args
 }
 
 // stream is the state of one replication session.
