@@ -3,6 +3,10 @@
 FROM golang:1.26 AS build
 WORKDIR /src
 COPY go.mod go.sum ./
+# The producer and consumer libraries are modules of their own that go.mod
+# replaces with these directories.
+COPY outbox/go.mod outbox/go.sum ./outbox/
+COPY consumer/go.mod consumer/go.sum ./consumer/
 RUN go mod download
 COPY . .
 # Keep in step with the Makefile's build target (internal/deploytest checks).

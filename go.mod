@@ -17,7 +17,8 @@ require (
 	github.com/rs/zerolog v1.35.1
 	github.com/schollz/progressbar/v3 v3.19.1
 	github.com/spf13/cobra v1.10.2
-	go.opentelemetry.io/otel v1.47.0
+	github.com/walbox/walbox/consumer v0.0.0-00010101000000-000000000000
+	github.com/walbox/walbox/outbox v0.0.0-00010101000000-000000000000
 	go.opentelemetry.io/otel/trace v1.47.0
 	gopkg.in/yaml.v3 v3.0.1
 )
@@ -59,6 +60,7 @@ require (
 	github.com/tinylib/msgp v1.6.4 // indirect
 	github.com/zeebo/xxh3 v1.1.0 // indirect
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
+	go.opentelemetry.io/otel v1.47.0 // indirect
 	go.opentelemetry.io/otel/log v1.47.0 // indirect
 	go.opentelemetry.io/otel/metric v1.47.0 // indirect
 	go.shabbyrobe.org/gocovmerge v0.0.0-20230507111327-fa4f82cfbf4d // indirect
@@ -73,4 +75,11 @@ require (
 	golang.org/x/tools v0.51.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 	gopkg.in/ini.v1 v1.67.3 // indirect
+)
+
+// The producer and consumer libraries are their own modules, so that a
+// service importing them does not get the relay's dependencies.
+replace (
+	github.com/walbox/walbox/consumer => ./consumer
+	github.com/walbox/walbox/outbox => ./outbox
 )

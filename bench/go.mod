@@ -65,4 +65,8 @@ require (
 	gopkg.in/ini.v1 v1.67.3 // indirect
 )
 
-replace github.com/walbox/walbox => ../
+replace (
+	github.com/walbox/walbox => ../
+	github.com/walbox/walbox/consumer => ../consumer
+	github.com/walbox/walbox/outbox => ../outbox
+)

@@ -198,11 +198,6 @@ type Config struct {
 	// Propagator reads the trace context from the headers (default
 	// propagation.TraceContext{}).
 	Propagator propagation.TextMapPropagator
-
-	// afterCommit, in tests, runs after the handler's transaction committed
-	// and before the ack; true makes Run Nak instead of Ack, forcing a
-	// redelivery of an event already processed.
-	afterCommit func(Message) bool
 }
 
 // validDurable allows what JetStream allows in a durable name and in a
@@ -545,10 +540,6 @@ func (r *runner) settle(ctx context.Context, jm jetstream.Msg, m Message) (Outco
 	outcome, err := r.process(ctx, m)
 	switch {
 	case err == nil:
-		if outcome == Processed && r.cfg.afterCommit != nil && r.cfg.afterCommit(m) {
-			r.ackErr(jm.Nak(), "nak (test)", m)
-			return outcome, nil
-		}
 		r.ackErr(jm.Ack(), "ack", m)
 		return outcome, nil
 	case ctx.Err() != nil:

@@ -36,6 +36,7 @@
 //
 // The idempotency table is walbox.processed_events, which `walbox migrate`
 // creates in the outbox's database; a consumer with a database of its own
-// creates it with Migrate. Like outbox, this package imports none of the
-// relay's code.
+// creates it with Migrate. Like outbox, this package is a module of its own
+// (go get github.com/walbox/walbox/consumer) and imports none of the relay's
+// code: a service links pgx, nats.go and the OpenTelemetry API.
 package consumer

@@ -32,8 +32,10 @@
 // stdlib driver and lib/pq both work; many events then go as multi-row
 // INSERTs).
 //
-// The package imports none of the relay's code: a service links only pgx,
-// google/uuid and the OpenTelemetry API.
+// The package is a module of its own (go get github.com/walbox/walbox/outbox)
+// and imports none of the relay's code: a service links only pgx,
+// google/uuid and the OpenTelemetry API, and its go.sum gets none of the
+// relay's dependencies.
 //
 // Options follow the style of nats.go's jetstream package: build a Writer
 // once with New(opts...) and reuse it; the package-level Write uses the

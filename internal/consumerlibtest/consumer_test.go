@@ -1,10 +1,9 @@
-package consumer_test
+package consumerlibtest
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -145,11 +144,10 @@ func TestDuplicateSuppression(t *testing.T) {
 	}
 
 	var runs atomic.Int64
-	var forced atomic.Int64
+	loser := newAckLoser()
 	out := newOutcomes()
 	cfg := consumer.Config{Stream: "USERS", Durable: "accounts", DB: e.db, Concurrency: 4, OnOutcome: out.record}
-	cfg = consumer.WithAfterCommit(cfg, func(consumer.Message) bool { forced.Add(1); return true })
-	stop := e.start(cfg, accounts(&runs))
+	stop := e.startWith(loser.jetStream(e.js), cfg, loser.handler(accounts(&runs)))
 	// 40 stream messages delivered once each, plus the 20 nak'ed after commit.
 	out.waitFor(t, "60 deliveries", func() bool { return out.total() >= 3*events })
 	e.waitSettled("accounts")
@@ -161,10 +159,13 @@ func TestDuplicateSuppression(t *testing.T) {
 	t.Logf("duplicate suppression: %d events, %d stream messages (each event stored twice), %d deliveries "+
 		"(%d forced redeliveries after commit, concurrency 4): handler ran %d times, %d processed, %d skipped as duplicates, %d retrying, %d dead-lettered; "+
 		"accounts rows %d (distinct users %d), processed_events rows %d",
-		events, info.State.Msgs, out.total(), forced.Load(), runs.Load(), out.count(consumer.Processed), out.count(consumer.Duplicate),
+		events, info.State.Msgs, out.total(), loser.forced.Load(), runs.Load(), out.count(consumer.Processed), out.count(consumer.Duplicate),
 		out.count(consumer.Retrying), out.count(consumer.DeadLettered), accountsRows, users, records)
 	if runs.Load() != events || out.count(consumer.Processed) != events || accountsRows != events || users != events || records != events {
 		t.Fatalf("handler ran %d times, %d accounts for %d users, %d records; want %d each", runs.Load(), accountsRows, users, records, events)
+	}
+	if loser.forced.Load() != events {
+		t.Errorf("%d acks lost, want %d (one per first processing)", loser.forced.Load(), events)
 	}
 	if out.count(consumer.Duplicate) != 2*events {
 		t.Errorf("%d duplicates skipped, want %d", out.count(consumer.Duplicate), 2*events)
@@ -176,8 +177,7 @@ func TestDuplicateSuppression(t *testing.T) {
 	}
 	replay := newOutcomes()
 	cfg.OnOutcome = replay.record
-	cfg = consumer.WithAfterCommit(cfg, nil)
-	e.start(cfg, accounts(&runs))
+	e.start(cfg, accounts(&runs)) // acks arrive
 	replay.waitFor(t, "the replay", func() bool { return replay.total() >= 2*events })
 	e.waitSettled("accounts")
 	accountsRows = e.count("SELECT count(*) FROM accounts")
@@ -412,18 +412,6 @@ func TestMigrateMatchesWalbox(t *testing.T) {
 	t.Logf("walbox.processed_events: %s", a)
 	if a != b {
 		t.Errorf("walbox migrate: %s\nconsumer.Migrate: %s", a, b)
-	}
-}
-
-func TestNoRelayCode(t *testing.T) {
-	out, err := exec.Command("go", "list", "-deps", "github.com/walbox/walbox/consumer").CombinedOutput()
-	if err != nil {
-		t.Skipf("go list: %v\n%s", err, out)
-	}
-	for _, dep := range strings.Fields(string(out)) {
-		if strings.HasPrefix(dep, "github.com/walbox/walbox/") && dep != "github.com/walbox/walbox/consumer" {
-			t.Errorf("consumer depends on %s", dep)
-		}
 	}
 }
 

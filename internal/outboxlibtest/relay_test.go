@@ -1,4 +1,4 @@
-package outbox_test
+package outboxlibtest
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package outbox_test
+package outboxlibtest
 
 // The small harness these tests need: one PostgreSQL cluster for the
 // package, a fresh database per test, an embedded JetStream and the relay

@@ -1,4 +1,4 @@
-package consumer_test
+package consumerlibtest
 
 import (
 	"context"
@@ -174,9 +174,15 @@ func (o *outcomes) waitFor(t *testing.T, what string, cond func() bool) {
 // checks it returned nil.
 func (e *env) start(cfg consumer.Config, h consumer.Handler) (stop func()) {
 	e.t.Helper()
+	return e.startWith(e.js, cfg, h)
+}
+
+// startWith is start with another JetStream, such as an ackLoser's.
+func (e *env) startWith(js jetstream.JetStream, cfg consumer.Config, h consumer.Handler) (stop func()) {
+	e.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- consumer.Run(ctx, e.js, cfg, h) }()
+	go func() { done <- consumer.Run(ctx, js, cfg, h) }()
 	var once sync.Once
 	stop = func() {
 		once.Do(func() {

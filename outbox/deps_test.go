@@ -1,0 +1,20 @@
+package outbox_test
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// TestNoRelayCode: a service importing outbox links none of the relay.
+func TestNoRelayCode(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", "github.com/walbox/walbox/outbox").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	for _, dep := range strings.Fields(string(out)) {
+		if strings.HasPrefix(dep, "github.com/walbox/walbox/") && dep != "github.com/walbox/walbox/outbox" {
+			t.Errorf("outbox depends on %s", dep)
+		}
+	}
+}
