@@ -1,0 +1,225 @@
+// Package kafkasink is the relay's Kafka sink, on franz-go: an idempotent
+// producer with acks=all, the event's partition key as the record key, and
+// the read-back of what a topic holds for the resume check and the sweeper.
+//
+// Ordering and duplicates: the idempotent producer keeps each partition's
+// records in order through its own retries, and when a record fails it fails
+// every record buffered behind it in that partition, so a partition never
+// stores a later record without an earlier one. Across producer sessions (a
+// relay restart, a standby's takeover) Kafka has no Nats-Msg-Id; the relay's
+// resume check reads back the tail of every partition of every topic and
+// skips the ids stored there.
+package kafkasink
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl"
+
+	"github.com/walbox/walbox/relay"
+)
+
+// Kafka header names that differ from walbox's NATS ones.
+const (
+	// HeaderEventID carries the event id (Nats-Msg-Id on JetStream).
+	HeaderEventID = "Walbox-Event-Id"
+	// ceKafkaPrefix is CloudEvents' Kafka binding's attribute prefix.
+	ceKafkaPrefix = "ce_"
+)
+
+// DefaultMaxPayload is Kafka's default message.max.bytes (1 MiB).
+const DefaultMaxPayload = 1 << 20
+
+// Config is how the sink reaches Kafka.
+type Config struct {
+	Brokers  []string
+	ClientID string
+	TLS      *tls.Config    // nil: plaintext
+	SASL     sasl.Mechanism // nil: none
+	// AckTimeout bounds a record's delivery (delivery.timeout.ms); a record
+	// that times out fails with every record buffered behind it in its
+	// partition, and the relay resends them in order.
+	AckTimeout time.Duration
+	// MaxBuffered must exceed the relay's window, so Produce never blocks.
+	MaxBuffered int
+	// MaxPayload is the largest record the brokers take (message.max.bytes).
+	MaxPayload int
+}
+
+// Sink produces to Kafka. It implements relay.Sink and sweep.StreamReader.
+type Sink struct {
+	cfg Config
+	cl  *kgo.Client
+}
+
+// clientOpts are the connection options shared by the producer, the admin
+// client and the read-back consumers.
+func (c Config) clientOpts() []kgo.Opt {
+	opts := []kgo.Opt{kgo.SeedBrokers(c.Brokers...)}
+	if c.ClientID != "" {
+		opts = append(opts, kgo.ClientID(c.ClientID))
+	}
+	if c.TLS != nil {
+		opts = append(opts, kgo.DialTLSConfig(c.TLS))
+	}
+	if c.SASL != nil {
+		opts = append(opts, kgo.SASL(c.SASL))
+	}
+	return opts
+}
+
+// New starts the producer. It does not contact the brokers yet.
+func New(cfg Config) (*Sink, error) {
+	if len(cfg.Brokers) == 0 {
+		return nil, errors.New("kafka: no brokers configured (kafka.brokers)")
+	}
+	if cfg.AckTimeout <= 0 {
+		cfg.AckTimeout = 30 * time.Second
+	}
+	if cfg.MaxBuffered <= 0 {
+		cfg.MaxBuffered = 10000
+	}
+	if cfg.MaxPayload <= 0 {
+		cfg.MaxPayload = DefaultMaxPayload
+	}
+	opts := append(cfg.clientOpts(),
+		kgo.RequiredAcks(kgo.AllISRAcks()), // idempotent writes need it, and a leader alone is not durable
+		kgo.RecordDeliveryTimeout(cfg.AckTimeout),
+		kgo.MaxBufferedRecords(cfg.MaxBuffered),
+		kgo.ProducerBatchMaxBytes(int32(cfg.MaxPayload)),
+		kgo.RecordPartitioner(keyPartitioner{kgo.StickyKeyPartitioner(nil)}),
+		kgo.ProducerLinger(0),
+	)
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka client: %w", err)
+	}
+	return &Sink{cfg: cfg, cl: cl}, nil
+}
+
+// Client returns the producer's client (for admin requests).
+func (s *Sink) Client() *kgo.Client { return s.cl }
+
+// Close flushes nothing: records not yet acked fail, and the relay, which
+// confirms only acked ones, sends them again on its next start.
+func (s *Sink) Close() { s.cl.Close() }
+
+// keyPartitioner is Kafka's own key hashing (murmur2, as the Java client),
+// and partition 0 for records without a key, so that they keep their order
+// too instead of being spread at random.
+type keyPartitioner struct{ keyed kgo.Partitioner }
+
+func (p keyPartitioner) ForTopic(topic string) kgo.TopicPartitioner {
+	return keyTopicPartitioner{p.keyed.ForTopic(topic)}
+}
+
+type keyTopicPartitioner struct{ keyed kgo.TopicPartitioner }
+
+func (p keyTopicPartitioner) RequiresConsistency(*kgo.Record) bool { return true }
+
+func (p keyTopicPartitioner) Partition(r *kgo.Record, n int) int {
+	if len(r.Key) == 0 {
+		return 0
+	}
+	return p.keyed.Partition(r, n)
+}
+
+// Publish implements relay.Sink. The future resolves from the produce
+// promise: per partition in order, and for every record.
+func (s *Sink) Publish(m *relay.Msg) (relay.Future, error) {
+	rec := &kgo.Record{Topic: m.Subject, Value: m.Data, Headers: ToKafkaHeaders(m.Header)}
+	if m.Key != "" {
+		rec.Key = []byte(m.Key)
+	}
+	fut, resolve := relay.NewFuture()
+	s.cl.Produce(context.Background(), rec, func(r *kgo.Record, err error) {
+		if err != nil {
+			resolve(nil, fmt.Errorf("produce to %s: %w", r.Topic, err))
+			return
+		}
+		resolve(&relay.Ack{Stream: r.Topic, Partition: r.Partition, Sequence: uint64(r.Offset)}, nil)
+	})
+	return fut, nil
+}
+
+// Epoch implements relay.Sink: constant. The client keeps each partition
+// gapless across reconnects (a failed record fails all behind it).
+func (s *Sink) Epoch() uint64 { return 0 }
+
+// MaxPayload implements relay.Sink.
+func (s *Sink) MaxPayload() int { return s.cfg.MaxPayload }
+
+// Classify implements relay.Sink.
+func (s *Sink) Classify(err error) relay.ErrorClass { return Classify(err) }
+
+// Classify sorts Kafka produce errors: a record the brokers refuse for
+// itself is permanent (dead-lettered); everything else, including an
+// unknown topic or missing authorization, waits and is resent in order.
+func Classify(err error) relay.ErrorClass {
+	var pe *relay.PoisonError
+	if errors.As(err, &pe) {
+		return relay.Permanent
+	}
+	switch {
+	case errors.Is(err, kerr.MessageTooLarge), errors.Is(err, kerr.RecordListTooLarge),
+		errors.Is(err, kerr.InvalidTopicException), errors.Is(err, kerr.InvalidRecord),
+		errors.Is(err, kerr.CorruptMessage):
+		return relay.Permanent
+	}
+	return relay.Transient
+}
+
+// ToKafkaHeaders turns walbox's headers into record headers: the event id
+// as Walbox-Event-Id, CloudEvents attributes with the Kafka binding's ce_
+// prefix and content-type in lower case; JetStream's own headers are
+// dropped.
+func ToKafkaHeaders(h relay.Header) []kgo.RecordHeader {
+	out := make([]kgo.RecordHeader, 0, len(h))
+	_, hasID := h[HeaderEventID]
+	for k, vs := range h {
+		switch {
+		case k == relay.HeaderMsgID:
+			if hasID {
+				continue
+			}
+			k = HeaderEventID
+		case strings.HasPrefix(k, "Nats-"):
+			continue
+		case strings.HasPrefix(strings.ToLower(k), "ce-"):
+			k = ceKafkaPrefix + strings.ToLower(k[3:])
+		case strings.EqualFold(k, relay.HeaderContentType):
+			k = "content-type"
+		}
+		for _, v := range vs {
+			out = append(out, kgo.RecordHeader{Key: k, Value: []byte(v)})
+		}
+	}
+	return out
+}
+
+// FromKafkaHeaders is the inverse of ToKafkaHeaders, for the read-back and
+// the tools: the event id is also under relay.HeaderMsgID.
+func FromKafkaHeaders(hs []kgo.RecordHeader) relay.Header {
+	h := make(relay.Header, len(hs)+1)
+	for _, rh := range hs {
+		k := rh.Key
+		switch {
+		case strings.HasPrefix(k, ceKafkaPrefix):
+			k = "ce-" + k[len(ceKafkaPrefix):]
+		case k == "content-type":
+			k = relay.HeaderContentType
+		}
+		h[k] = append(h[k], string(rh.Value))
+	}
+	if id := h.Get(HeaderEventID); id != "" {
+		h.Set(relay.HeaderMsgID, id)
+	}
+	return h
+}

@@ -1,0 +1,251 @@
+package kafkasink_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/walbox/walbox/relay"
+	"github.com/walbox/walbox/relay/kafkasink"
+)
+
+func newCluster(t *testing.T) *kfake.Cluster {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+func newSink(t *testing.T, c *kfake.Cluster) *kafkasink.Sink {
+	t.Helper()
+	s, err := kafkasink.New(kafkasink.Config{Brokers: c.ListenAddrs(), AckTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	return s
+}
+
+func wait(t *testing.T, ctx context.Context, f relay.Future) (*relay.Ack, error) {
+	t.Helper()
+	select {
+	case a := <-f.Ok():
+		return a, nil
+	case err := <-f.Err():
+		return nil, err
+	case <-ctx.Done():
+		t.Fatal("no answer from the broker")
+	}
+	return nil, nil
+}
+
+func TestClassify(t *testing.T) {
+	for _, tt := range []struct {
+		err  error
+		want relay.ErrorClass
+	}{
+		{&relay.PoisonError{Reason: "x"}, relay.Permanent},
+		{fmt.Errorf("produce: %w", kerr.MessageTooLarge), relay.Permanent},
+		{kerr.InvalidTopicException, relay.Permanent},
+		{kerr.UnknownTopicOrPartition, relay.Transient},
+		{kerr.NotLeaderForPartition, relay.Transient},
+		{kerr.TopicAuthorizationFailed, relay.Transient},
+		{context.DeadlineExceeded, relay.Transient},
+	} {
+		if got := kafkasink.Classify(tt.err); got != tt.want {
+			t.Errorf("Classify(%v) = %v, want %v", tt.err, got, tt.want)
+		}
+	}
+}
+
+func TestHeadersRoundTrip(t *testing.T) {
+	h := relay.Header{relay.HeaderMsgID: {"ev-1"}, relay.HeaderSource: {"db/slot"}, "ce-id": {"ev-1"}, "ce-type": {"t"},
+		relay.HeaderContentType: {"application/json"}, relay.HeaderExpectedLastSeq: {"4"}, "traceparent": {"00-abc-def-01"}}
+	kh := kafkasink.ToKafkaHeaders(h)
+	keys := map[string]string{}
+	for _, x := range kh {
+		keys[x.Key] = string(x.Value)
+	}
+	for k, v := range map[string]string{kafkasink.HeaderEventID: "ev-1", "ce_id": "ev-1", "ce_type": "t", "content-type": "application/json", "traceparent": "00-abc-def-01", relay.HeaderSource: "db/slot"} {
+		if keys[k] != v {
+			t.Errorf("record header %s = %q, want %q (all: %v)", k, keys[k], v, keys)
+		}
+	}
+	for _, k := range []string{relay.HeaderMsgID, relay.HeaderExpectedLastSeq, "ce-id"} {
+		if _, ok := keys[k]; ok {
+			t.Errorf("record carries %s", k)
+		}
+	}
+	back := kafkasink.FromKafkaHeaders(kh)
+	if back.Get(relay.HeaderMsgID) != "ev-1" || back.Get("ce-type") != "t" || back.Get(relay.HeaderContentType) != "application/json" {
+		t.Errorf("round trip = %v", back)
+	}
+}
+
+// TestPublishKeepsKeyOrderAndReadsTheTailBack produces keyed records to a
+// topic of 4 partitions: every record is acked with its partition and
+// offset, records of one key share a partition in publish order, and the
+// tail read-back finds the ids of this source with their positions.
+func TestPublishKeepsKeyOrderAndReadsTheTailBack(t *testing.T) {
+	c := newCluster(t)
+	s := newSink(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	routes, err := kafkasink.EnsureTopics(ctx, s.Client(), []kafkasink.TopicSpec{{Name: "orders", Partitions: 4, ReplicationFactor: 1, Manage: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(routes) != 1 || routes[0].Stream != "orders" {
+		t.Fatalf("routes = %+v", routes)
+	}
+	const n = 400
+	var futs []relay.Future
+	for i := range n {
+		m := &relay.Msg{Subject: "orders", Key: "k" + strconv.Itoa(i%7), Data: []byte(`{}`), Header: relay.Header{
+			relay.HeaderMsgID: {fmt.Sprintf("e%04d", i)}, relay.HeaderSource: {"db/slot"},
+			relay.HeaderCommitLSN: {"0/" + strconv.FormatInt(int64(0x1000+i), 16)}, relay.HeaderIndex: {"0"},
+		}}
+		f, err := s.Publish(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		futs = append(futs, f)
+	}
+	partOf := map[string]int32{}
+	lastOff := map[int32]uint64{}
+	for i, f := range futs {
+		a, err := wait(t, ctx, f)
+		if err != nil {
+			t.Fatalf("record %d: %v", i, err)
+		}
+		key := "k" + strconv.Itoa(i%7)
+		if p, ok := partOf[key]; ok && p != a.Partition {
+			t.Fatalf("key %s went to partitions %d and %d", key, p, a.Partition)
+		}
+		partOf[key] = a.Partition
+		if off, ok := lastOff[a.Partition]; ok && a.Sequence <= off {
+			t.Fatalf("partition %d: offset %d after %d", a.Partition, a.Sequence, off)
+		}
+		lastOff[a.Partition] = a.Sequence
+	}
+	if len(lastOff) < 2 {
+		t.Fatalf("7 keys landed in %d partition(s) of 4", len(lastOff))
+	}
+	tail, err := s.StoredTail(ctx, "orders", "db/slot", 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tail.IDs) != n || !tail.Found {
+		t.Fatalf("tail holds %d ids, want %d", len(tail.IDs), n)
+	}
+	other, err := s.StoredTail(ctx, "orders", "other/slot", 1000)
+	if err != nil || other.Found {
+		t.Fatalf("another source's tail: %+v %v", other, err)
+	}
+	small, err := s.StoredTail(ctx, "orders", "db/slot", 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := 5 * len(lastOff); len(small.IDs) != want {
+		t.Fatalf("tail of 5 per partition holds %d ids, want %d", len(small.IDs), want)
+	}
+	var read int
+	if err := s.ReadBack(ctx, "orders", "db/slot", 0, 0, 3, func(id, _ string) { read++ }); err != nil {
+		t.Fatal(err)
+	}
+	if read != 3*len(lastOff) {
+		t.Fatalf("read back %d, want %d", read, 3*len(lastOff))
+	}
+}
+
+// TestRefusedProducesWaitAndLandInOrder: while the partition leader refuses
+// produces (kfake's request control answers NOT_ENOUGH_REPLICAS, as a
+// broker with too few in-sync replicas does), the idempotent producer keeps
+// the records and retries them; none resolves. Once the broker accepts,
+// they are stored once each, in publish order, right after the last record
+// stored before: no gap, no duplicate, no reorder.
+func TestRefusedProducesWaitAndLandInOrder(t *testing.T) {
+	c := newCluster(t)
+	s := newSink(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := kafkasink.EnsureTopics(ctx, s.Client(), []kafkasink.TopicSpec{{Name: "orders", Partitions: 1, Manage: true}}); err != nil {
+		t.Fatal(err)
+	}
+	pub := func(id string) relay.Future {
+		f, err := s.Publish(&relay.Msg{Subject: "orders", Key: "k", Data: []byte(`{}`), Header: relay.Header{relay.HeaderMsgID: {id}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	if _, err := wait(t, ctx, pub("a")); err != nil {
+		t.Fatal(err)
+	}
+	refused := make(chan struct{}, 100)
+	var refusing atomic.Bool
+	refusing.Store(true)
+	c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		if !refusing.Load() {
+			c.DropControl() // the broker handles this one and all after it
+			return nil, nil, false
+		}
+		c.KeepControl()
+		pr := req.(*kmsg.ProduceRequest)
+		resp := pr.ResponseKind().(*kmsg.ProduceResponse)
+		for _, tp := range pr.Topics {
+			rt := kmsg.NewProduceResponseTopic()
+			rt.Topic = tp.Topic
+			for _, p := range tp.Partitions {
+				rp := kmsg.NewProduceResponseTopicPartition()
+				rp.Partition = p.Partition
+				rp.ErrorCode = kerr.NotEnoughReplicas.Code
+				rt.Partitions = append(rt.Partitions, rp)
+			}
+			resp.Topics = append(resp.Topics, rt)
+		}
+		refused <- struct{}{}
+		return resp, nil, true
+	})
+	futs := []relay.Future{pub("b"), pub("c"), pub("d")}
+	for range 2 { // a refusal and its retry
+		select {
+		case <-refused:
+		case <-ctx.Done():
+			t.Fatal("no produce reached the broker")
+		}
+	}
+	for i, f := range futs {
+		select {
+		case a := <-f.Ok():
+			t.Fatalf("record %d acked at %d while the broker refuses", i, a.Sequence)
+		case err := <-f.Err():
+			t.Fatalf("record %d failed while the broker refuses (the producer retries): %v", i, err)
+		default:
+		}
+	}
+	refusing.Store(false)
+	for i, f := range futs {
+		ack, err := wait(t, ctx, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ack.Sequence != uint64(i+1) {
+			t.Fatalf("record %d stored at offset %d, want %d", i, ack.Sequence, i+1)
+		}
+	}
+	tail, err := s.StoredTail(ctx, "orders", "", 10)
+	if err != nil || !tail.StateRead {
+		t.Fatal(err)
+	}
+}

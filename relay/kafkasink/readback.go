@@ -1,0 +1,198 @@
+package kafkasink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/walbox/walbox/relay"
+)
+
+// TopicSpec is a topic as the config declares it.
+type TopicSpec struct {
+	Name              string
+	Partitions        int32 // 0: the broker's default
+	ReplicationFactor int16 // 0: the broker's default
+	// Manage: create the topic when it is missing (true), or only check it
+	// exists where the platform team owns topics (false).
+	Manage bool
+}
+
+// EnsureTopics creates the missing topics that walbox manages and checks the
+// others exist. Each topic is its own route: the topic template renders the
+// topic name, and an event whose topic is not declared is dead-lettered.
+func EnsureTopics(ctx context.Context, cl *kgo.Client, topics []TopicSpec) ([]relay.Route, error) {
+	adm := kadm.NewClient(cl)
+	var names []string
+	for _, t := range topics {
+		names = append(names, t.Name)
+	}
+	details, err := adm.ListTopics(ctx, names...)
+	if err != nil {
+		return nil, fmt.Errorf("list topics: %w", err)
+	}
+	var routes []relay.Route
+	for _, t := range topics {
+		d, ok := details[t.Name]
+		if !ok || d.Err != nil {
+			if d.Err != nil && !errors.Is(d.Err, kerr.UnknownTopicOrPartition) {
+				return nil, fmt.Errorf("topic %s: %w", t.Name, d.Err)
+			}
+			if !t.Manage {
+				return nil, fmt.Errorf("topic %s does not exist (kafka.topics[].manage is false, so walbox only checks it): create it, or set manage: true", t.Name)
+			}
+			parts, rf := t.Partitions, t.ReplicationFactor
+			if parts == 0 {
+				parts = -1
+			}
+			if rf == 0 {
+				rf = -1
+			}
+			resp, err := adm.CreateTopics(ctx, parts, rf, nil, t.Name)
+			if err != nil {
+				return nil, fmt.Errorf("create topic %s: %w", t.Name, err)
+			}
+			for _, r := range resp {
+				if r.Err != nil && !errors.Is(r.Err, kerr.TopicAlreadyExists) {
+					return nil, fmt.Errorf("create topic %s: %w %s", t.Name, r.Err, r.ErrMessage)
+				}
+			}
+		}
+		routes = append(routes, relay.Route{Stream: t.Name, Subjects: []string{t.Name}})
+	}
+	return routes, nil
+}
+
+// span is the offsets [from, to) of one partition to read.
+type span struct{ from, to int64 }
+
+// spans lists, per partition of topic, the offsets to read: the newest n
+// (n > 0), or [first, last] clipped to what the partition holds.
+func spans(ctx context.Context, adm *kadm.Client, topic string, n int, first, last int64) (map[int32]span, error) {
+	starts, err := adm.ListStartOffsets(ctx, topic)
+	if err != nil {
+		return nil, fmt.Errorf("list start offsets of %s: %w", topic, err)
+	}
+	ends, err := adm.ListEndOffsets(ctx, topic)
+	if err != nil {
+		return nil, fmt.Errorf("list end offsets of %s: %w", topic, err)
+	}
+	out := map[int32]span{}
+	var lerr error
+	ends.Each(func(e kadm.ListedOffset) {
+		if e.Err != nil {
+			lerr = fmt.Errorf("end offset of %s/%d: %w", topic, e.Partition, e.Err)
+			return
+		}
+		s, ok := starts.Lookup(topic, e.Partition)
+		if !ok || s.Err != nil {
+			lerr = fmt.Errorf("start offset of %s/%d: %v", topic, e.Partition, s.Err)
+			return
+		}
+		sp := span{from: s.Offset, to: e.Offset}
+		if n > 0 {
+			sp.from = max(sp.from, e.Offset-int64(n))
+		} else {
+			sp.from = max(sp.from, first)
+			sp.to = min(sp.to, last+1)
+		}
+		if sp.from < sp.to {
+			out[e.Partition] = sp
+		}
+	})
+	return out, lerr
+}
+
+// read calls fn with every record of topic in the given spans, partition by
+// partition in offset order.
+func (s *Sink) read(ctx context.Context, topic string, sp map[int32]span, fn func(*kgo.Record)) error {
+	if len(sp) == 0 {
+		return nil
+	}
+	parts := map[int32]kgo.Offset{}
+	for p, r := range sp {
+		parts[p] = kgo.NewOffset().At(r.from)
+	}
+	cl, err := kgo.NewClient(append(s.cfg.clientOpts(),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: parts}))...)
+	if err != nil {
+		return fmt.Errorf("read back %s: %w", topic, err)
+	}
+	defer cl.Close()
+	left := len(sp)
+	done := map[int32]bool{}
+	for left > 0 {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("read back %s: %w", topic, err)
+		}
+		var ferr error
+		fs.EachError(func(_ string, p int32, err error) {
+			if ferr == nil {
+				ferr = fmt.Errorf("read back %s/%d: %w", topic, p, err)
+			}
+		})
+		if ferr != nil {
+			return ferr
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			want, ok := sp[r.Partition]
+			if !ok || done[r.Partition] || r.Offset < want.from {
+				return
+			}
+			if r.Offset < want.to {
+				fn(r)
+			}
+			if r.Offset >= want.to-1 {
+				done[r.Partition] = true
+				left--
+			}
+		})
+	}
+	return nil
+}
+
+// StoredTail implements relay.Sink: the newest n records of every partition
+// of topic. Kafka has no expected-last-sequence check, so LastSeq is unused.
+func (s *Sink) StoredTail(ctx context.Context, topic, source string, n int) (relay.StoredTail, error) {
+	tail := relay.StoredTail{IDs: map[string]struct{}{}}
+	sp, err := spans(ctx, kadm.NewClient(s.cl), topic, n, 0, 0)
+	if err != nil {
+		return tail, err
+	}
+	tail.StateRead = true
+	err = s.read(ctx, topic, sp, func(r *kgo.Record) {
+		h := FromKafkaHeaders(r.Headers)
+		if pos, origin, ok := relay.PositionFromHeaders(h, source); ok {
+			tail.Add(h.Get(relay.HeaderMsgID), origin, pos)
+		}
+	})
+	return tail, err
+}
+
+// ReadBack implements sweep.StreamReader: the event id (and a dead letter's
+// reason) of every record of source in topic with an offset in [first, last]
+// in any partition; with first 0, of the newest tail records of each
+// partition. Offsets are per partition, so a range covers each partition's
+// records at those offsets: the sweeper marks only ids it read back, and
+// reads the tails at start.
+func (s *Sink) ReadBack(ctx context.Context, topic, source string, first, last uint64, tail int, fn func(id, reason string)) error {
+	n := 0
+	if first == 0 {
+		n = max(tail, 1)
+	}
+	sp, err := spans(ctx, kadm.NewClient(s.cl), topic, n, int64(first), int64(last))
+	if err != nil {
+		return err
+	}
+	return s.read(ctx, topic, sp, func(r *kgo.Record) {
+		h := FromKafkaHeaders(r.Headers)
+		if h.Get(relay.HeaderSource) == source {
+			fn(h.Get(relay.HeaderMsgID), h.Get(relay.HeaderDLQReason))
+		}
+	})
+}
