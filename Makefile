@@ -13,6 +13,7 @@ build:
 
 # The whole suite, race detector on, against real PostgreSQL and NATS.
 test:
+	bash scripts/ensure-kcat.sh
 	$(GO) vet $(PKGS)
 	for m in $(LIBS); do (cd $$m && $(GO) vet ./...) || exit 1; done
 	cd bench && $(GO) vet ./...

@@ -60,6 +60,9 @@ type Config struct {
 	WindowBytes int64
 	// DLQPrefix is the subject prefix of dead letters (default "walbox.dlq.").
 	DLQPrefix string
+	// DLQSubject, when set, is where every dead letter goes instead (Kafka's
+	// one dead-letter topic); the original subject is in its headers.
+	DLQSubject string
 	// StrictOrder sets Nats-Expected-Last-Sequence on every publish to the
 	// sequence its predecessor in the same stream is stored at (the stream's
 	// last sequence read back at start, plus one per publish since). A
@@ -406,6 +409,9 @@ func (l *loop) deadLetter(p *pending, reason string) {
 	p.dlq = true
 	p.reason = reason
 	p.msg = l.r.router.DeadLetter(&p.ev, l.r.cfg.DLQPrefix, reason)
+	if l.r.cfg.DLQSubject != "" {
+		p.msg.Subject = l.r.cfg.DLQSubject
+	}
 	p.stream = ""
 	l.r.log.Error().Str("id", p.ev.ID).Str("topic", p.ev.Topic).Stringer("pos", p.ev.Pos).Str("reason", reason).Msg("dead-lettering event")
 }

@@ -87,7 +87,7 @@ func (l *loop) refreshResume() bool {
 	l.lastSeq = make(map[string]uint64)
 	complete := true
 	for _, rt := range l.r.router.routes {
-		if slices.Contains(rt.Subjects, l.r.cfg.DLQPrefix+">") {
+		if slices.Contains(rt.Subjects, l.r.cfg.DLQPrefix+">") || (l.r.cfg.DLQSubject != "" && slices.Contains(rt.Subjects, l.r.cfg.DLQSubject)) {
 			continue // dead letters are never skipped
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

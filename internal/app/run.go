@@ -13,7 +13,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -83,19 +82,14 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 		return err
 	}
 
-	var natsErr atomic.Pointer[error] // the last failed connection attempt, for the logs
-	nc, err := connectNATS(ctx, cfg, log, metrics, &natsErr)
+	bus, err := openBus(ctx, cfg, log, metrics)
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
-	sink, err := jssink.New(nc, cfg.NATS.AckTimeout, cfg.NATS.Window*2+64)
-	if err != nil {
-		return err
-	}
+	defer bus.close()
 
 	var srv *http.Server
-	health := &health{src: src, nc: nc}
+	health := &health{src: src, busUp: bus.up, bus: bus.name}
 	if cfg.Metrics.Listen != "" {
 		srv, err = serveHTTP(cfg.Metrics.Listen, reg, health)
 		if err != nil {
@@ -104,7 +98,7 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 		defer srv.Close()
 	}
 
-	routes, err := ensureStreams(ctx, sink, cfg, log, &natsErr)
+	routes, err := bus.ensure(ctx)
 	if err != nil {
 		return err
 	}
@@ -112,7 +106,9 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 		return nil
 	}
 	source := pgcfg.Database + "/" + cfg.Postgres.Slot
-	router, err := relay.NewRouterWithOptions(cfg.NATS.SubjectPrefix, source, routes, cfg.RouterOptions())
+	ropts := cfg.RouterOptions()
+	ropts.SubjectTemplate = bus.template
+	router, err := relay.NewRouterWithOptions(bus.prefix, source, routes, ropts)
 	if err != nil {
 		return err
 	}
@@ -125,26 +121,27 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 	// Dropped marks are caught up from what the streams hold, and at start
 	// the newest messages of each stream are read back for the marks a crash
 	// left unwritten (at most the mark queue and the publish window).
-	readStreams := []string{cfg.NATS.DLQ.Stream}
+	readStreams := []string{bus.dlqStream}
 	for _, rt := range routes {
 		if !slices.Contains(readStreams, rt.Stream) {
 			readStreams = append(readStreams, rt.Stream)
 		}
 	}
-	sw.SetReader(sink, source, readStreams, 10*cfg.Sweeper.BatchSize+2*cfg.NATS.Window)
+	sw.SetReader(bus.reader, source, readStreams, 10*cfg.Sweeper.BatchSize+2*cfg.NATS.Window)
 	stopSweeper := sw.Start(ctx)
 	defer stopSweeper()
 	r := relay.New(relay.Config{
 		Window:         cfg.NATS.Window,
 		WindowBytes:    cfg.NATS.WindowBytes / 4,
 		DLQPrefix:      cfg.NATS.DLQ.SubjectPrefix,
-		StrictOrder:    cfg.NATS.StrictOrder,
+		DLQSubject:     bus.dlqSubject,
+		StrictOrder:    bus.strict,
 		BackoffInitial: cfg.Retry.Initial,
 		BackoffMax:     cfg.Retry.Max,
 		OnDelivered:    sw.Hook(opts.OnDelivered),
 		Metrics:        metrics,
 		Logger:         log,
-	}, sink, router)
+	}, bus.sink, router)
 	health.started.Store(true)
 	if opts.Ready != nil {
 		go func() {
@@ -158,7 +155,7 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 			close(opts.Ready)
 		}()
 	}
-	log.Info().Str("postgres", redact(cfg.Postgres.URL)).Str("nats", RedactNATSURL(cfg.NATS.URL)).Str("slot", cfg.Postgres.Slot).
+	log.Info().Str("postgres", redact(cfg.Postgres.URL)).Str("sink", cfg.Sink).Str("bus", bus.url).Str("slot", cfg.Postgres.Slot).
 		Str("table", table.String()).Int("window", cfg.NATS.Window).Msg("walbox relay starting")
 	for {
 		// Several relays may run for one database: one holds the leader
@@ -258,11 +255,7 @@ func connectNATS(ctx context.Context, cfg config.Config, log zerolog.Logger, m *
 // ensureStreams creates or checks the configured streams, retrying while
 // NATS is unreachable: an outage at start is an outage like any other.
 func ensureStreams(ctx context.Context, sink *jssink.Sink, cfg config.Config, log zerolog.Logger, lastErr *atomic.Pointer[error]) ([]relay.Route, error) {
-	bo := backoff.NewExponentialBackOff()
-	bo.InitialInterval = cfg.Retry.Initial
-	bo.MaxInterval = cfg.Retry.Max
-	bo.MaxElapsedTime = 0
-	bo.Reset()
+	bo := newBackoff(cfg)
 	for {
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		routes, err := jssink.EnsureStreams(cctx, sink.JetStream(), cfg.StreamSpecs())

@@ -28,9 +28,12 @@ import (
 
 // Config is the whole configuration. Defaults are set by Default.
 type Config struct {
+	// Sink is where events go: nats (JetStream) or kafka.
+	Sink     string   `yaml:"sink" env:"SINK"`
 	Postgres Postgres `yaml:"postgres" envPrefix:"POSTGRES_"`
 	Outbox   Outbox   `yaml:"outbox" envPrefix:"OUTBOX_"`
 	NATS     NATS     `yaml:"nats" envPrefix:"NATS_"`
+	Kafka    Kafka    `yaml:"kafka" envPrefix:"KAFKA_"`
 	Retry    Retry    `yaml:"retry" envPrefix:"RETRY_"`
 	Metrics  Metrics  `yaml:"metrics" envPrefix:"METRICS_"`
 	Log      Log      `yaml:"log" envPrefix:"LOG_"`
@@ -223,6 +226,8 @@ type S3 struct {
 // Default returns the configuration with every default filled in.
 func Default() Config {
 	return Config{
+		Sink:  SinkNATS,
+		Kafka: defaultKafka(),
 		Postgres: Postgres{Slot: "walbox", Publication: "walbox_outbox", CreatePublication: true, StatusInterval: 10 * time.Second,
 			OnSlotLost: "recreate", HeartbeatInterval: 30 * time.Second, Origin: "any"},
 		Outbox: Outbox{Table: "public.outbox_events"},
@@ -403,8 +408,12 @@ func (c *Config) ValidatePostgres() error { return c.validate(false) }
 
 func (c *Config) validate(withNATS bool) error {
 	var errs []string
+	kafka := c.Sink == SinkKafka
 	bad := func(key, format string, args ...any) {
-		if !withNATS && strings.HasPrefix(key, "nats.") {
+		if (!withNATS || kafka) && strings.HasPrefix(key, "nats.") && !sharedNATSKey(key) {
+			return
+		}
+		if !withNATS && strings.HasPrefix(key, "kafka.") {
 			return
 		}
 		errs = append(errs, fmt.Sprintf("%s: %s", key, fmt.Sprintf(format, args...)))
@@ -521,12 +530,30 @@ func (c *Config) validate(withNATS bool) error {
 	default:
 		bad("log.level", "%q: use debug, info, warn or error", c.Log.Level)
 	}
+	switch c.Sink {
+	case SinkNATS:
+	case SinkKafka:
+		c.validateKafka(bad)
+	default:
+		bad("sink", "%q: use nats or kafka", c.Sink)
+	}
 	c.validateSweeper(bad)
 	c.validateNATSAuth(bad)
 	if len(errs) > 0 {
 		return fmt.Errorf("invalid configuration:\n  %s", strings.Join(errs, "\n  "))
 	}
 	return nil
+}
+
+// sharedNATSKey reports whether a nats.* key applies to the Kafka sink too:
+// the publish window and the event's shape.
+func sharedNATSKey(key string) bool {
+	for _, k := range []string{"nats.window", "nats.window_bytes", "nats.partition_buckets", "nats.envelope", "nats.cloudevents_source"} {
+		if key == k {
+			return true
+		}
+	}
+	return false
 }
 
 // validateRouting checks nats.routes, subject_template, partition_buckets,

@@ -25,6 +25,9 @@ type Load struct {
 	Txns int
 	// Rate limits each producer to this many transactions per second (0: no limit).
 	Rate float64
+	// Keys, when > 0, gives each row an aggregate_id of k0..k<Keys-1>: the
+	// partition key of Kafka records (per-key order).
+	Keys int
 }
 
 // Result is what the producers did.
@@ -116,8 +119,13 @@ func (l Load) txn(ctx context.Context, pool *pgxpool.Pool, rng *rand.Rand, produ
 		id, _ := uuid.NewV7()
 		ids[i] = id.String()
 		topic := l.Topics[rng.IntN(len(l.Topics))]
-		batch.Queue(fmt.Sprintf("INSERT INTO %s (id, topic, payload) VALUES ($1, $2, $3)", l.Table),
-			ids[i], topic, fmt.Sprintf(`{"producer":%d,"n":%d,"pad":"%s"}`, producer, i, "x"))
+		payload := fmt.Sprintf(`{"producer":%d,"n":%d,"pad":"%s"}`, producer, i, "x")
+		if l.Keys > 0 {
+			batch.Queue(fmt.Sprintf("INSERT INTO %s (id, topic, payload, aggregate_id) VALUES ($1, $2, $3, $4)", l.Table),
+				ids[i], topic, payload, fmt.Sprintf("k%d", rng.IntN(l.Keys)))
+			continue
+		}
+		batch.Queue(fmt.Sprintf("INSERT INTO %s (id, topic, payload) VALUES ($1, $2, $3)", l.Table), ids[i], topic, payload)
 	}
 	if err := tx.SendBatch(tctx, batch).Close(); err != nil {
 		return nil, err

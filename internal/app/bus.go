@@ -1,0 +1,141 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/rs/zerolog"
+	"github.com/twmb/franz-go/pkg/kerr"
+
+	"github.com/walbox/walbox/cdc"
+	"github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/relay"
+	"github.com/walbox/walbox/relay/jssink"
+	"github.com/walbox/walbox/relay/kafkasink"
+	"github.com/walbox/walbox/relay/sweep"
+)
+
+// bus is the sink Run publishes to, with what differs between JetStream
+// and Kafka: how its streams (topics) are made ready, where dead letters
+// go, and how readiness is judged.
+type bus struct {
+	name   string // for logs and /readyz
+	sink   relay.Sink
+	reader sweep.StreamReader
+	// ensure makes the streams (topics) ready and returns the routes;
+	// it retries while the bus is unreachable and returns nil routes when
+	// ctx ends first.
+	ensure     func(ctx context.Context) ([]relay.Route, error)
+	up         func() bool
+	dlqStream  string // the dead-letter stream or topic
+	dlqSubject string // Kafka: every dead letter goes to this topic
+	prefix     string // subject prefix
+	template   string // subject (topic) template
+	strict     bool
+	url        string // redacted, for the start line
+	close      func()
+}
+
+// openBus connects the configured sink. Kafka is contacted only by ensure.
+func openBus(ctx context.Context, cfg config.Config, log zerolog.Logger, metrics *relay.Metrics) (*bus, error) {
+	if cfg.Sink == config.SinkKafka {
+		return openKafka(ctx, cfg, log)
+	}
+	var natsErr atomic.Pointer[error] // the last failed connection attempt, for the logs
+	nc, err := connectNATS(ctx, cfg, log, metrics, &natsErr)
+	if err != nil {
+		return nil, err
+	}
+	sink, err := jssink.New(nc, cfg.NATS.AckTimeout, cfg.NATS.Window*2+64)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	return &bus{
+		name: "NATS", sink: sink, reader: sink,
+		ensure: func(ctx context.Context) ([]relay.Route, error) {
+			return ensureStreams(ctx, sink, cfg, log, &natsErr)
+		},
+		up:        nc.IsConnected,
+		dlqStream: cfg.NATS.DLQ.Stream, prefix: cfg.NATS.SubjectPrefix, template: cfg.NATS.SubjectTemplate,
+		strict: cfg.NATS.StrictOrder, url: RedactNATSURL(cfg.NATS.URL), close: nc.Close,
+	}, nil
+}
+
+func openKafka(ctx context.Context, cfg config.Config, log zerolog.Logger) (*bus, error) {
+	sc, err := cfg.KafkaSinkConfig(cfg.NATS.Window)
+	if err != nil {
+		return nil, &cdc.ConfigError{Key: "kafka", Msg: err.Error()}
+	}
+	sink, err := kafkasink.New(sc)
+	if err != nil {
+		return nil, &cdc.ConfigError{Key: "kafka.brokers", Msg: err.Error()}
+	}
+	var up atomic.Bool
+	b := &bus{
+		name: "Kafka", sink: sink, reader: sink,
+		up:        up.Load,
+		dlqStream: cfg.Kafka.DLQTopic, dlqSubject: cfg.Kafka.DLQTopic, template: cfg.Kafka.TopicTemplate,
+		// Kafka has no expected-last-sequence: the idempotent producer
+		// keeps each partition gapless instead.
+		strict: false, url: fmt.Sprint(cfg.Kafka.Brokers), close: sink.Close,
+	}
+	// Readiness: the brokers answered a metadata request in the last 10 s.
+	pingCtx, stopPing := context.WithCancel(ctx)
+	go func() {
+		t := time.NewTicker(5 * time.Second)
+		defer t.Stop()
+		for {
+			c, cancel := context.WithTimeout(pingCtx, 5*time.Second)
+			up.Store(sink.Client().Ping(c) == nil)
+			cancel()
+			select {
+			case <-pingCtx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	b.close = func() { stopPing(); sink.Close() }
+	b.ensure = func(ctx context.Context) ([]relay.Route, error) {
+		bo := newBackoff(cfg)
+		for {
+			cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+			routes, err := kafkasink.EnsureTopics(cctx, sink.Client(), cfg.TopicSpecs())
+			cancel()
+			if err == nil {
+				return routes, nil
+			}
+			if ctx.Err() != nil {
+				return nil, nil
+			}
+			var ke *kerr.Error
+			if errors.As(err, &ke) && !ke.Retriable && !errors.Is(err, kerr.UnknownTopicOrPartition) {
+				return nil, fmt.Errorf("%w (fix kafka.topics in the config, or the topic on the brokers)", err)
+			}
+			wait := bo.NextBackOff()
+			log.Warn().Err(err).Str("retry_in", wait.Round(time.Millisecond).String()).Strs("brokers", cfg.Kafka.Brokers).Msg("Kafka not ready; retrying")
+			select {
+			case <-ctx.Done():
+				return nil, nil
+			case <-time.After(wait):
+			}
+		}
+	}
+	return b, nil
+}
+
+// newBackoff is the retry back-off of the config: retry.initial doubling
+// to retry.max, forever.
+func newBackoff(cfg config.Config) *backoff.ExponentialBackOff {
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval = cfg.Retry.Initial
+	bo.MaxInterval = cfg.Retry.Max
+	bo.MaxElapsedTime = 0
+	bo.Reset()
+	return bo
+}

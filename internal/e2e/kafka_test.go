@@ -1,0 +1,350 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/internal/outboxtest"
+)
+
+// The Kafka sink's end-to-end tests run against kfake, franz-go's
+// in-process implementation of the Kafka protocol (no broker can be
+// installed here), and judge what walbox wrote with kcat (librdkafka), a
+// client that shares no code with the one that wrote it.
+
+var kafkaTopics = []string{"orders.created", "orders.paid", "payments.settled"}
+
+// kafkaEnv is an env whose relay publishes to a kfake cluster.
+type kafkaEnv struct {
+	*env
+	kafka *kfake.Cluster
+	adm   *kadm.Client
+}
+
+func newKafkaEnv(t *testing.T, mutate ...func(*config.Config)) *kafkaEnv {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	e := newEnv(t, append([]func(*config.Config){func(cfg *config.Config) {
+		cfg.Sink = config.SinkKafka
+		cfg.Kafka.Brokers = c.ListenAddrs()
+		cfg.Kafka.AckTimeout = 10 * time.Second
+		cfg.Kafka.Topics = nil
+		for _, name := range kafkaTopics {
+			cfg.Kafka.Topics = append(cfg.Kafka.Topics, config.KafkaTopic{Name: name, Partitions: 4, ReplicationFactor: 3})
+		}
+	}}, mutate...)...)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return &kafkaEnv{env: e, kafka: c, adm: kadm.NewClient(cl)}
+}
+
+// stored is how many records the topics (and the dead-letter topic) hold.
+func (e *kafkaEnv) stored() int64 {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ends, err := e.adm.ListEndOffsets(ctx, append(kafkaTopics, e.cfg.Kafka.DLQTopic)...)
+	if err != nil {
+		return 0
+	}
+	var n int64
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Err == nil {
+			n += o.Offset
+		}
+	})
+	return n
+}
+
+// waitStored waits until the topics hold at least n records.
+func (e *kafkaEnv) waitStored(n int64, timeout time.Duration) {
+	e.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for e.stored() < n {
+		if time.Now().After(deadline) {
+			e.t.Fatalf("only %d of %d records reached Kafka within %v", e.stored(), n, timeout)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// checkKafka reads the topics back with kcat and fails the test on any
+// lost, duplicated, rolled-back or out-of-order event: order is judged per
+// partition, the order Kafka keeps (per key; keyless events all go to
+// partition 0 and keep commit order).
+func (e *kafkaEnv) checkKafka(w *outboxtest.Witness, res *outboxtest.Result) (outboxtest.Report, []outboxtest.KafkaRecord) {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	conn := e.conn()
+	committed, err := w.Committed(ctx, conn)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.waitStored(int64(len(committed)), 60*time.Second)
+	recs, err := outboxtest.ReadKafkaWithKcat(ctx, strings.Join(e.cfg.Kafka.Brokers, ","), kafkaTopics...)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var rolledBack []string
+	if res != nil {
+		rolledBack = res.RolledBack
+	}
+	rep := outboxtest.Check(committed, rolledBack, outboxtest.KafkaStreams(recs))
+	e.t.Logf("checker (kcat): %s", rep.String())
+	if !rep.OK() {
+		e.t.Fatalf("guarantees broken: %s", rep)
+	}
+	if rep.Checked == 0 {
+		e.t.Fatal("checker saw no committed events: the test produced nothing")
+	}
+	// One key, one partition; every record says where it came from.
+	partOf := map[string]string{}
+	for _, r := range recs {
+		if r.Header("Walbox-Source") == "" || r.Header("Walbox-Commit-Lsn") == "" {
+			e.t.Fatalf("record %s/%d@%d lacks the position headers: %v", r.Topic, r.Partition, r.Offset, r.Headers)
+		}
+		if r.Key == nil {
+			continue
+		}
+		where := fmt.Sprintf("%s/%d", r.Topic, r.Partition)
+		k := r.Topic + "\x00" + *r.Key
+		if p, ok := partOf[k]; ok && p != where {
+			e.t.Fatalf("key %s of %s is in %s and %s", *r.Key, r.Topic, p, where)
+		}
+		partOf[k] = where
+	}
+	return rep, recs
+}
+
+func TestKafkaEventsArriveExactlyOnceInKeyOrder(t *testing.T) {
+	e := newKafkaEnv(t)
+	e.migrate()
+	w := e.witness("outbox_events")
+	e.startRelay()
+	res := outboxtest.Load{Producers: 8, MaxRows: 20, Txns: 25, Keys: 16}.Run(context.Background(), e.pool)
+	_, recs := e.checkKafka(w, res)
+	keyed := 0
+	for _, r := range recs {
+		if r.Key != nil && strings.HasPrefix(*r.Key, "k") {
+			keyed++
+		}
+	}
+	if keyed != len(recs) {
+		t.Fatalf("%d of %d records carry the aggregate id as key", keyed, len(recs))
+	}
+}
+
+func TestKafkaKeylessEventsKeepCommitOrder(t *testing.T) {
+	e := newKafkaEnv(t)
+	e.migrate()
+	w := e.witness("outbox_events")
+	e.startRelay()
+	res := outboxtest.Load{Producers: 4, MaxRows: 10, Txns: 20}.Run(context.Background(), e.pool)
+	_, recs := e.checkKafka(w, res)
+	for _, r := range recs {
+		if r.Partition != 0 {
+			t.Fatalf("keyless record in %s/%d: keyless events go to partition 0", r.Topic, r.Partition)
+		}
+	}
+}
+
+// TestKafkaRelayKilledMidStreamLosesNothing kills the relay process twice
+// with SIGKILL and once with SIGTERM while producers write: the broker
+// keeps what was acked before the kill, the slot was confirmed only up to
+// acked events, and the restarted relay's resume check skips what the
+// partitions already hold, so nothing is stored twice without Nats-Msg-Id.
+func TestKafkaRelayKilledMidStreamLosesNothing(t *testing.T) {
+	e := newKafkaEnv(t)
+	e.migrate()
+	w := e.witness("outbox_events")
+	var stop func() *outboxtest.Result
+	for round, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGTERM, syscall.SIGKILL} {
+		p := e.spawnRelay()
+		before := e.stored()
+		if stop == nil {
+			stop = e.loadInBackground(outboxtest.Load{Producers: 4, MaxRows: 20, Rollback: 0.1, Rate: 40, Keys: 8})
+		}
+		// Kill mid-stream: once this relay has stored a few hundred records.
+		e.waitStored(before+300, 60*time.Second)
+		code := p.signal(t, sig)
+		if sig == syscall.SIGTERM && code != 0 {
+			t.Fatalf("round %d: SIGTERM exit code %d, want 0 (clean drain)\n%s", round, code, p.output())
+		}
+	}
+	res := stop()
+	e.spawnRelay()
+	rep, _ := e.checkKafka(w, res)
+	t.Logf("events checked after 2x kill -9 and 1x SIGTERM: %d", rep.Checked)
+}
+
+// TestKafkaBrokerConnectionLossAndRefusedProducesLoseNothing cuts every
+// produce connection (kfake closes it on the request) and then refuses
+// produces with NOT_ENOUGH_REPLICAS, each for a stretch of produce
+// requests, while producers write.
+func TestKafkaBrokerConnectionLossAndRefusedProducesLoseNothing(t *testing.T) {
+	e := newKafkaEnv(t)
+	e.migrate()
+	w := e.witness("outbox_events")
+	e.startRelay()
+	stop := e.loadInBackground(outboxtest.Load{Producers: 4, MaxRows: 20, Rollback: 0.1, Rate: 40, Keys: 8})
+	for _, fault := range []string{"connection", "refuse", "connection"} {
+		e.waitStored(e.stored()+200, 60*time.Second)
+		var hits atomic.Int64
+		e.kafka.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+			if hits.Add(1) > 5 {
+				e.kafka.DropControl()
+				return nil, nil, false
+			}
+			e.kafka.KeepControl()
+			if fault == "connection" {
+				return nil, errors.New("connection cut by the test"), true
+			}
+			pr := req.(*kmsg.ProduceRequest)
+			resp := pr.ResponseKind().(*kmsg.ProduceResponse)
+			for _, tp := range pr.Topics {
+				rt := kmsg.NewProduceResponseTopic()
+				rt.Topic = tp.Topic
+				for _, p := range tp.Partitions {
+					rp := kmsg.NewProduceResponseTopicPartition()
+					rp.Partition = p.Partition
+					rp.ErrorCode = 19 // NOT_ENOUGH_REPLICAS
+					rt.Partitions = append(rt.Partitions, rp)
+				}
+				resp.Topics = append(resp.Topics, rt)
+			}
+			return resp, nil, true
+		})
+		deadline := time.Now().Add(60 * time.Second)
+		for hits.Load() <= 5 {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s fault: only %d produce requests reached the broker", fault, hits.Load())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	e.waitStored(e.stored()+200, 60*time.Second) // publishing resumed
+	res := stop()
+	e.checkKafka(w, res)
+}
+
+// TestKafkaPoisonRowsGoToTheDeadLetterTopic: a row whose topic is not a
+// declared topic goes to the dead-letter topic with the reason, and is
+// marked processed once stored there, as does a row larger than
+// kafka.max_message_bytes (without its payload); the rows around them are
+// published in order.
+func TestKafkaPoisonRowsGoToTheDeadLetterTopic(t *testing.T) {
+	e := newKafkaEnv(t, func(cfg *config.Config) { cfg.Kafka.MaxMessageBytes = 4096 })
+	e.migrate()
+	e.startRelay()
+	ctx := context.Background()
+	conn := e.conn()
+	_, err := conn.Exec(ctx, `INSERT INTO outbox_events (id, topic, payload) VALUES
+		('00000000-0000-7000-8000-000000000001', 'orders.created', '{}'),
+		('00000000-0000-7000-8000-000000000002', 'nowhere.created', '{}'),
+		('00000000-0000-7000-8000-000000000003', 'orders.created', '{}')`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `INSERT INTO outbox_events (id, topic, payload) VALUES ('00000000-0000-7000-8000-000000000004', 'orders.created', to_jsonb('not json'::text))`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `INSERT INTO outbox_events (id, topic, payload) VALUES ('00000000-0000-7000-8000-000000000005', 'orders.created', jsonb_build_object('pad', repeat('x', 10000)))`); err != nil {
+		t.Fatal(err)
+	}
+	e.waitStored(5, 60*time.Second)
+	recs, err := outboxtest.ReadKafkaWithKcat(ctx, strings.Join(e.cfg.Kafka.Brokers, ","), e.cfg.Kafka.DLQTopic, "orders.created")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]outboxtest.KafkaRecord{}
+	for _, r := range recs {
+		got[r.Header("Walbox-Event-Id")] = r
+	}
+	if r := got["00000000-0000-7000-8000-000000000002"]; r.Topic != e.cfg.Kafka.DLQTopic || !strings.Contains(r.Header("Walbox-Dlq-Reason"), "nowhere.created") {
+		t.Fatalf("the row with an undeclared topic: %+v", r)
+	}
+	if got["00000000-0000-7000-8000-000000000001"].Topic != "orders.created" || got["00000000-0000-7000-8000-000000000003"].Topic != "orders.created" {
+		t.Fatalf("good rows: %+v %+v", got["00000000-0000-7000-8000-000000000001"], got["00000000-0000-7000-8000-000000000003"])
+	}
+	if got["00000000-0000-7000-8000-000000000003"].Offset <= got["00000000-0000-7000-8000-000000000001"].Offset {
+		t.Fatal("good-2 stored before good-1")
+	}
+	if r := got["00000000-0000-7000-8000-000000000004"]; r.Topic != "orders.created" {
+		// jsonb holds a JSON string: valid JSON, published as is.
+		t.Fatalf("a JSON string payload: %+v", r)
+	}
+	if r := got["00000000-0000-7000-8000-000000000005"]; r.Topic != e.cfg.Kafka.DLQTopic || !strings.Contains(r.Header("Walbox-Dlq-Reason"), "exceeds") ||
+		r.Header("Walbox-Dlq-Payload-Dropped") == "" {
+		t.Fatalf("the row larger than kafka.max_message_bytes: %+v", r)
+	}
+	e.waitProcessed(t, "00000000-0000-7000-8000-000000000002")
+	e.waitProcessed(t, "00000000-0000-7000-8000-000000000005")
+}
+
+// waitProcessed waits until the sweeper marked the row (a dead letter is
+// marked with its error once the dead-letter topic stored it).
+func (e *kafkaEnv) waitProcessed(t *testing.T, id string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var processed bool
+		err := e.pool.QueryRow(context.Background(), "SELECT processed FROM outbox_events WHERE id = $1", id).Scan(&processed)
+		if err == nil && processed {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("row %s not marked processed within 30s (err %v)", id, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func TestKafkaStandbyTakesOverWhenLeaderIsKilled(t *testing.T) {
+	e := newKafkaEnv(t)
+	e.migrate()
+	w := e.witness("outbox_events")
+	addrA, addrB := freeAddr(t), freeAddr(t)
+	a := e.startProc("WALBOX_METRICS_LISTEN=" + addrA)
+	e.waitSlotActive(a)
+	b := e.startProc("WALBOX_METRICS_LISTEN=" + addrB)
+	deadline := time.Now().Add(30 * time.Second)
+	for !(ready(addrA) && !ready(addrB)) {
+		if time.Now().After(deadline) {
+			t.Fatalf("want A ready (leader) and B not (standby): A=%v B=%v\n%s", ready(addrA), ready(addrB), a.output())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	stop := e.loadInBackground(outboxtest.Load{Producers: 3, MaxRows: 10, Rollback: 0.1, Rate: 30, Keys: 8})
+	e.waitStored(200, 60*time.Second)
+	a.signal(t, syscall.SIGKILL)
+	killed := time.Now()
+	for !ready(addrB) {
+		if time.Since(killed) > 30*time.Second {
+			t.Fatalf("standby did not take over within 30s\n%s", b.output())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("standby took over %v after the leader was killed", time.Since(killed).Round(10*time.Millisecond))
+	e.waitStored(e.stored()+100, 60*time.Second) // the standby publishes
+	res := stop()
+	e.checkKafka(w, res)
+}
