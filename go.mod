@@ -24,6 +24,7 @@ require (
 	github.com/walbox/walbox/consumer v0.0.0-00010101000000-000000000000
 	github.com/walbox/walbox/outbox v0.0.0-00010101000000-000000000000
 	go.opentelemetry.io/otel/trace v1.47.0
+	golang.org/x/sys v0.50.0
 	gopkg.in/yaml.v3 v3.0.1
 )
 
@@ -73,7 +74,6 @@ require (
 	golang.org/x/crypto v0.58.0 // indirect
 	golang.org/x/net v0.60.0 // indirect
 	golang.org/x/sync v0.24.0 // indirect
-	golang.org/x/sys v0.50.0 // indirect
 	golang.org/x/term v0.47.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
 	golang.org/x/time v0.16.0 // indirect

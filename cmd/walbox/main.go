@@ -8,18 +8,16 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/signal"
 	"runtime/debug"
-	"syscall"
 
 	"github.com/spf13/cobra"
 )
 
 func main() {
-	// SIGHUP (the terminal closed) and SIGPIPE (`walbox dev | head` ended)
-	// stop walbox like SIGTERM, so what it started is cleaned up; by
-	// default Go would just exit on them.
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGPIPE)
+	// SIGHUP (the terminal closed) and SIGPIPE on standard output
+	// (`walbox dev | head` ended) stop walbox like SIGTERM, so what it
+	// started is cleaned up; by default Go would just exit on them.
+	ctx, stop := signalContext(context.Background())
 	err := newRootCmd().ExecuteContext(ctx)
 	stop()
 	if err != nil {

@@ -79,3 +79,69 @@ func TestChaos(t *testing.T) {
 	t.Logf("chaos: %v, events checked %d, rolled-back inserts %d, faults %v; lost=%d duplicated=%d out_of_order=%d from_rolled_back=%d; republished from snapshots %d (%d of them out of commit order)",
 		duration, rep.Checked, len(res.RolledBack), faults, rep.Lost, rep.Duplicated, rep.OutOfOrder, rep.FromRolledBack, rep.Snapshot, rep.SnapshotOutOfOrder)
 }
+
+// TestChaosKafka is TestChaos against the Kafka sink (kfake): kill -9 and
+// restart of the relay, produce connections cut, produces refused
+// (NOT_ENOUGH_REPLICAS), partition leaders moved to other brokers,
+// PostgreSQL fast restart, and the slot dropped under the relay. kcat reads
+// the topics back; zero lost, duplicated (Kafka has no Nats-Msg-Id: the
+// resume check alone keeps them out), out of order per partition.
+func TestChaosKafka(t *testing.T) {
+	duration := 30 * time.Second
+	if v := os.Getenv("WALBOX_CHAOS_DURATION"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			t.Fatalf("WALBOX_CHAOS_DURATION: %v", err)
+		}
+		duration = d
+	}
+	e := newKafkaEnv(t)
+	e.migrate()
+	w := e.witness("outbox_events")
+	relay := e.spawnRelay()
+	stop := e.loadInBackground(outboxtest.Load{Producers: 4, MaxRows: 20, Rollback: 0.1, Rate: 25, Keys: 16})
+
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
+	faults := map[string]int{}
+	ctx := context.Background()
+	start := time.Now()
+	for time.Since(start) < duration {
+		// Faults are paced, not waited for: the pause between them is the
+		// chaos's own randomness.
+		time.Sleep(time.Duration(1500+rng.IntN(2500)) * time.Millisecond)
+		kind := []string{"relay_kill9", "produce_cut", "produce_refused", "leader_move", "postgres_restart", "slot_drop"}[rng.IntN(6)]
+		t.Logf("%s fault: %s", time.Now().UTC().Format("15:04:05.000"), kind)
+		switch kind {
+		case "relay_kill9":
+			relay.signal(t, syscall.SIGKILL)
+			relay = e.spawnRelay()
+		case "produce_cut", "produce_refused":
+			e.faultProduces(t, kind == "produce_cut", int64(1+rng.IntN(8)))
+		case "leader_move":
+			e.kafka.ShufflePartitionLeaders()
+		case "postgres_restart":
+			if err := s.pg.Restart(ctx); err != nil {
+				t.Fatal(err)
+			}
+		case "slot_drop":
+			for i := 0; i < 50; i++ {
+				_, _ = e.pool.Exec(ctx, "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 'walbox' AND active")
+				if _, err := e.pool.Exec(ctx, "SELECT pg_drop_replication_slot('walbox')"); err == nil {
+					break
+				} else if !strings.Contains(err.Error(), "active") && !strings.Contains(err.Error(), "does not exist") {
+					t.Fatal(err)
+				}
+			}
+		}
+		faults[kind]++
+	}
+	res := stop()
+	select {
+	case <-relay.done:
+		relay = e.spawnRelay()
+	default:
+	}
+	rep, _ := e.checkKafka(w, res)
+	t.Logf("kafka chaos: %v, events checked %d, rolled-back inserts %d, faults %v; lost=%d duplicated=%d out_of_order=%d from_rolled_back=%d; republished from snapshots %d (%d of them out of commit order)",
+		duration, rep.Checked, len(res.RolledBack), faults, rep.Lost, rep.Duplicated, rep.OutOfOrder, rep.FromRolledBack, rep.Snapshot, rep.SnapshotOutOfOrder)
+}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -108,7 +109,7 @@ func (e *kafkaEnv) checkKafka(w *outboxtest.Witness, res *outboxtest.Result) (ou
 	if res != nil {
 		rolledBack = res.RolledBack
 	}
-	rep := outboxtest.Check(committed, rolledBack, outboxtest.KafkaStreams(recs))
+	rep := outboxtest.CheckStreamed(committed, rolledBack, outboxtest.KafkaStreams(recs), outboxtest.KafkaSnapshot(recs))
 	e.t.Logf("checker (kcat): %s", rep.String())
 	if !rep.OK() {
 		e.t.Fatalf("guarantees broken: %s", rep)
@@ -208,38 +209,7 @@ func TestKafkaBrokerConnectionLossAndRefusedProducesLoseNothing(t *testing.T) {
 	stop := e.loadInBackground(outboxtest.Load{Producers: 4, MaxRows: 20, Rollback: 0.1, Rate: 40, Keys: 8})
 	for _, fault := range []string{"connection", "refuse", "connection"} {
 		e.waitStored(e.stored()+200, 60*time.Second)
-		var hits atomic.Int64
-		e.kafka.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
-			if hits.Add(1) > 5 {
-				e.kafka.DropControl()
-				return nil, nil, false
-			}
-			e.kafka.KeepControl()
-			if fault == "connection" {
-				return nil, errors.New("connection cut by the test"), true
-			}
-			pr := req.(*kmsg.ProduceRequest)
-			resp := pr.ResponseKind().(*kmsg.ProduceResponse)
-			for _, tp := range pr.Topics {
-				rt := kmsg.NewProduceResponseTopic()
-				rt.Topic = tp.Topic
-				for _, p := range tp.Partitions {
-					rp := kmsg.NewProduceResponseTopicPartition()
-					rp.Partition = p.Partition
-					rp.ErrorCode = 19 // NOT_ENOUGH_REPLICAS
-					rt.Partitions = append(rt.Partitions, rp)
-				}
-				resp.Topics = append(resp.Topics, rt)
-			}
-			return resp, nil, true
-		})
-		deadline := time.Now().Add(60 * time.Second)
-		for hits.Load() <= 5 {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s fault: only %d produce requests reached the broker", fault, hits.Load())
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		e.faultProduces(t, fault == "connection", 5)
 	}
 	e.waitStored(e.stored()+200, 60*time.Second) // publishing resumed
 	res := stop()
@@ -347,4 +317,76 @@ func TestKafkaStandbyTakesOverWhenLeaderIsKilled(t *testing.T) {
 	e.waitStored(e.stored()+100, 60*time.Second) // the standby publishes
 	res := stop()
 	e.checkKafka(w, res)
+}
+
+// faultProduces makes the brokers fail the next n produce requests: cut
+// the connection (cut) or answer NOT_ENOUGH_REPLICAS, as a partition with
+// too few in-sync replicas does. It returns once n requests were failed.
+func (e *kafkaEnv) faultProduces(t *testing.T, cut bool, n int64) {
+	t.Helper()
+	var hits atomic.Int64
+	e.kafka.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		if hits.Add(1) > n {
+			e.kafka.DropControl()
+			return nil, nil, false
+		}
+		e.kafka.KeepControl()
+		if cut {
+			return nil, errors.New("connection cut by the test"), true
+		}
+		pr := req.(*kmsg.ProduceRequest)
+		resp := pr.ResponseKind().(*kmsg.ProduceResponse)
+		for _, tp := range pr.Topics {
+			rt := kmsg.NewProduceResponseTopic()
+			rt.Topic = tp.Topic
+			for _, p := range tp.Partitions {
+				rp := kmsg.NewProduceResponseTopicPartition()
+				rp.Partition = p.Partition
+				rp.ErrorCode = kerr.NotEnoughReplicas.Code
+				rt.Partitions = append(rt.Partitions, rp)
+			}
+			resp.Topics = append(resp.Topics, rt)
+		}
+		return resp, nil, true
+	})
+	deadline := time.Now().Add(60 * time.Second)
+	for hits.Load() <= n {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d produce requests reached the brokers in 60s", hits.Load())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestRelayProcessRidesOutBrokenBrokerConnections: a broker closing the
+// produce connection under walbox makes its next write fail with EPIPE,
+// and the kernel raises SIGPIPE. walbox asks for SIGPIPE (to clean up when
+// `walbox dev | head` ends), so it gets those too; it must not take them
+// for its own output closing and stop. Fifteen cuts of the produce
+// connection (and leader moves) later, the same relay process still
+// streams.
+func TestRelayProcessRidesOutBrokenBrokerConnections(t *testing.T) {
+	e := newKafkaEnv(t)
+	e.migrate()
+	p := e.spawnRelay()
+	stop := e.loadInBackground(outboxtest.Load{Producers: 4, MaxRows: 20, Rollback: 0.1, Rate: 25, Keys: 16})
+	defer stop()
+	for i := range 15 {
+		e.waitStored(e.stored()+50, 60*time.Second)
+		if i%3 == 0 {
+			e.kafka.ShufflePartitionLeaders()
+		}
+		e.faultProduces(t, true, int64(1+i%8))
+		select {
+		case <-p.done:
+			t.Fatalf("the relay process exited after %d connection cuts:\n%s", i+1, p.output())
+		default:
+		}
+	}
+	e.waitStored(e.stored()+200, 60*time.Second)
+	select {
+	case <-p.done:
+		t.Fatalf("the relay process exited:\n%s", p.output())
+	default:
+	}
 }

@@ -76,3 +76,15 @@ func KafkaStreams(recs []KafkaRecord) map[string][]string {
 	}
 	return out
 }
+
+// KafkaSnapshot is the set of ids published from a snapshot (backfill after
+// a slot was created): their commit LSN header is 0/0 (see CheckStreamed).
+func KafkaSnapshot(recs []KafkaRecord) map[string]bool {
+	out := map[string]bool{}
+	for _, r := range recs {
+		if r.Header("Walbox-Commit-Lsn") == "0/0" {
+			out[r.Header("Walbox-Event-Id")] = true
+		}
+	}
+	return out
+}
