@@ -77,6 +77,19 @@ type loopSource struct {
 	conf   cdc.LSN
 	waitAt cdc.LSN
 	reach  chan struct{}
+	resets int // ResetTaken calls
+}
+
+func (s *loopSource) ResetTaken() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.resets++
+}
+
+func (s *loopSource) resetsTaken() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.resets
 }
 
 func (s *loopSource) Run(ctx context.Context, out chan<- []cdc.Change) error {
@@ -644,5 +657,175 @@ func TestLoopOutOfOrderAcks(t *testing.T) {
 			rig.checkStored(rig.st, ids)
 			rig.wantDelivered(ids, "end")
 		})
+	})
+}
+
+// Shutdown stops reading and publishing, waits for the in-flight acks,
+// confirms what they finish (and the bookkeeping already handed over that
+// follows them), and confirms nothing past the first publish that failed or
+// never resolved.
+func TestLoopDrainOnShutdown(t *testing.T) {
+	t.Run("acks during the drain are confirmed", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			// e00 e01 | e02 e03 | e04 e05 | e06 e07, the window holds four
+			sc := buildScript(2, 2, 2, 2)
+			ids := sc.ids
+			rig := startLoop(t, sc, Config{Window: 4}, func(st, _ *fakeStream) { st.hold = true })
+			rig.feed(0, 4)
+			synctest.Wait()
+			rig.wantPublished(rig.st, ids[:4], "window full")
+			rig.wantConfirmed(0, "window full")
+
+			rig.cancel()
+			synctest.Wait()
+			select {
+			case err := <-rig.done:
+				rig.stopped = true
+				t.Fatalf("relay returned (%v) with four acks outstanding", err)
+			default:
+			}
+			for _, n := range []int{4, 2, 3, 1} {
+				rig.resolve(rig.st, n, nil)
+			}
+			rig.returned()
+			// The commit of e02 e03 was still in the batch behind the full
+			// window: the drain takes it once its events are acked.
+			rig.wantConfirmed(sc.ends[1], "drained")
+			rig.wantPublished(rig.st, ids[:4], "drained: nothing new is published")
+			rig.wantDelivered(ids[:4], "drained")
+			rig.wantInFlight(0, "drained")
+			rig.checkStored(rig.st, ids[:4])
+		})
+	})
+	t.Run("bookkeeping handed over is confirmed, events are not", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			// e00 e01 | e02 e03 | (empty) | e04
+			sc := buildScript(2, 2, 0, 1)
+			ids := sc.ids
+			rig := startLoop(t, sc, Config{Window: 4}, func(st, _ *fakeStream) { st.hold = true })
+			rig.feed(0, 2)
+			keepalive := sc.ends[2] + 0x8 // WAL end past the empty transaction
+			rig.src.feed <- append(sc.batch(2, 3), cdc.Change{Kind: cdc.KindWALEnd, LSN: keepalive})
+			rig.feed(3, 4)
+			synctest.Wait()
+			rig.wantPublished(rig.st, ids[:4], "window full")
+
+			rig.cancel()
+			synctest.Wait()
+			rig.resolve(rig.st, 1, nil)
+			rig.resolve(rig.st, 2, nil)
+			rig.resolve(rig.st, 3, nil)
+			synctest.Wait()
+			rig.wantConfirmed(sc.ends[0], "e00 e01 acked in the drain")
+			rig.resolve(rig.st, 4, nil)
+			rig.returned()
+			// The empty transaction was read in the drain and is confirmed
+			// with the acks; the keepalive came while events were in flight,
+			// and e04 was never published.
+			rig.wantConfirmed(sc.ends[2], "drained")
+			rig.wantPublished(rig.st, ids[:4], "drained")
+			rig.wantDelivered(ids[:4], "drained")
+		})
+	})
+	t.Run("a failed ack stops the confirmation", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			// e00 | e01 e02 | e03
+			sc := buildScript(1, 2, 1)
+			ids := sc.ids
+			rig := startLoop(t, sc, Config{Window: 4}, func(st, _ *fakeStream) { st.hold = true })
+			rig.feed(0, 3)
+			synctest.Wait()
+			rig.cancel()
+			synctest.Wait()
+			rig.resolve(rig.st, 4, nil)
+			rig.resolve(rig.st, 3, errAckTimeout)
+			rig.resolve(rig.st, 2, nil)
+			rig.resolve(rig.st, 1, nil)
+			rig.returned()
+			// e01 is acked but its transaction is not (e02 failed); e03 is
+			// stored and acked behind the failure: it is left to the next
+			// start, whose resume check skips it.
+			rig.wantConfirmed(sc.ends[0], "drained")
+			rig.wantDelivered(ids[:2], "drained")
+			rig.wantPublished(rig.st, ids, "drained: nothing is resent")
+			if got := testutil.ToFloat64(rig.m.Published.WithLabelValues("ORDERS")); got != 2 {
+				t.Fatalf("walbox_published_total{ORDERS} = %v, want 2", got)
+			}
+		})
+	})
+	t.Run("acks that never come are given up after the drain timeout", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			// e00 | e01 e02 | e03
+			sc := buildScript(1, 2, 1)
+			ids := sc.ids
+			rig := startLoop(t, sc, Config{Window: 4, DrainTimeout: 3 * time.Second}, func(st, _ *fakeStream) { st.hold = true })
+			rig.feed(0, 3)
+			synctest.Wait()
+			rig.resolve(rig.st, 1, nil)
+			rig.resolve(rig.st, 3, nil)
+			synctest.Wait()
+			start := time.Now()
+			rig.cancel()
+			rig.returned()
+			if d := time.Since(start); d != 3*time.Second {
+				t.Fatalf("the drain gave up after %v, want the drain timeout, 3s", d)
+			}
+			rig.wantConfirmed(sc.ends[0], "gave up")
+			rig.wantDelivered(ids[:1], "gave up")
+		})
+	})
+}
+
+// A replication reset (the source reconnected and replays from the slot's
+// confirmed position) waits for the window to settle, and with strict order
+// nothing of the replay is published until the stream's state has been read
+// back: a failed read backs off instead of publishing unguarded.
+func TestLoopResetWaitsForTheWindowAndTheStreamState(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		// e00 e01 | e02 | e03; the session breaks inside the second
+		// transaction, which the new session sends again.
+		sc := buildScript(2, 1, 1)
+		ids := sc.ids
+		rig := startLoop(t, sc, Config{Window: 8, StrictOrder: true}, func(st, _ *fakeStream) { st.hold = true })
+		t1 := sc.txns[1]
+		b := append(sc.batch(0, 1), t1[:len(t1)-1]...)
+		b = append(b, cdc.Change{Kind: cdc.KindReset})
+		rig.src.feed <- append(b, sc.batch(1, 3)...)
+		synctest.Wait()
+		rig.wantPublished(rig.st, ids[:3], "before the reset")
+		if n := rig.src.resetsTaken(); n != 0 {
+			t.Fatalf("reset taken %d times with e00 to e02 in flight", n)
+		}
+
+		rig.st.mu.Lock()
+		rig.sink.tailFails = rig.sink.tailReads + 1 // the read-back after the reset fails
+		rig.st.mu.Unlock()
+		for n := 1; n <= 3; n++ {
+			rig.resolve(rig.st, n, nil)
+		}
+		synctest.Wait()
+		if n := rig.src.resetsTaken(); n != 1 {
+			t.Fatalf("resets taken: %d, want 1", n)
+		}
+		rig.wantConfirmed(sc.ends[0], "reset taken") // e02's first transaction never committed
+		rig.wantPublished(rig.st, ids[:3], "stream state unread")
+
+		rig.st.release()
+		rig.waitConfirmed(sc.last())
+		rig.stop()
+		// The replayed e02 is found in the stream and skipped; e03 goes out
+		// expecting the stream's real last sequence.
+		rig.wantPublished(rig.st, ids, "end")
+		rig.checkStored(rig.st, ids)
+		rig.st.mu.Lock()
+		for i, h := range rig.st.hdrs {
+			if got, want := h.Get(HeaderExpectedLastSeq), fmt.Sprint(i); got != want {
+				t.Errorf("%s stored expecting last sequence %q, want %q", rig.st.ids[i], got, want)
+			}
+		}
+		rig.st.mu.Unlock()
+		if got := testutil.ToFloat64(rig.m.Skipped); got != 1 {
+			t.Fatalf("walbox_resume_skipped_total = %v, want 1", got)
+		}
 	})
 }
