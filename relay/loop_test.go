@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -73,6 +74,7 @@ type loopSource struct {
 	st     *fakeStream
 	dlq    *fakeStream
 	feed   chan []cdc.Change
+	fail   chan error // Run returns what it receives here
 	mu     sync.Mutex
 	conf   cdc.LSN
 	waitAt cdc.LSN
@@ -101,6 +103,8 @@ func (s *loopSource) Run(ctx context.Context, out chan<- []cdc.Change) error {
 			case <-ctx.Done():
 				return nil
 			}
+		case err := <-s.fail:
+			return err
 		case <-ctx.Done():
 			return nil
 		}
@@ -188,7 +192,7 @@ func startLoop(t *testing.T, sc *loopScript, cfg Config, setup func(st, dlq *fak
 	rig := &loopRig{t: t, sc: sc, st: st, dlq: dlq, m: NewMetrics(nil), done: make(chan error, 1)}
 	rig.sink = &fakeSink{st: st, dlq: dlq, ackTimeout: 5 * time.Second}
 	rig.sink.epoch.Store(1)
-	rig.src = &loopSource{t: t, sc: sc, st: st, dlq: dlq, feed: make(chan []cdc.Change, 16)}
+	rig.src = &loopSource{t: t, sc: sc, st: st, dlq: dlq, feed: make(chan []cdc.Change, 16), fail: make(chan error, 1)}
 	cfg.Metrics = rig.m
 	cfg.OnDelivered = func(d Delivered) {
 		rig.mu.Lock()
@@ -238,6 +242,22 @@ func (rig *loopRig) waitConfirmed(lsn cdc.LSN) {
 	case <-rig.src.reached(lsn):
 	case <-time.After(10 * time.Minute): // fake time: only a publisher stuck for good gets here
 		rig.t.Fatalf("%s never confirmed; confirmed %s, published %v", lsn, rig.src.confirmed(), rig.st.published())
+	}
+}
+
+// waitPublish blocks until st sees publish n: synctest's clock runs on
+// meanwhile. st.notify must be set.
+func (rig *loopRig) waitPublish(st *fakeStream, n int) {
+	rig.t.Helper()
+	for {
+		select {
+		case got := <-st.notify:
+			if got >= n {
+				return
+			}
+		case <-time.After(10 * time.Minute): // fake time
+			rig.t.Fatalf("publish %d never came; published %v", n, st.published())
+		}
 	}
 }
 
@@ -508,9 +528,11 @@ func TestLoopLateAckAfterADeadLetter(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		shutdown bool // the dead letter's ack arrives during the shutdown drain
+		refused  bool // the dead-letter stream refuses it once first
 	}{
 		{name: "running"},
 		{name: "during shutdown", shutdown: true},
+		{name: "refused by the dead-letter stream first", refused: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -520,6 +542,10 @@ func TestLoopLateAckAfterADeadLetter(t *testing.T) {
 				rig := startLoop(t, sc, Config{Window: 8}, func(st, dlq *fakeStream) {
 					st.hold, dlq.hold = true, true
 					st.reject[ids[2]] = 10054 // too large for the stream, say
+					if tc.refused {
+						dlq.lose[1] = true // refused: not stored
+						dlq.notify = make(chan int, 4)
+					}
 				})
 				rig.feed(0, 3)
 				synctest.Wait()
@@ -555,7 +581,21 @@ func TestLoopLateAckAfterADeadLetter(t *testing.T) {
 					default:
 					}
 				}
-				rig.resolve(rig.dlq, 1, nil)
+				dlqAcked := 1
+				if tc.refused {
+					// A dead letter is the event's only record: a refusal of it
+					// is waited out and resent, never confirmed.
+					rig.resolve(rig.dlq, 1, &refusedError{code: 10077})
+					synctest.Wait()
+					rig.wantConfirmed(sc.ends[0], "the dead letter refused")
+					dlqAcked = 2
+					rig.wantPublished(rig.dlq, ids[2:3], "the dead letter refused, backing off")
+					rig.waitPublish(rig.dlq, 2)
+					synctest.Wait()
+					rig.wantPublished(rig.dlq, []string{ids[2], ids[2]}, "the dead letter resent")
+					rig.wantConfirmed(sc.ends[0], "the dead letter resent")
+				}
+				rig.resolve(rig.dlq, dlqAcked, nil)
 				if tc.shutdown {
 					rig.returned()
 				} else {
@@ -753,6 +793,28 @@ func TestLoopDrainOnShutdown(t *testing.T) {
 			}
 		})
 	})
+	t.Run("the source failing drains too", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			// e00 | e01 e02
+			sc := buildScript(1, 2)
+			ids := sc.ids
+			rig := startLoop(t, sc, Config{Window: 4}, func(st, _ *fakeStream) { st.hold = true })
+			rig.feed(0, 2)
+			synctest.Wait()
+			failure := errors.New("replication connection lost for good")
+			rig.src.fail <- failure
+			synctest.Wait()
+			for n := 3; n >= 1; n-- {
+				rig.resolve(rig.st, n, nil)
+			}
+			rig.stopped = true
+			if err := <-rig.done; !errors.Is(err, failure) {
+				t.Fatalf("Serve returned %v, want the source's error", err)
+			}
+			rig.wantConfirmed(sc.ends[1], "drained")
+			rig.wantDelivered(ids, "drained")
+		})
+	})
 	t.Run("acks that never come are given up after the drain timeout", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			// e00 | e01 e02 | e03
@@ -826,6 +888,58 @@ func TestLoopResetWaitsForTheWindowAndTheStreamState(t *testing.T) {
 		rig.st.mu.Unlock()
 		if got := testutil.ToFloat64(rig.m.Skipped); got != 1 {
 			t.Fatalf("walbox_resume_skipped_total = %v, want 1", got)
+		}
+	})
+}
+
+// A publish call that fails by itself (the client's connection is closed)
+// while earlier publishes are in flight: their acks, even successful ones,
+// cannot be taken in order past the failure, so they join the resend; after
+// the back-off the resume check finds them stored and only the failed event
+// and its successors go out again.
+func TestLoopPublishCallFailsWithAcksInFlight(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		// e00 e01 | e02 e03 | e04 e05
+		sc := buildScript(2, 2, 2)
+		ids := sc.ids
+		rig := startLoop(t, sc, Config{Window: 4}, func(st, _ *fakeStream) {
+			st.hold = true
+			st.callFails[6] = errNoResponders // the call for e05, once e00 and e01 made room
+		})
+		rig.feed(0, 3)
+		synctest.Wait()
+		rig.wantPublished(rig.st, ids[:4], "window full")
+		rig.resolve(rig.st, 1, nil)
+		rig.resolve(rig.st, 2, nil)
+		synctest.Wait()
+		// e04 went out (publish 5); e05's call (publish 6) failed: failing.
+		rig.wantPublished(rig.st, ids[:6], "the call for e05 failed")
+		rig.wantConfirmed(sc.ends[0], "the call for e05 failed")
+		rig.wantInFlight(3, "the call for e05 failed")
+		for _, n := range []int{5, 3, 4} {
+			rig.resolve(rig.st, n, nil)
+		}
+		synctest.Wait()
+		// Stored and acked, but behind the failure in the checkpoint's
+		// eyes they are resent, not delivered: nothing moves yet.
+		rig.wantConfirmed(sc.ends[0], "acked while failing")
+		rig.wantDelivered(ids[:2], "acked while failing")
+		rig.wantPublished(rig.st, ids[:6], "backing off")
+
+		rig.st.release()
+		rig.waitConfirmed(sc.last())
+		rig.stop()
+		rig.wantPublished(rig.st, append(slices.Clone(ids), ids[5]), "end")
+		rig.checkStored(rig.st, ids)
+		rig.wantDelivered(ids, "end")
+		for name, c := range map[string]struct{ got, want float64 }{
+			"walbox_resume_skipped_total":            {testutil.ToFloat64(rig.m.Skipped), 3},
+			"walbox_publish_errors_total{transient}": {testutil.ToFloat64(rig.m.PublishErrors.WithLabelValues("transient")), 4},
+			"walbox_published_total{ORDERS}":         {testutil.ToFloat64(rig.m.Published.WithLabelValues("ORDERS")), 6},
+		} {
+			if c.got != c.want {
+				t.Errorf("%s = %v, want %v", name, c.got, c.want)
+			}
 		}
 	})
 }

@@ -48,6 +48,11 @@ type fakeStream struct {
 	// reconnectDuring: the sink's connection is re-established while this
 	// publish call runs (after the message went out on the old one).
 	reconnectDuring map[int]bool
+	// callFails: the publish call with this number returns the error itself
+	// (the client's connection is closed): nothing is sent.
+	callFails map[int]error
+	// notify, if set, gets every publish number (dropped when full).
+	notify chan int
 
 	pubs     []*pubRecord    // every publish, in call order
 	acked    map[string]int  // ids whose publish was acked (stored or duplicate)
@@ -112,6 +117,10 @@ func (st *fakeStream) resolve(n int, err error) error {
 		if err == nil && h.ack == nil {
 			return fmt.Errorf("publish %d (%s) was lost: it can only fail", n, h.pub.id)
 		}
+		var re *refusedError
+		if h.ack != nil && (errors.As(err, &re) || errors.Is(err, ErrOrderRefused)) {
+			return fmt.Errorf("publish %d (%s) was stored: it cannot be refused (lose it instead)", n, h.pub.id)
+		}
 		st.held = append(st.held[:i], st.held[i+1:]...)
 		st.resolveLocked(h.pub, h.f, h.ack, err)
 		return nil
@@ -132,7 +141,7 @@ func (st *fakeStream) published() []string {
 
 func newFakeStream() *fakeStream {
 	return &fakeStream{seqOf: map[string]uint64{}, lose: map[int]bool{}, reject: map[string]int{}, foreign: map[int]bool{},
-		reconnectDuring: map[int]bool{}, acked: map[string]int{}, readBack: map[string]bool{}}
+		reconnectDuring: map[int]bool{}, callFails: map[int]error{}, acked: map[string]int{}, readBack: map[string]bool{}}
 }
 
 type fakeFuture struct {
@@ -181,6 +190,16 @@ func (s *fakeSink) Publish(m *Msg) (Future, error) {
 			st.mixed = append(st.mixed, fmt.Sprintf("publish %d (%s) on connection %d while publish %d (%s) of connection %d is unresolved",
 				n, id, pub.epoch, q.n, q.id, q.epoch))
 		}
+	}
+	if st.notify != nil {
+		select {
+		case st.notify <- n:
+		default:
+		}
+	}
+	if err := st.callFails[n]; err != nil {
+		pub.resolved = true
+		return nil, err
 	}
 	if st.reconnectDuring[n] {
 		defer s.epoch.Add(1)
