@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -30,33 +31,117 @@ type fakeStream struct {
 	lastSeq uint64
 
 	publishes int
-	lose      map[int]bool   // publish numbers (1-based) that vanish
-	reject    map[string]int // event ids always refused with this JetStream error code
+	// lose: publish numbers (1-based) that vanish: never stored, and their
+	// ack times out (or, while hold is on, fails when the test says so).
+	lose   map[int]bool
+	reject map[string]int // event ids always refused with this JetStream error code
 	// foreign: before this publish number, another writer appends a message.
 	foreign map[int]bool
 	// unavailable: this many publishes get "no responders" (no stream
 	// leader) before the stream answers again.
 	unavailable int
-	// hold: store, but keep the acks back until release (a slow server).
+	// hold: store, but keep the acks back until release (a slow server) or
+	// until the test resolves them one by one, in any order (resolve).
 	hold    bool
-	held    []func()
+	held    []*heldAck
 	maxHeld int
+	// reconnectDuring: the sink's connection is re-established while this
+	// publish call runs (after the message went out on the old one).
+	reconnectDuring map[int]bool
+	// callFails: the publish call with this number returns the error itself
+	// (the client's connection is closed): nothing is sent.
+	callFails map[int]error
+	// notify, if set, gets every publish number (dropped when full).
+	notify chan int
+
+	pubs     []*pubRecord    // every publish, in call order
+	acked    map[string]int  // ids whose publish was acked (stored or duplicate)
+	readBack map[string]bool // ids a StoredTail returned
+	// mixed: publishes sent on one connection while an earlier one's
+	// future was unresolved on another (the Sink contract forbids it).
+	mixed []string
 }
 
-// release sends the acks held back so far.
+// pubRecord is one publish as the stream saw it.
+type pubRecord struct {
+	n        int // publish number, 1-based
+	id       string
+	epoch    uint64 // the sink's epoch when the call began
+	at       time.Time
+	stored   bool
+	resolved bool
+}
+
+// heldAck is a publish whose future the test resolves.
+type heldAck struct {
+	pub *pubRecord
+	ack *Ack // nil: the message was lost, it can only fail
+	f   *fakeFuture
+}
+
+// resolveLocked sends the ack (err nil) or err to a future, and records it.
+func (st *fakeStream) resolveLocked(pub *pubRecord, f *fakeFuture, ack *Ack, err error) {
+	pub.resolved = true
+	if err != nil {
+		f.err <- err
+		return
+	}
+	st.acked[pub.id]++
+	f.ok <- ack
+}
+
+// release sends the acks held back so far, in publish order, and stops
+// holding.
 func (st *fakeStream) release() {
 	st.mu.Lock()
-	acks := st.held
+	defer st.mu.Unlock()
+	for _, h := range st.held {
+		if h.ack == nil {
+			st.resolveLocked(h.pub, h.f, nil, errAckTimeout)
+		} else {
+			st.resolveLocked(h.pub, h.f, h.ack, nil)
+		}
+	}
 	st.held = nil
 	st.hold = false
-	st.mu.Unlock()
-	for _, ack := range acks {
-		ack()
+}
+
+// resolve answers held publish n: with its ack when err is nil, else err.
+func (st *fakeStream) resolve(n int, err error) error {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	for i, h := range st.held {
+		if h.pub.n != n {
+			continue
+		}
+		if err == nil && h.ack == nil {
+			return fmt.Errorf("publish %d (%s) was lost: it can only fail", n, h.pub.id)
+		}
+		var re *refusedError
+		if h.ack != nil && (errors.As(err, &re) || errors.Is(err, ErrOrderRefused)) {
+			return fmt.Errorf("publish %d (%s) was stored: it cannot be refused (lose it instead)", n, h.pub.id)
+		}
+		st.held = append(st.held[:i], st.held[i+1:]...)
+		st.resolveLocked(h.pub, h.f, h.ack, err)
+		return nil
 	}
+	return fmt.Errorf("publish %d is not held", n)
+}
+
+// published returns the event ids of every publish so far, in call order.
+func (st *fakeStream) published() []string {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	ids := make([]string, len(st.pubs))
+	for i, p := range st.pubs {
+		ids[i] = p.id
+	}
+	return ids
 }
 
 func newFakeStream() *fakeStream {
-	return &fakeStream{seqOf: map[string]uint64{}, lose: map[int]bool{}, reject: map[string]int{}, foreign: map[int]bool{}}
+	return &fakeStream{seqOf: map[string]uint64{}, lose: map[int]bool{}, reject: map[string]int{}, foreign: map[int]bool{},
+		reconnectDuring: map[int]bool{}, callFails: map[int]error{}, acked: map[string]int{}, readBack: map[string]bool{}}
 }
 
 type fakeFuture struct {
@@ -84,6 +169,8 @@ type fakeSink struct {
 	ackTimeout time.Duration
 	tailFails  int // reads of the stream's state that fail before one succeeds
 	tailReads  int
+	// epoch is the connection's: a test bumps it to simulate a reconnect.
+	epoch atomic.Uint64
 }
 
 func (s *fakeSink) Publish(m *Msg) (Future, error) {
@@ -95,31 +182,60 @@ func (s *fakeSink) Publish(m *Msg) (Future, error) {
 	defer st.mu.Unlock()
 	st.publishes++
 	n := st.publishes
+	id := m.Header.Get(HeaderMsgID)
+	pub := &pubRecord{n: n, id: id, epoch: s.Epoch(), at: time.Now()}
+	st.pubs = append(st.pubs, pub)
+	for _, q := range st.pubs[:len(st.pubs)-1] {
+		if !q.resolved && q.epoch != pub.epoch {
+			st.mixed = append(st.mixed, fmt.Sprintf("publish %d (%s) on connection %d while publish %d (%s) of connection %d is unresolved",
+				n, id, pub.epoch, q.n, q.id, q.epoch))
+		}
+	}
+	if st.notify != nil {
+		select {
+		case st.notify <- n:
+		default:
+		}
+	}
+	if err := st.callFails[n]; err != nil {
+		pub.resolved = true
+		return nil, err
+	}
+	if st.reconnectDuring[n] {
+		defer s.epoch.Add(1)
+	}
 	f := &fakeFuture{ok: make(chan *Ack, 1), err: make(chan error, 1)}
 	if st.unavailable > 0 {
 		st.unavailable--
-		f.err <- errNoResponders
+		st.resolveLocked(pub, f, nil, errNoResponders)
 		return f, nil
 	}
 	if st.lose[n] {
-		time.AfterFunc(s.ackTimeout, func() { f.err <- errAckTimeout })
+		if st.hold {
+			st.held = append(st.held, &heldAck{pub: pub, f: f})
+			return f, nil
+		}
+		time.AfterFunc(s.ackTimeout, func() {
+			st.mu.Lock()
+			defer st.mu.Unlock()
+			st.resolveLocked(pub, f, nil, errAckTimeout)
+		})
 		return f, nil
 	}
-	id := m.Header.Get(HeaderMsgID)
 	if code, ok := st.reject[id]; ok {
 		// Refused for good (e.g. too large), like a stream leader does.
-		f.err <- &refusedError{code: code}
+		st.resolveLocked(pub, f, nil, &refusedError{code: code})
 		return f, nil
 	}
 	if st.foreign[n] {
 		st.store("foreign-"+strconv.Itoa(n), Header{})
 	}
 	if seq, dup := st.seqOf[id]; dup {
-		f.ok <- &Ack{Stream: "ORDERS", Sequence: seq, Duplicate: true}
+		st.resolveLocked(pub, f, &Ack{Stream: "ORDERS", Sequence: seq, Duplicate: true}, nil)
 		return f, nil
 	}
 	if m.ExpectSet && m.Expect != st.lastSeq {
-		f.err <- fmt.Errorf("%w: wrong last sequence: %d", ErrOrderRefused, st.lastSeq)
+		st.resolveLocked(pub, f, nil, fmt.Errorf("%w: wrong last sequence: %d", ErrOrderRefused, st.lastSeq))
 		return f, nil
 	}
 	h := Header{}
@@ -129,13 +245,14 @@ func (s *fakeSink) Publish(m *Msg) (Future, error) {
 	if m.ExpectSet { // stored as the JetStream sink sends it
 		h.Set(HeaderExpectedLastSeq, strconv.FormatUint(m.Expect, 10))
 	}
+	pub.stored = true
 	ack := &Ack{Stream: "ORDERS", Sequence: st.store(id, h)}
 	if st.hold {
-		st.held = append(st.held, func() { f.ok <- ack })
+		st.held = append(st.held, &heldAck{pub: pub, ack: ack, f: f})
 		st.maxHeld = max(st.maxHeld, len(st.held))
 		return f, nil
 	}
-	f.ok <- ack
+	st.resolveLocked(pub, f, ack, nil)
 	return f, nil
 }
 
@@ -156,7 +273,7 @@ func (s *fakeSink) Classify(err error) ErrorClass {
 	return Transient
 }
 func (s *fakeSink) MaxPayload() int { return 1 << 20 }
-func (s *fakeSink) Epoch() uint64   { return 1 }
+func (s *fakeSink) Epoch() uint64   { return s.epoch.Load() }
 
 // StoredTail implements Sink over the whole stream.
 func (s *fakeSink) StoredTail(_ context.Context, stream, source string, n int) (StoredTail, error) {
@@ -174,6 +291,7 @@ func (s *fakeSink) StoredTail(_ context.Context, stream, source string, n int) (
 			continue
 		}
 		tail.Add(st.ids[i], origin, pos)
+		st.readBack[st.ids[i]] = true
 	}
 	return tail, nil
 }
