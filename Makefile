@@ -75,7 +75,7 @@ demo: build
 # runs in `make test`).
 CHAOS_DURATION ?= 3m
 chaos:
-	WALBOX_CHAOS_DURATION=$(CHAOS_DURATION) $(GO) test -race -count=1 -v -run 'TestChaos$$' -timeout 60m ./internal/e2e
+	WALBOX_CHAOS_DURATION=$(CHAOS_DURATION) $(GO) test -race -count=1 -v -run 'TestChaos$$|TestChaosKafka$$' -timeout 60m ./internal/e2e
 
 clean:
 	rm -rf bin .walbox-dev
