@@ -68,21 +68,27 @@ func (c *console) printf(format string, args ...any) {
 // stream stored the message (its metadata timestamp), which is when
 // JetStream acked the relay's publish.
 func (c *console) event(m jetstream.Msg) {
-	now := time.Now()
 	meta, err := m.Metadata()
 	if err != nil {
 		return // not a JetStream message; cannot happen on a stream consumer
 	}
-	h := m.Headers()
+	c.show(meta.Timestamp, meta.Stream, meta.Sequence.Stream, m.Subject(), relay.Header(m.Headers()), m.Data())
+}
+
+// show prints one stored message: when and where the bus stored it (stream
+// and sequence, or topic/partition and offset), its subject (topic), and
+// walbox's headers.
+func (c *console) show(stored time.Time, stream string, seq uint64, subject string, h relay.Header, data []byte) {
+	now := time.Now()
 	lat, hasLat := time.Duration(0), false
 	if ct, err := time.Parse(time.RFC3339Nano, h.Get(relay.HeaderCommitTime)); err == nil {
-		lat, hasLat = max(meta.Timestamp.Sub(ct), 0), true
+		lat, hasLat = max(stored.Sub(ct), 0), true
 	}
 	id := h.Get(relay.HeaderMsgID)
 	if id == "" {
 		id = "-"
 	}
-	detail := oneLine(m.Data())
+	detail := oneLine(data)
 	if reason := h.Get(relay.HeaderDLQReason); reason != "" {
 		detail = "DEAD LETTER: " + reason
 	}
@@ -95,12 +101,12 @@ func (c *console) event(m jetstream.Msg) {
 	defer c.mu.Unlock()
 	if !c.headerDone {
 		c.headerDone = true
-		fmt.Fprintf(c.w, "\n%-12s  %-10s %6s  %-18s  %-36s  %11s  %s\n",
-			"STORED", "STREAM", "SEQ", "SUBJECT", "EVENT ID (Nats-Msg-Id)", "COMMIT->ACK", "PAYLOAD")
+		fmt.Fprintf(c.w, "\n%-12s  %-18s %6s  %-18s  %-36s  %11s  %s\n",
+			"STORED", "STREAM", "SEQ", "SUBJECT", "EVENT ID", "COMMIT->ACK", "PAYLOAD")
 	}
-	fmt.Fprintf(c.w, "%-12s  %-10s %6d  %-18s  %-36s  %11s  %s\n",
-		meta.Timestamp.Local().Format("15:04:05.000"), meta.Stream, meta.Sequence.Stream,
-		m.Subject(), id, latText, detail)
+	fmt.Fprintf(c.w, "%-12s  %-18s %6d  %-18s  %-36s  %11s  %s\n",
+		stored.Local().Format("15:04:05.000"), stream, seq,
+		subject, id, latText, detail)
 	if c.firstAt.IsZero() {
 		c.firstAt = now
 	}

@@ -28,6 +28,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"gopkg.in/yaml.v3"
 
 	"github.com/walbox/walbox/internal/app"
@@ -64,6 +65,10 @@ type Config struct {
 	PostgresURL string
 	// NATSURL, if set, is used instead of the embedded JetStream server.
 	NATSURL string
+	// Sink is nats (default) or kafka: with kafka, the relay publishes to
+	// an in-process Kafka (kfake), or to KafkaBrokers when set.
+	Sink         string
+	KafkaBrokers []string
 	// Rate is the sample events committed per second; 0 commits none, e.g.
 	// to watch a service's own events (the CLI's default is DefaultRate).
 	Rate float64
@@ -162,6 +167,8 @@ type run struct {
 	cfgFile  string // the relay's configuration, written into runDir
 	pg       *pgcluster.Cluster
 	nats     *natsembed.Server
+	kafka    *kfake.Cluster
+	brokers  []string
 	dbURL    string
 	natsURL  string
 	slot     string
@@ -210,7 +217,7 @@ func (r *run) serve(ctx context.Context) error {
 			return err
 		}
 	}
-	if r.cfg.PostgresURL == "" || r.cfg.NATSURL == "" {
+	if r.cfg.PostgresURL == "" || r.cfg.NATSURL == "" || r.kafkaSink() {
 		if err := r.makeRunDir(); err != nil {
 			return err
 		}
@@ -221,7 +228,11 @@ func (r *run) serve(ctx context.Context) error {
 	if err := r.migrate(ctx); err != nil {
 		return err
 	}
-	if err := r.startNATS(); err != nil {
+	if r.kafkaSink() {
+		if err := r.startKafka(); err != nil {
+			return err
+		}
+	} else if err := r.startNATS(); err != nil {
 		return err
 	}
 	rcfg, err := r.relayConfig()
@@ -259,12 +270,23 @@ func (r *run) serve(ctx context.Context) error {
 		return context.Cause(ctx)
 	}
 
-	w, err := watch(ctx, r.natsURL, []string{"ORDERS", "PAYMENTS", rcfg.NATS.DLQ.Stream}, r.start, r.con)
-	if err != nil {
-		stopRelay()
-		return err
+	var stopWatch func()
+	if r.kafkaSink() {
+		w, err := watchKafka(ctx, r.brokers, append(kafkaTopics, rcfg.Kafka.DLQTopic), r.con)
+		if err != nil {
+			stopRelay()
+			return err
+		}
+		stopWatch = w.stop
+	} else {
+		w, err := watch(ctx, r.natsURL, []string{"ORDERS", "PAYMENTS", rcfg.NATS.DLQ.Stream}, r.start, r.con)
+		if err != nil {
+			stopRelay()
+			return err
+		}
+		stopWatch = w.stop
 	}
-	defer w.stop()
+	defer stopWatch()
 
 	r.writeConfig(rcfg)
 	r.banner(rcfg)
@@ -312,7 +334,7 @@ func (r *run) serve(ctx context.Context) error {
 	if err := <-relayDone; err != nil && failure == nil {
 		failure = err
 	}
-	w.stop()
+	stopWatch()
 	r.con.final(r.summary())
 	return failure
 }
@@ -578,6 +600,8 @@ func (r *run) startNATS() error {
 	return nil
 }
 
+func (r *run) kafkaSink() bool { return r.cfg.Sink == config.SinkKafka }
+
 // relayConfig is the configuration `walbox run` would load, with dev's
 // endpoints and two sample streams.
 func (r *run) relayConfig() (config.Config, error) {
@@ -589,6 +613,13 @@ func (r *run) relayConfig() (config.Config, error) {
 	c.NATS.Streams = []config.Stream{
 		{Name: "ORDERS", Subjects: []string{"orders.>"}, Storage: "file"},
 		{Name: "PAYMENTS", Subjects: []string{"payments.>"}, Storage: "file"},
+	}
+	if r.kafkaSink() {
+		c.Sink = config.SinkKafka
+		c.Kafka.Brokers = r.brokers
+		for _, t := range kafkaTopics {
+			c.Kafka.Topics = append(c.Kafka.Topics, config.KafkaTopic{Name: t, Partitions: 3})
+		}
 	}
 	c.Retry.Initial = 200 * time.Millisecond
 	c.Retry.Max = 5 * time.Second
@@ -633,12 +664,21 @@ func (r *run) banner(c config.Config) {
 		pgNote = "(throwaway cluster)"
 	}
 	fmt.Fprintf(&b, "  PostgreSQL  %s  %s\n", c.Postgres.URL, pgNote)
-	natsNote := "(your server)"
-	if r.nats != nil {
-		natsNote = "(embedded JetStream)"
+	if r.kafkaSink() {
+		kafkaNote := "(your brokers)"
+		if r.kafka != nil {
+			kafkaNote = "(in-process Kafka, kfake)"
+		}
+		fmt.Fprintf(&b, "  Kafka       %s  %s\n", strings.Join(c.Kafka.Brokers, ","), kafkaNote)
+		fmt.Fprintf(&b, "  topics      %s (key: the order id), dead letters in %s\n", strings.Join(kafkaTopics, ", "), c.Kafka.DLQTopic)
+	} else {
+		natsNote := "(your server)"
+		if r.nats != nil {
+			natsNote = "(embedded JetStream)"
+		}
+		fmt.Fprintf(&b, "  NATS        %s  %s\n", c.NATS.URL, natsNote)
+		fmt.Fprintf(&b, "  streams     ORDERS <- orders.>, PAYMENTS <- payments.>, %s <- %s>\n", c.NATS.DLQ.Stream, c.NATS.DLQ.SubjectPrefix)
 	}
-	fmt.Fprintf(&b, "  NATS        %s  %s\n", c.NATS.URL, natsNote)
-	fmt.Fprintf(&b, "  streams     ORDERS <- orders.>, PAYMENTS <- payments.>, %s <- %s>\n", c.NATS.DLQ.Stream, c.NATS.DLQ.SubjectPrefix)
 	fmt.Fprintf(&b, "  relay       slot %s, publication %s, metrics http://%s/metrics\n", c.Postgres.Slot, c.Postgres.Publication, c.Metrics.Listen)
 	if r.cfg.Rate > 0 {
 		fmt.Fprintf(&b, "  producer    %g sample events/s, one transaction each, into %s\n", r.cfg.Rate, c.Outbox.Table)
@@ -655,7 +695,11 @@ func (r *run) banner(c config.Config) {
 	if r.cfgFile != "" {
 		cf := r.rel(r.cfgFile)
 		fmt.Fprintf(&b, "The run's configuration is %s; against it, from another terminal:\n", cf)
-		fmt.Fprintf(&b, "  walbox status --config %s\n  walbox tail 'orders.>' --config %s\n  walbox dlq list --config %s\n", cf, cf, cf)
+		if r.kafkaSink() {
+			fmt.Fprintf(&b, "  walbox status --config %s\n  kcat -C -b %s -t orders.created -J\n", cf, strings.Join(c.Kafka.Brokers, ","))
+		} else {
+			fmt.Fprintf(&b, "  walbox status --config %s\n  walbox tail 'orders.>' --config %s\n  walbox dlq list --config %s\n", cf, cf, cf)
+		}
 	}
 	r.con.printf("%s", b.String())
 }

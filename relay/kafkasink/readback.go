@@ -89,9 +89,14 @@ func spans(ctx context.Context, adm *kadm.Client, topic string, n int, first, la
 			return
 		}
 		s, ok := starts.Lookup(topic, e.Partition)
-		if !ok || s.Err != nil {
-			lerr = fmt.Errorf("start offset of %s/%d: %v", topic, e.Partition, s.Err)
+		if ok && s.Err != nil {
+			lerr = fmt.Errorf("start offset of %s/%d: %w", topic, e.Partition, s.Err)
 			return
+		}
+		if !ok {
+			// A partition just created may be missing from the first
+			// listing: read from 0, which the fetch clips to its start.
+			s.Offset = 0
 		}
 		sp := span{from: s.Offset, to: e.Offset}
 		if n > 0 {
