@@ -590,3 +590,43 @@ func TestWindowIsBoundedByBytes(t *testing.T) {
 		}
 	})
 }
+
+// TestRequireTailWaitsForTheTailBeforePublishing: on a bus that keeps
+// resent duplicates (Kafka), a restarted relay whose tail read-back fails
+// backs off and reads again before it publishes anything, and then skips
+// what the stream already holds: nothing is stored twice.
+func TestRequireTailWaitsForTheTailBeforePublishing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newFakeStream()
+		src, ids := newScript(3, 2)
+		router := NewRouter("", "app/walbox", []Route{{Stream: "ORDERS", Subjects: []string{"orders.>"}}})
+		// A first relay stored the first transaction, then died before
+		// confirming it.
+		first := &fakeSink{st: st, dlq: newFakeStream(), ackTimeout: 5 * time.Second}
+		for _, ch := range src.changes[1:3] {
+			m, _, err := router.Message(&ch.Event)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := first.Publish(m); err != nil {
+				t.Fatal(err)
+			}
+		}
+		sink := &fakeSink{st: st, dlq: newFakeStream(), ackTimeout: 5 * time.Second, tailFails: 2}
+		r := New(Config{Window: 16, RequireTail: true, BackoffInitial: 100 * time.Millisecond}, sink, router)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- r.Serve(ctx, src) }()
+		<-src.reached
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if sink.tailReads != 3 {
+			t.Fatalf("tail read %d times, want 3 (two failures, then the read publishing waited for)", sink.tailReads)
+		}
+		if err := checkStream(st, ids); err != nil {
+			t.Fatal(err)
+		}
+	})
+}

@@ -60,6 +60,11 @@ type Config struct {
 	WindowBytes int64
 	// DLQPrefix is the subject prefix of dead letters (default "walbox.dlq.").
 	DLQPrefix string
+	// RequireTail: the bus drops no resent duplicate by itself (Kafka has
+	// no Nats-Msg-Id), so the resume check is the only guard against
+	// storing an event twice: publishing waits, backing off, until the tail
+	// of every stream was read back.
+	RequireTail bool
 	// DLQSubject, when set, is where every dead letter goes instead (Kafka's
 	// one dead-letter topic); the original subject is in its headers.
 	DLQSubject string
@@ -516,13 +521,14 @@ func cmpU64(a, b uint64) int {
 	return 0
 }
 
-// notRead backs off when a stream's last sequence could not be read back:
-// strict order cannot guard publishes to it until it is.
+// notRead backs off when a stream's last sequence (strict order) or its
+// tail (RequireTail) could not be read back: publishes to it would go
+// unguarded until it is.
 func (l *loop) notRead() {
 	wait := l.bo.NextBackOff()
 	l.resume = time.Now().Add(wait)
 	l.backing = true
-	l.r.log.Warn().Stringer("retry_in", wait).Msg("strict order: a stream's last sequence could not be read; publishing waits for it")
+	l.r.log.Warn().Stringer("retry_in", wait).Msg("resume check: a stream's tail (with strict order, its last sequence) could not be read; publishing waits for it")
 }
 
 // settle ends the failing state once the window is empty and schedules the

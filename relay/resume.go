@@ -80,8 +80,9 @@ func PositionFromHeaders(h Header, source string) (cdc.Position, StoredOrigin, b
 // refreshResume reads back the tail of every routed stream. A stream whose
 // tail cannot be read is left unchecked: Nats-Msg-Id still deduplicates
 // inside the duplicate window. It reports false when strict order is on and
-// the last sequence of some stream could not be read: publishing to it then
-// would go unguarded, so the caller backs off and tries again.
+// the last sequence of some stream could not be read, or when RequireTail is
+// set and some tail could not be read: publishing then would go unguarded,
+// so the caller backs off and tries again.
 func (l *loop) refreshResume() bool {
 	l.tails = make(map[string]StoredTail)
 	l.lastSeq = make(map[string]uint64)
@@ -97,6 +98,11 @@ func (l *loop) refreshResume() bool {
 			l.lastSeq[rt.Stream] = tail.LastSeq
 		} else if l.r.cfg.StrictOrder && !l.shared[rt.Stream] {
 			complete = false
+		}
+		if err != nil && l.r.cfg.RequireTail {
+			l.r.log.Warn().Err(err).Str("stream", rt.Stream).Msg("resume check: cannot read the stream's last messages; publishing waits for them (the bus does not drop a resent duplicate)")
+			complete = false
+			continue
 		}
 		if err != nil {
 			l.r.log.Warn().Err(err).Str("stream", rt.Stream).Msg("resume check: cannot read the stream's last messages; relying on the duplicate window")

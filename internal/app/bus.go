@@ -36,8 +36,10 @@ type bus struct {
 	prefix     string // subject prefix
 	template   string // subject (topic) template
 	strict     bool
-	url        string // redacted, for the start line
-	close      func()
+	// requireTail: the bus keeps resent duplicates (Kafka).
+	requireTail bool
+	url         string // redacted, for the start line
+	close       func()
 }
 
 // openBus connects the configured sink. Kafka is contacted only by ensure.
@@ -82,7 +84,7 @@ func openKafka(ctx context.Context, cfg config.Config, log zerolog.Logger) (*bus
 		dlqStream: cfg.Kafka.DLQTopic, dlqSubject: cfg.Kafka.DLQTopic, template: cfg.Kafka.TopicTemplate,
 		// Kafka has no expected-last-sequence: the idempotent producer
 		// keeps each partition gapless instead.
-		strict: false, url: fmt.Sprint(cfg.Kafka.Brokers), close: sink.Close,
+		strict: false, requireTail: true, url: fmt.Sprint(cfg.Kafka.Brokers), close: sink.Close,
 	}
 	// Readiness: the brokers answered a metadata request in the last 10 s.
 	pingCtx, stopPing := context.WithCancel(ctx)

@@ -56,7 +56,8 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 		reg = prometheus.NewRegistry()
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
-	metrics := relay.NewMetrics(reg)
+	// The relay's metrics keep their names on both buses, with a sink label.
+	metrics := relay.NewMetrics(prometheus.WrapRegistererWith(prometheus.Labels{"sink": cfg.Sink}, reg))
 
 	src, err := cdc.NewSource(cdc.Config{
 		ConnString:        cfg.Postgres.URL,
@@ -136,6 +137,7 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 		DLQPrefix:      cfg.NATS.DLQ.SubjectPrefix,
 		DLQSubject:     bus.dlqSubject,
 		StrictOrder:    bus.strict,
+		RequireTail:    bus.requireTail,
 		BackoffInitial: cfg.Retry.Initial,
 		BackoffMax:     cfg.Retry.Max,
 		OnDelivered:    sw.Hook(opts.OnDelivered),

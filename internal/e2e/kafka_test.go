@@ -152,6 +152,14 @@ func TestKafkaEventsArriveExactlyOnceInKeyOrder(t *testing.T) {
 	if keyed != len(recs) {
 		t.Fatalf("%d of %d records carry the aggregate id as key", keyed, len(recs))
 	}
+	// The relay's metrics keep their names, with a sink label.
+	var published float64
+	for _, topic := range kafkaTopics {
+		published += e.counter("walbox_published_total", map[string]string{"sink": "kafka", "stream": topic})
+	}
+	if int(published) != len(recs) {
+		t.Fatalf("walbox_published_total{sink=\"kafka\"} = %v, want %d", published, len(recs))
+	}
 }
 
 func TestKafkaKeylessEventsKeepCommitOrder(t *testing.T) {
