@@ -56,8 +56,9 @@ type Msg struct {
 }
 
 // Ack is a broker's acknowledgement: the stream (or topic) and the
-// sequence (or partition and offset) the message is stored at. Duplicate:
-// the broker already held it and dropped this copy.
+// sequence the message is stored at, 1-based (Kafka: the partition, and
+// its offset + 1). Duplicate: the broker already held it and dropped this
+// copy.
 type Ack struct {
 	Stream    string
 	Partition int32

@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/internal/ops"
 	"github.com/walbox/walbox/internal/outboxtest"
 )
 
@@ -276,6 +277,14 @@ func TestKafkaPoisonRowsGoToTheDeadLetterTopic(t *testing.T) {
 	}
 	e.waitProcessed(t, "00000000-0000-7000-8000-000000000002")
 	e.waitProcessed(t, "00000000-0000-7000-8000-000000000005")
+	// walbox status counts the dead-letter topic.
+	rep, err := ops.Status(ctx, e.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.DLQ == nil || rep.DLQ.Stream != e.cfg.Kafka.DLQTopic || rep.DLQ.Messages != 2 || rep.DLQ.Error != "" {
+		t.Fatalf("status dead letters = %+v, want 2 in %s", rep.DLQ, e.cfg.Kafka.DLQTopic)
+	}
 }
 
 // waitProcessed waits until the sweeper marked the row (a dead letter is

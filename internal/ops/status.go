@@ -15,6 +15,7 @@ import (
 	"github.com/walbox/walbox/cdc"
 	"github.com/walbox/walbox/internal/app"
 	"github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/relay/kafkasink"
 	"github.com/walbox/walbox/relay/sweep"
 )
 
@@ -99,9 +100,21 @@ func Status(ctx context.Context, cfg config.Config) (*StatusReport, error) {
 	rep.SlotStatus = slotReport(st)
 	rep.Outbox = readOutbox(ctx, conn, cfg, table)
 
-	// The dead-letter stream, when NATS answers quickly.
+	// The dead-letter stream (topic), when the bus answers quickly.
 	nctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
+	if cfg.Sink == config.SinkKafka {
+		sc := &StreamCount{Stream: cfg.Kafka.DLQTopic}
+		if kc, err := cfg.KafkaSinkConfig(1); err != nil {
+			sc.Error = err.Error()
+		} else if n, err := kafkasink.CountRecords(nctx, kc, cfg.Kafka.DLQTopic); err != nil {
+			sc.Error = err.Error()
+		} else {
+			sc.Messages = uint64(n)
+		}
+		rep.DLQ = sc
+		return rep, nil
+	}
 	if nc, js, err := connectNATS(nctx, cfg); err != nil {
 		rep.DLQ = &StreamCount{Stream: cfg.NATS.DLQ.Stream, Error: err.Error()}
 	} else {

@@ -144,7 +144,9 @@ func (s *Sink) Publish(m *relay.Msg) (relay.Future, error) {
 			resolve(nil, fmt.Errorf("produce to %s: %w", r.Topic, err))
 			return
 		}
-		resolve(&relay.Ack{Stream: r.Topic, Partition: r.Partition, Sequence: uint64(r.Offset)}, nil)
+		// Sequence is 1-based, as JetStream's: offset 0 is sequence 1
+		// (the relay and the sweeper take sequence 0 for "not stored").
+		resolve(&relay.Ack{Stream: r.Topic, Partition: r.Partition, Sequence: uint64(r.Offset) + 1}, nil)
 	})
 	return fut, nil
 }

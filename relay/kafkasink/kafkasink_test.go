@@ -240,8 +240,8 @@ func TestRefusedProducesWaitAndLandInOrder(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if ack.Sequence != uint64(i+1) {
-			t.Fatalf("record %d stored at offset %d, want %d", i, ack.Sequence, i+1)
+		if ack.Sequence != uint64(i+2) { // sequence = offset + 1, after a at offset 0
+			t.Fatalf("record %d stored at sequence %d, want %d", i, ack.Sequence, i+2)
 		}
 	}
 	tail, err := s.StoredTail(ctx, "orders", "", 10)

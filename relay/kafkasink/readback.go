@@ -180,8 +180,8 @@ func (s *Sink) StoredTail(ctx context.Context, topic, source string, n int) (rel
 }
 
 // ReadBack implements sweep.StreamReader: the event id (and a dead letter's
-// reason) of every record of source in topic with an offset in [first, last]
-// in any partition; with first 0, of the newest tail records of each
+// reason) of every record of source in topic with a sequence (offset + 1)
+// in [first, last] in any partition; with first 0, of the newest tail records of each
 // partition. Offsets are per partition, so a range covers each partition's
 // records at those offsets: the sweeper marks only ids it read back, and
 // reads the tails at start.
@@ -190,7 +190,8 @@ func (s *Sink) ReadBack(ctx context.Context, topic, source string, first, last u
 	if first == 0 {
 		n = max(tail, 1)
 	}
-	sp, err := spans(ctx, kadm.NewClient(s.cl), topic, n, int64(first), int64(last))
+	// Sequences are offsets + 1 (see Publish).
+	sp, err := spans(ctx, kadm.NewClient(s.cl), topic, n, int64(first)-1, int64(last)-1)
 	if err != nil {
 		return err
 	}
@@ -200,4 +201,23 @@ func (s *Sink) ReadBack(ctx context.Context, topic, source string, first, last u
 			fn(h.Get(relay.HeaderMsgID), h.Get(relay.HeaderDLQReason))
 		}
 	})
+}
+
+// CountRecords is how many records topic holds (end minus start offsets
+// over its partitions), with a client of its own: for `walbox status`.
+func CountRecords(ctx context.Context, cfg Config, topic string) (int64, error) {
+	cl, err := kgo.NewClient(cfg.clientOpts()...)
+	if err != nil {
+		return 0, fmt.Errorf("kafka client: %w", err)
+	}
+	defer cl.Close()
+	sp, err := spans(ctx, kadm.NewClient(cl), topic, 0, 0, 1<<62)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	for _, s := range sp {
+		n += s.to - s.from
+	}
+	return n, nil
 }
