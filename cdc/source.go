@@ -9,11 +9,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/rs/zerolog"
+
+	"github.com/walbox/walbox/internal/retry"
 )
 
 // Config configures a Source. Zero values take the defaults noted per field.
@@ -192,13 +193,7 @@ func (s *Source) Run(ctx context.Context, out chan<- []Change) error {
 		defer cancel()
 		go s.heartbeat(hbCtx)
 	}
-	bo := backoff.NewExponentialBackOff()
-	bo.InitialInterval = s.cfg.BackoffInitial
-	bo.MaxInterval = s.cfg.BackoffMax
-	bo.Multiplier = 2
-	bo.RandomizationFactor = 0.2
-	bo.MaxElapsedTime = 0
-	bo.Reset()
+	bo := retry.Backoff(s.cfg.BackoffInitial, s.cfg.BackoffMax)
 	for {
 		streamed, err := s.session(ctx, out)
 		s.connected.Store(false)

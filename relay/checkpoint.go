@@ -1,6 +1,8 @@
-// Package relay is walbox's delivery side: routing outbox events to JetStream
-// subjects, the pipelined publisher with its bounded window, the checkpoint
-// that decides which LSN is safe to confirm, and dead-lettering.
+// Package relay is walbox's delivery side, for any bus: routing outbox
+// events to subjects (JetStream) or topics (Kafka), the pipelined publisher
+// with its bounded window, the checkpoint that decides which LSN is safe to
+// confirm, the resume check, and dead-lettering. The buses themselves are
+// the Sinks in relay/jssink and relay/kafkasink.
 package relay
 
 import "github.com/walbox/walbox/cdc"

@@ -11,6 +11,7 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	"github.com/rs/zerolog"
 	"github.com/walbox/walbox/cdc"
+	"github.com/walbox/walbox/internal/retry"
 )
 
 // Confirmer receives the LSN that is safe to confirm to the slot. cdc.Source
@@ -36,7 +37,7 @@ type Recycler interface {
 	Recycle(b []cdc.Change)
 }
 
-// Delivered describes one event that left the window: acked by JetStream
+// Delivered describes one event that left the window: acked by the sink
 // (Stream, Seq) or dead-lettered (Reason). The sweeper marks rows from it.
 type Delivered struct {
 	ID         string
@@ -228,13 +229,7 @@ type loop struct {
 }
 
 func (r *Relay) run(ctx context.Context, in <-chan []cdc.Change, conf Confirmer) error {
-	bo := backoff.NewExponentialBackOff()
-	bo.InitialInterval = r.cfg.BackoffInitial
-	bo.MaxInterval = r.cfg.BackoffMax
-	bo.Multiplier = 2
-	bo.RandomizationFactor = 0.2
-	bo.MaxElapsedTime = 0
-	bo.Reset()
+	bo := retry.Backoff(r.cfg.BackoffInitial, r.cfg.BackoffMax)
 	l := &loop{r: r, conf: conf, ckpt: NewCheckpoint(), bo: bo}
 	defer func() { r.m.InFlight.Set(0) }()
 	if !l.refreshResume() {

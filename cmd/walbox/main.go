@@ -1,5 +1,5 @@
 // Command walbox relays transactional-outbox rows from PostgreSQL's WAL to
-// NATS JetStream. This package only wires cdc and relay together and holds
+// NATS JetStream or Kafka. This package only wires cdc and relay together and holds
 // the CLI; it has no logic of its own.
 package main
 

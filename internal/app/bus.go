@@ -13,6 +13,7 @@ import (
 
 	"github.com/walbox/walbox/cdc"
 	"github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/internal/retry"
 	"github.com/walbox/walbox/relay"
 	"github.com/walbox/walbox/relay/jssink"
 	"github.com/walbox/walbox/relay/kafkasink"
@@ -134,10 +135,5 @@ func openKafka(ctx context.Context, cfg config.Config, log zerolog.Logger) (*bus
 // newBackoff is the retry back-off of the config: retry.initial doubling
 // to retry.max, forever.
 func newBackoff(cfg config.Config) *backoff.ExponentialBackOff {
-	bo := backoff.NewExponentialBackOff()
-	bo.InitialInterval = cfg.Retry.Initial
-	bo.MaxInterval = cfg.Retry.Max
-	bo.MaxElapsedTime = 0
-	bo.Reset()
-	return bo
+	return retry.Backoff(cfg.Retry.Initial, cfg.Retry.Max)
 }

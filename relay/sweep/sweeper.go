@@ -24,7 +24,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -32,6 +31,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/walbox/walbox/cdc"
+	"github.com/walbox/walbox/internal/retry"
 	"github.com/walbox/walbox/relay"
 )
 
@@ -406,11 +406,7 @@ func (s *Sweeper) markLoop(ctx context.Context, stopping <-chan struct{}) {
 // or the connection broke. A batch the database refuses for good (say,
 // permission denied) is dropped and counted.
 func (s *Sweeper) write(ctx context.Context, batch []mark) {
-	bo := backoff.NewExponentialBackOff()
-	bo.InitialInterval = s.cfg.BackoffInitial
-	bo.MaxInterval = s.cfg.BackoffMax
-	bo.MaxElapsedTime = 0
-	bo.Reset()
+	bo := retry.Backoff(s.cfg.BackoffInitial, s.cfg.BackoffMax)
 	permanentFailures := 0
 	for attempt := 1; ; attempt++ {
 		err := s.apply(ctx, batch)
@@ -737,11 +733,7 @@ func (s *Sweeper) maintenanceLoop(ctx context.Context, stopping <-chan struct{})
 		s.log.Info().Str("table", s.cfg.Table.String()).Msg("sweeper.maintain is false: partitions and archival are left to the DBA (walbox archive, walbox.ensure_partitions)")
 		return
 	}
-	bo := backoff.NewExponentialBackOff()
-	bo.InitialInterval = s.cfg.BackoffInitial
-	bo.MaxInterval = s.cfg.MaintenanceInterval
-	bo.MaxElapsedTime = 0
-	bo.Reset()
+	bo := retry.Backoff(s.cfg.BackoffInitial, s.cfg.MaintenanceInterval)
 	for {
 		mctx, cancel := context.WithCancel(ctx)
 		go func() {

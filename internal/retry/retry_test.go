@@ -1,0 +1,23 @@
+package retry
+
+import (
+	"testing"
+	"time"
+)
+
+func TestBackoffDoublesWithJitterUpToMaxAndNeverStops(t *testing.T) {
+	bo := Backoff(100*time.Millisecond, time.Second)
+	want := []time.Duration{100, 200, 400, 800, 1000, 1000, 1000}
+	for i, w := range want {
+		w *= time.Millisecond
+		got := bo.NextBackOff()
+		lo, hi := time.Duration(float64(w)*(1-Jitter)), time.Duration(float64(w)*(1+Jitter))
+		if got < lo || got > hi {
+			t.Fatalf("attempt %d: %v, want %v ± 20%%", i+1, got, w)
+		}
+	}
+	bo.Reset()
+	if got := bo.NextBackOff(); got > 120*time.Millisecond {
+		t.Fatalf("after Reset: %v, want about 100ms", got)
+	}
+}
