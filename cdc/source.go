@@ -223,7 +223,8 @@ func (s *Source) Run(ctx context.Context, out chan<- []Change) error {
 func replicationConfig(connString string) (*pgconn.Config, error) {
 	cfg, err := pgconn.ParseConfig(connString)
 	if err != nil {
-		return nil, &ConfigError{Key: "postgres.url", Msg: fmt.Sprintf("cannot parse: %v", redactErr(err))}
+		// pgconn masks the password in its parse errors.
+		return nil, &ConfigError{Key: "postgres.url", Msg: fmt.Sprintf("cannot parse: %v", err)}
 	}
 	if cfg.RuntimeParams == nil {
 		cfg.RuntimeParams = map[string]string{}
@@ -232,9 +233,6 @@ func replicationConfig(connString string) (*pgconn.Config, error) {
 	cfg.RuntimeParams["application_name"] = "walbox"
 	return cfg, nil
 }
-
-// redactErr renders a parse error; pgconn already masks the password in it.
-func redactErr(err error) string { return err.Error() }
 
 // session runs one replication connection from connect to failure. streamed
 // reports whether data flowed (so the back-off can start over).

@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/walbox/walbox/internal/ops"
+	"github.com/walbox/walbox/internal/redact"
 	walboxsql "github.com/walbox/walbox/sql"
 )
 
@@ -47,7 +48,7 @@ role with postgres.create_publication: false.`,
 			defer cancel()
 			conn, err := pgx.Connect(ctx, cfg.Postgres.URL)
 			if err != nil {
-				return fmt.Errorf("connect to %s: %w", redactURL(cfg.Postgres.URL), err)
+				return fmt.Errorf("connect to %s: %w", redact.URL(cfg.Postgres.URL), err)
 			}
 			defer conn.Close(context.WithoutCancel(ctx))
 			applied, err := walboxsql.Apply(ctx, conn, params)

@@ -3,7 +3,6 @@ package main
 import (
 	"io"
 	"os"
-	"strings"
 
 	"github.com/mattn/go-isatty"
 	"github.com/rs/zerolog"
@@ -74,18 +73,4 @@ func newLogger(c config.Log, w io.Writer) zerolog.Logger {
 func tableOf(cfg config.Config) cdc.TableName {
 	t, _ := cdc.ParseTableName(cfg.Outbox.Table) // validated
 	return t
-}
-
-// redactURL hides the password of a connection URL for logs.
-func redactURL(u string) string {
-	at := strings.LastIndex(u, "@")
-	scheme := strings.Index(u, "://")
-	if at < 0 || scheme < 0 {
-		return u
-	}
-	userinfo := u[scheme+3 : at]
-	if user, _, ok := strings.Cut(userinfo, ":"); ok {
-		return u[:scheme+3] + user + ":xxxxx" + u[at:]
-	}
-	return u
 }

@@ -1,13 +1,13 @@
 package app
 
 import (
-	"net/url"
 	"strings"
 
 	"github.com/nats-io/nats.go"
 
 	"github.com/walbox/walbox/cdc"
 	"github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/internal/redact"
 )
 
 // NATSOptions turns nats.tls, nats.credentials, nats.nkey, nats.user,
@@ -38,35 +38,9 @@ func NATSOptions(n config.NATS) ([]nats.Option, error) {
 	return opts, nil
 }
 
-// RedactNATSURL hides credentials in a (comma-separated) NATS URL:
-// nats://user:pass@host becomes nats://user:xxxxx@host, and a token
-// (nats://token@host) becomes xxxxx.
-func RedactNATSURL(u string) string {
-	parts := strings.Split(u, ",")
-	for i, p := range parts {
-		p = strings.TrimSpace(p)
-		pu, err := url.Parse(p)
-		if err != nil || pu.User == nil {
-			if at := strings.LastIndex(p, "@"); at >= 0 { // unparsable: drop everything before the host
-				prefix := ""
-				if scheme := strings.Index(p, "://"); scheme >= 0 && scheme < at {
-					prefix = p[:scheme+3]
-				}
-				parts[i] = prefix + "xxxxx" + p[at:]
-				continue
-			}
-			parts[i] = p
-			continue
-		}
-		if _, hasPass := pu.User.Password(); hasPass {
-			pu.User = url.UserPassword(pu.User.Username(), "xxxxx")
-		} else {
-			pu.User = url.User("xxxxx")
-		}
-		parts[i] = pu.String()
-	}
-	return strings.Join(parts, ",")
-}
+// RedactNATSURL hides credentials in a (comma-separated) NATS URL
+// (redact.URL).
+func RedactNATSURL(u string) string { return redact.URL(u) }
 
 // scrub removes the configured secrets from a message.
 func scrub(msg string, n config.NATS) string {

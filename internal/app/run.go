@@ -23,6 +23,7 @@ import (
 
 	"github.com/walbox/walbox/cdc"
 	"github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/internal/redact"
 	"github.com/walbox/walbox/relay"
 	"github.com/walbox/walbox/relay/jssink"
 )
@@ -157,7 +158,7 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 			close(opts.Ready)
 		}()
 	}
-	log.Info().Str("postgres", redact(cfg.Postgres.URL)).Str("sink", cfg.Sink).Str("bus", bus.url).Str("slot", cfg.Postgres.Slot).
+	log.Info().Str("postgres", redact.PostgresURL(cfg.Postgres.URL)).Str("sink", cfg.Sink).Str("bus", bus.url).Str("slot", cfg.Postgres.Slot).
 		Str("table", table.String()).Int("window", cfg.NATS.Window).Msg("walbox relay starting")
 	for {
 		// Several relays may run for one database: one holds the leader
@@ -170,7 +171,7 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 			// Once, then every 30 s: the cause, not a silent loop.
 			if time.Since(lastWarn) >= 30*time.Second {
 				lastWarn = time.Now()
-				log.Warn().Err(err).Str("postgres", redact(cfg.Postgres.URL)).Msg("cannot connect to PostgreSQL; retrying every second")
+				log.Warn().Err(err).Str("postgres", redact.PostgresURL(cfg.Postgres.URL)).Msg("cannot connect to PostgreSQL; retrying every second")
 			}
 		})
 		if err != nil {
@@ -206,14 +207,6 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 			return nil
 		}
 	}
-}
-
-func redact(u string) string {
-	cfg, err := pgconn.ParseConfig(u)
-	if err != nil {
-		return "(unparsable url)"
-	}
-	return fmt.Sprintf("%s@%s:%d/%s", cfg.User, cfg.Host, cfg.Port, cfg.Database)
 }
 
 // connectNATS connects with unlimited reconnects. The reconnect buffer is off:

@@ -22,6 +22,7 @@ import (
 	"github.com/walbox/walbox/cdc"
 	"github.com/walbox/walbox/internal/app"
 	"github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/internal/redact"
 	"github.com/walbox/walbox/relay"
 )
 
@@ -30,13 +31,7 @@ const connectTimeout = 10 * time.Second
 
 // RedactPostgresURL shows a database URL as user@host:port/db, without the
 // password (or "(unparsable url)").
-func RedactPostgresURL(u string) string {
-	c, err := pgconn.ParseConfig(u)
-	if err != nil {
-		return "(unparsable url)"
-	}
-	return fmt.Sprintf("%s@%s:%d/%s", c.User, c.Host, c.Port, c.Database)
-}
+func RedactPostgresURL(u string) string { return redact.PostgresURL(u) }
 
 // connectPG opens a regular connection to the configured database.
 func connectPG(ctx context.Context, cfg config.Config) (*pgx.Conn, error) {
