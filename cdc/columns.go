@@ -78,6 +78,17 @@ func ColumnsFromMap(m map[string]string, useDefaults bool) (Columns, error) {
 // TableName is a schema-qualified table name.
 type TableName struct{ Schema, Name string }
 
+// Archive is the archive table of an outbox table, the one name walbox
+// uses for it (the sweeper, walbox archive and replay, and the migrations):
+// walbox.<table>_archive for a table in schema public,
+// walbox.<schema>_<table>_archive otherwise.
+func (t TableName) Archive() TableName {
+	if t.Schema == "public" {
+		return TableName{Schema: "walbox", Name: t.Name + "_archive"}
+	}
+	return TableName{Schema: "walbox", Name: t.Schema + "_" + t.Name + "_archive"}
+}
+
 // ParseTableName splits "schema.table" (schema defaults to public).
 func ParseTableName(s string) (TableName, error) {
 	s = strings.TrimSpace(s)

@@ -15,6 +15,8 @@ import (
 	"text/template"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/walbox/walbox/cdc"
 )
 
 //go:embed *.sql
@@ -55,12 +57,9 @@ func Render(p Params) ([]Migration, error) {
 	p = p.withDefaults()
 	table := quoteIdent(p.Schema) + "." + quoteIdent(p.Table)
 	def := quoteIdent(p.Schema) + "." + quoteIdent(p.Table+"_default")
-	// The archive table (relay/sweep names it the same way).
-	archiveName := p.Table + "_archive"
-	if p.Schema != "public" {
-		archiveName = p.Schema + "_" + archiveName
-	}
-	archive := "walbox." + quoteIdent(archiveName)
+	// The archive table, named as cdc.TableName.Archive names it.
+	arch := cdc.TableName{Schema: p.Schema, Name: p.Table}.Archive()
+	archive := quoteIdent(arch.Schema) + "." + quoteIdent(arch.Name)
 	vars := map[string]string{
 		"Table":                   table,
 		"TableLiteral":            quoteLiteral(table),
@@ -75,8 +74,8 @@ func Render(p Params) ([]Migration, error) {
 		"SchemaLiteral":               quoteLiteral(p.Schema),
 		"TableNameLiteral":            quoteLiteral(p.Table),
 		"DefaultPartitionNameLiteral": quoteLiteral(p.Table + "_default"),
-		"ArchiveNameLiteral":          quoteLiteral(archiveName),
-		"ArchiveIndex":                quoteIdent(archiveName + "_created_idx"),
+		"ArchiveNameLiteral":          quoteLiteral(arch.Name),
+		"ArchiveIndex":                quoteIdent(arch.Name + "_created_idx"),
 	}
 	names, err := fs.Glob(files, "*.sql")
 	if err != nil {

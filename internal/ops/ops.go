@@ -83,15 +83,8 @@ func tableOf(cfg config.Config) (cdc.TableName, error) {
 	return t, nil
 }
 
-// ArchiveTable is the archive table of an outbox table, named as relay/sweep
-// and sql/005_archive.sql name it: walbox.<table>_archive for a table in
-// schema public, walbox.<schema>_<table>_archive otherwise.
-func ArchiveTable(t cdc.TableName) cdc.TableName {
-	if t.Schema == "public" {
-		return cdc.TableName{Schema: "walbox", Name: t.Name + "_archive"}
-	}
-	return cdc.TableName{Schema: "walbox", Name: t.Schema + "_" + t.Name + "_archive"}
-}
+// ArchiveTable is the archive table of an outbox table (cdc.TableName.Archive).
+func ArchiveTable(t cdc.TableName) cdc.TableName { return t.Archive() }
 
 // source is the Walbox-Source header value of the configured relay.
 func source(cfg config.Config) string {

@@ -124,7 +124,7 @@ func (s *Sweeper) journal(ctx context.Context, q querier, where string, args ...
 // between leaves a journal entry in state detached, and the next run
 // attaches it. A partition with unprocessed rows stays and is reported.
 func (s *Sweeper) archivePartitioned(ctx context.Context, q querier, ti *tableInfo, rep *Report, opts MaintainOptions) error {
-	arch := archiveName(ti.table)
+	arch := ti.table.Archive()
 	if !opts.DryRun {
 		// Resume: partitions detached by a run that stopped before attaching.
 		pending, err := s.journal(ctx, q, "state = $2", stateDetached)
@@ -273,7 +273,7 @@ func (s *Sweeper) archiveRows(ctx context.Context, q querier, ti *tableInfo, rep
 		s.warn("nocreated", "outbox table has no created_at column: rows are not archived")
 		return nil
 	}
-	arch := archiveName(ti.table)
+	arch := ti.table.Archive()
 	col := cdc.QuoteIdent(ti.createdCol)
 	age := fmt.Sprintf("now() - make_interval(secs => %f)", s.cfg.Archive.After.Seconds())
 	var blocked int64

@@ -1,10 +1,12 @@
 package sweep
 
+import "github.com/walbox/walbox/cdc"
+
 // SetCrashAt makes archival stop at a step as a crash would (tests only).
 func SetCrashAt(f func(step string) error) { crashAt = f }
 
 // ArchiveName exposes the archive table's name to tests.
-var ArchiveName = archiveName
+var ArchiveName = cdc.TableName.Archive
 
 // LockKey is the advisory lock of a table's maintenance.
 var LockKey = lockKey

@@ -124,16 +124,6 @@ func inspect(ctx context.Context, q querier, table cdc.TableName, roles cdc.Colu
 	return ti, nil
 }
 
-// archiveName is the archive table of an outbox table: walbox.<table>_archive
-// for a table in schema public, walbox.<schema>_<table>_archive otherwise.
-// sql/migrate.go names it the same way.
-func archiveName(t cdc.TableName) cdc.TableName {
-	if t.Schema == "public" {
-		return cdc.TableName{Schema: "walbox", Name: t.Name + "_archive"}
-	}
-	return cdc.TableName{Schema: "walbox", Name: t.Schema + "_" + t.Name + "_archive"}
-}
-
 // objectDir is the folder (key prefix) of a table's exports in cold storage.
 func objectDir(t cdc.TableName) string {
 	if t.Schema == "public" {
@@ -151,7 +141,7 @@ func objectDir(t cdc.TableName) string {
 // in batches). The DDL is sql/005_archive.sql's, rendered for this table:
 // one text for walbox migrate, a DBA reviewing it, and the sweeper.
 func ensureArchive(ctx context.Context, q querier, ti *tableInfo) (cdc.TableName, error) {
-	arch := archiveName(ti.table)
+	arch := ti.table.Archive()
 	if ti.partitioned && ti.partCol == "" {
 		return arch, fmt.Errorf("%s is not partitioned by a range of one column: archival needs RANGE (created_at)", ti.table)
 	}

@@ -93,7 +93,7 @@ func (s *Sweeper) Status(ctx context.Context) (*Status, error) {
 		return nil, err
 	}
 	cutoff := now.Add(-s.cfg.Archive.After)
-	arch := archiveName(ti.table)
+	arch := ti.table.Archive()
 	st.Archive.Table = arch.String()
 	if s.cfg.Archive.Store != nil && s.cfg.Archive.ExportAfter > 0 {
 		st.Archive.Store = s.cfg.Archive.Store.String()
