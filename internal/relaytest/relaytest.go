@@ -188,6 +188,9 @@ func StartRelay(t testing.TB, cfg config.Config, opts ...Option) *Relay {
 	return r
 }
 
+// Done is closed once the relay has returned.
+func (r *Relay) Done() <-chan struct{} { return r.exited }
+
 // Stop cancels the relay and waits for it to return; an error it returns
 // fails the test. Calls after the first do nothing.
 func (r *Relay) Stop(t testing.TB) {
