@@ -175,6 +175,7 @@ func StartRelay(t testing.TB, cfg config.Config, opts ...Option) *Relay {
 	case <-ready:
 		return r
 	case <-r.exited:
+		r.once.Do(func() {}) // reported here; Stop has nothing to add
 		if o.dump != nil {
 			dump = "\n" + o.dump()
 		}
