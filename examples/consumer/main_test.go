@@ -1,9 +1,7 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -13,15 +11,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-	"github.com/rs/zerolog"
 
 	"github.com/walbox/walbox/consumer"
-	"github.com/walbox/walbox/internal/app"
 	walboxconfig "github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/natstest"
 	"github.com/walbox/walbox/internal/pgtest"
+	"github.com/walbox/walbox/internal/relaytest"
 	"github.com/walbox/walbox/outbox"
 	walboxsql "github.com/walbox/walbox/sql"
 )
@@ -29,24 +24,6 @@ import (
 var pg *pgtest.Cluster // set once by TestMain
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m, &pg)) }
-
-// syncBuffer is the consumer's stdout, read while it runs.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // TestUserGetsOneAccount is the whole example: users created with their
 // user.created events in the service's database, walbox relaying them, and
@@ -92,7 +69,7 @@ func TestUserGetsOneAccount(t *testing.T) {
 
 	// First run: every user gets an account.
 	out1 := startConsumer(t, ctx, args, noEnv)
-	waitFor(t, ctx, "5 accounts", func() bool {
+	relaytest.Eventually(t, 30*time.Second, "5 accounts", func() bool {
 		var n int
 		err := accounts.QueryRow(ctx, "SELECT count(*) FROM accounts").Scan(&n) // the consumer creates the table
 		return err == nil && n == users
@@ -101,20 +78,12 @@ func TestUserGetsOneAccount(t *testing.T) {
 
 	// Replay: the durable consumer is recreated and delivers every event
 	// again; nothing is created twice.
-	nc, err := nats.Connect(natsURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, js := relaytest.JetStream(t, natsURL)
 	if err := js.DeleteConsumer(ctx, "USERS", "accounts"); err != nil {
 		t.Fatal(err)
 	}
 	out2 := startConsumer(t, ctx, args, noEnv)
-	waitFor(t, ctx, "the replay", func() bool { return strings.Count(out2.out.String(), ": duplicate") == users })
+	relaytest.Eventually(t, 30*time.Second, "the replay", func() bool { return strings.Count(out2.out.String(), ": duplicate") == users })
 	out2.stop()
 
 	n := count(t, accounts, "SELECT count(*) FROM accounts")
@@ -131,7 +100,7 @@ func TestUserGetsOneAccount(t *testing.T) {
 }
 
 type running struct {
-	out  *syncBuffer
+	out  *relaytest.Buffer
 	stop func()
 }
 
@@ -139,7 +108,7 @@ func startConsumer(t *testing.T, ctx context.Context, args []string, env func(st
 	t.Helper()
 	cctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	out := &syncBuffer{}
+	out := &relaytest.Buffer{}
 	go func() { done <- run(cctx, args, env, out) }()
 	var once sync.Once
 	stop := func() {
@@ -180,15 +149,7 @@ func TestCreateStreams(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	srv := natstest.New(t)
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, js := relaytest.JetStream(t, srv.URL())
 	for range 2 {
 		if err := createStreams(ctx, js); err != nil {
 			t.Fatal(err)
@@ -210,32 +171,14 @@ func count(t *testing.T, pool *pgxpool.Pool, query string) int {
 	return n
 }
 
-func waitFor(t *testing.T, ctx context.Context, what string, cond func() bool) {
-	t.Helper()
-	for !cond() {
-		select {
-		case <-ctx.Done():
-			t.Fatalf("timed out waiting for %s", what)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-}
-
 // startWalbox migrates the service database and runs the relay in-process
 // with stream USERS (and walbox's dead-letter stream), until the test ends.
 // It returns the NATS URL.
 func startWalbox(t *testing.T, ctx context.Context, dbURL string) string {
 	t.Helper()
-	conn, err := pgx.Connect(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
-	if _, err := walboxsql.Apply(ctx, conn, walboxsql.Params{}); err != nil {
-		t.Fatal(err)
-	}
+	relaytest.Migrate(t, dbURL, walboxsql.Params{})
 	var slot string
-	if err := conn.QueryRow(ctx, "SELECT current_database()").Scan(&slot); err != nil {
+	if err := relaytest.Pool(t, dbURL).QueryRow(ctx, "SELECT current_database()").Scan(&slot); err != nil {
 		t.Fatal(err)
 	}
 	srv := natstest.New(t)
@@ -249,24 +192,6 @@ func startWalbox(t *testing.T, ctx context.Context, dbURL string) string {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	rctx, rcancel := context.WithCancel(context.Background())
-	ready, done := make(chan struct{}), make(chan error, 1)
-	go func() {
-		done <- app.Run(rctx, cfg, zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel), app.Options{Ready: ready})
-	}()
-	t.Cleanup(func() {
-		rcancel()
-		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
-			t.Errorf("relay: %v", err)
-		}
-	})
-	select {
-	case <-ready:
-	case err := <-done:
-		done <- err
-		t.Fatalf("relay exited at start: %v", err)
-	case <-ctx.Done():
-		t.Fatal("relay did not start")
-	}
+	relaytest.StartRelay(t, cfg)
 	return srv.URL()
 }

@@ -10,14 +10,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/rs/zerolog"
 
-	"github.com/walbox/walbox/internal/app"
 	walboxconfig "github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/natstest"
 	"github.com/walbox/walbox/internal/pgtest"
+	"github.com/walbox/walbox/internal/relaytest"
 	walboxsql "github.com/walbox/walbox/sql"
 )
 
@@ -124,16 +122,9 @@ func TestProducerFlags(t *testing.T) {
 // USERS stream, until the test ends.
 func startWalbox(t *testing.T, ctx context.Context, dbURL string) jetstream.JetStream {
 	t.Helper()
-	conn, err := pgx.Connect(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
-	if _, err := walboxsql.Apply(ctx, conn, walboxsql.Params{}); err != nil {
-		t.Fatal(err)
-	}
+	relaytest.Migrate(t, dbURL, walboxsql.Params{})
 	var slot string
-	if err := conn.QueryRow(ctx, "SELECT current_database()").Scan(&slot); err != nil {
+	if err := relaytest.Pool(t, dbURL).QueryRow(ctx, "SELECT current_database()").Scan(&slot); err != nil {
 		t.Fatal(err)
 	}
 	srv := natstest.New(t)
@@ -147,33 +138,7 @@ func startWalbox(t *testing.T, ctx context.Context, dbURL string) jetstream.JetS
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	rctx, rcancel := context.WithCancel(context.Background())
-	ready, done := make(chan struct{}), make(chan error, 1)
-	go func() {
-		done <- app.Run(rctx, cfg, zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel), app.Options{Ready: ready})
-	}()
-	t.Cleanup(func() {
-		rcancel()
-		if err := <-done; err != nil {
-			t.Errorf("relay: %v", err)
-		}
-	})
-	select {
-	case <-ready:
-	case err := <-done:
-		done <- err
-		t.Fatalf("relay exited at start: %v", err)
-	case <-ctx.Done():
-		t.Fatal("relay did not start")
-	}
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	relaytest.StartRelay(t, cfg)
+	_, js := relaytest.JetStream(t, srv.URL())
 	return js
 }

@@ -44,7 +44,7 @@ func TestBackfillInterruptedByCrashIsRedone(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("backfill did not start")
 		}
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond) // polls fast: the kill must land mid-backfill
 	}
 	p.signal(t, syscall.SIGKILL)
 	e.spawnRelay()
@@ -82,7 +82,7 @@ func TestCleanStopRightAfterFirstStartDoesNotRedoTheBackfill(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("relay did not start streaming:\n%s", p.output())
 		}
-		time.Sleep(2 * time.Millisecond)
+		time.Sleep(2 * time.Millisecond) // polls fast: the stop must land before the marker's upkeep
 	}
 	if code := p.signal(t, syscall.SIGTERM); code != 0 {
 		t.Fatalf("exit %d", code)

@@ -37,7 +37,7 @@ func TestChaos(t *testing.T) {
 	ctx := context.Background()
 	start := time.Now()
 	for time.Since(start) < duration {
-		time.Sleep(time.Duration(1500+rng.IntN(2500)) * time.Millisecond)
+		time.Sleep(time.Duration(1500+rng.IntN(2500)) * time.Millisecond) // fault timing: random gap between faults
 		kind := []string{"relay_kill9", "nats_restart", "postgres_restart", "slot_drop"}[rng.IntN(4)]
 		t.Logf("%s fault: %s", time.Now().UTC().Format("15:04:05.000"), kind)
 		switch kind {
@@ -47,7 +47,7 @@ func TestChaos(t *testing.T) {
 			faults[kind]++
 		case "nats_restart":
 			e.nats.Stop()
-			time.Sleep(time.Duration(500+rng.IntN(3000)) * time.Millisecond)
+			time.Sleep(time.Duration(500+rng.IntN(3000)) * time.Millisecond) // fault timing: random outage length
 			if err := e.nats.Restart(); err != nil {
 				t.Fatal(err)
 			}

@@ -11,6 +11,7 @@ import (
 	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/natstest"
 	"github.com/walbox/walbox/internal/outboxtest"
+	"github.com/walbox/walbox/internal/relaytest"
 )
 
 func TestR3StreamLeaderLossMidLoadLosesNothing(t *testing.T) {
@@ -19,14 +20,14 @@ func TestR3StreamLeaderLossMidLoadLosesNothing(t *testing.T) {
 	w := e.witness("outbox_events")
 	e.startRelay()
 	stop := e.loadInBackground(outboxtest.Load{Producers: 3, MaxRows: 10, Rollback: 0.1, Rate: 30})
-	time.Sleep(2 * time.Second)
+	time.Sleep(2 * time.Second) // pacing: the fault lands mid-load
 	leader := cl.StreamLeader("", "ORDERS")
 	if leader < 0 {
 		t.Fatal("no leader for ORDERS")
 	}
 	cl.Servers[leader].Stop()
 	t.Logf("stopped node %d, the ORDERS stream leader, mid-load", leader)
-	time.Sleep(4 * time.Second)
+	time.Sleep(4 * time.Second) // fault timing: the outage lasts while the load goes on
 	if err := cl.Servers[leader].Restart(); err != nil {
 		t.Fatal(err)
 	}
@@ -49,12 +50,12 @@ func TestR3NATSProcessesLeaderKillAndRollingRestart(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 
-	time.Sleep(2 * time.Second)
+	time.Sleep(2 * time.Second) // pacing: the fault lands mid-load
 	leader := streamLeader(ctx, t, e.js, "ORDERS")
 	node := cl.Node(leader)
 	node.Kill()
 	t.Logf("killed %s, the ORDERS stream leader, mid-load", leader)
-	time.Sleep(4 * time.Second)
+	time.Sleep(4 * time.Second) // fault timing: the node stays dead while the load goes on
 	if err := node.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +65,7 @@ func TestR3NATSProcessesLeaderKillAndRollingRestart(t *testing.T) {
 	for _, n := range cl.Nodes {
 		n.Stop()
 		t.Logf("rolling restart: %s stopped", n.Name)
-		time.Sleep(time.Second)
+		time.Sleep(time.Second) // fault timing: each node stays down a second
 		if err := n.Start(); err != nil {
 			t.Fatal(err)
 		}
@@ -131,14 +132,7 @@ func r3Env(t *testing.T, urls string, mutate ...func(*config.Config)) *env {
 			c.NATS.Streams[i].Replicas = 3
 		}
 	}}, mutate...)...)
-	nc, err := nats.Connect(urls, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	if e.js, err = jetstream.New(nc); err != nil {
-		t.Fatal(err)
-	}
+	_, e.js = relaytest.JetStream(t, urls, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 	e.migrate()
 	return e
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/ops"
 	"github.com/walbox/walbox/internal/pgtest"
+	"github.com/walbox/walbox/internal/relaytest"
 	walboxsql "github.com/walbox/walbox/sql"
 
 	"github.com/jackc/pgx/v5"
@@ -114,22 +115,20 @@ func TestPgHBAForLogicalReplicationIsTheDatabaseLine(t *testing.T) {
 	e.cfg.Postgres.URL = fmt.Sprintf("postgres://walbox:pw@127.0.0.1:%d/app?sslmode=disable", good.Port())
 	e.cfgFile = ""
 	p := e.startProc()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	defer func() {
+		if t.Failed() {
+			t.Logf("relay output:\n%s", p.output())
+		}
+	}()
+	relaytest.Eventually(t, 30*time.Second, "walbox to stream with the advised pg_hba.conf line", func() bool {
 		var active bool
 		c, err := pgx.Connect(ctx, good.URL("app"))
 		if err == nil {
 			_ = c.QueryRow(ctx, "SELECT coalesce(bool_or(active), false) FROM pg_replication_slots WHERE slot_name = 'walbox'").Scan(&active)
 			c.Close(ctx)
 		}
-		if active {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("walbox did not stream with the advised pg_hba.conf line:\n%s", p.output())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return active
+	})
 	// doctor agrees: both connections pass with that one line.
 	rep := ops.Doctor(ctx, e.cfg)
 	for _, c := range rep.Checks {
@@ -180,13 +179,14 @@ func TestWrongNATSAddressSaysConnectionRefused(t *testing.T) {
 	e.cfg.NATS.URL = "nats://" + freeAddr(t) // nothing listens there
 	e.cfg.Metrics.Listen = addr
 	p := e.startProc()
-	deadline := time.Now().Add(30 * time.Second)
-	for !strings.Contains(p.output(), "connection refused") {
-		if time.Now().After(deadline) {
-			t.Fatalf("walbox does not say the connection is refused:\n%s", p.output())
+	defer func() {
+		if t.Failed() {
+			t.Logf("relay output:\n%s", p.output())
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	}()
+	relaytest.Eventually(t, 30*time.Second, "walbox to say the connection is refused", func() bool {
+		return strings.Contains(p.output(), "connection refused")
+	})
 	if strings.Contains(p.output(), "outbound buffer limit exceeded") {
 		t.Fatalf("walbox still reports the unsent request instead of the cause:\n%s", p.output())
 	}

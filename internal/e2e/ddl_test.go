@@ -6,10 +6,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
 	"github.com/walbox/walbox/internal/app"
 	"github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/internal/relaytest"
 )
 
 // TestRenamedColumnWithBacklogDeadLettersTheUnmappableRows: a backlog spans
@@ -37,25 +39,22 @@ func TestRenamedColumnWithBacklogDeadLettersTheUnmappableRows(t *testing.T) {
 	e.cfg.Outbox.Columns = map[string]string{"topic": "subject"}
 	e.startRelay()
 	e.waitDelivered(7, 30*time.Second)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		st, err := e.js.Stream(ctx, "WALBOX_DLQ")
-		if err == nil {
-			if info, err := st.Info(ctx); err == nil && info.State.Msgs == 5 {
-				m, err := st.GetMsg(ctx, info.State.FirstSeq)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if reason := m.Header.Get("Walbox-Dlq-Reason"); !strings.Contains(reason, `no column "subject"`) {
-					t.Fatalf("dead letter reason %q does not name the missing column", reason)
-				}
-				break
-			}
+	var st jetstream.Stream
+	relaytest.Eventually(t, 30*time.Second, "the 5 rows from before the rename dead-lettered", func() bool {
+		var err error
+		st, err = e.js.Stream(ctx, "WALBOX_DLQ")
+		if err != nil {
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("the 5 rows from before the rename were not dead-lettered")
-		}
-		time.Sleep(100 * time.Millisecond)
+		info, err := st.Info(ctx)
+		return err == nil && info.State.Msgs == 5
+	})
+	m, err := st.GetMsg(ctx, st.CachedInfo().State.FirstSeq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if reason := m.Header.Get("Walbox-Dlq-Reason"); !strings.Contains(reason, `no column "subject"`) {
+		t.Fatalf("dead letter reason %q does not name the missing column", reason)
 	}
 }
 

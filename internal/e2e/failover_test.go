@@ -18,6 +18,7 @@ import (
 	"github.com/walbox/walbox/internal/outboxtest"
 	"github.com/walbox/walbox/internal/pgcluster"
 	"github.com/walbox/walbox/internal/pgtest"
+	"github.com/walbox/walbox/internal/relaytest"
 	walboxsql "github.com/walbox/walbox/sql"
 )
 
@@ -63,7 +64,7 @@ func testPromotion(t *testing.T, sync bool) {
 	if err := primary.Exec(ctx, "postgres", "SELECT pg_reload_conf()"); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, 30*time.Second, "the standby to stream", func() bool {
+	relaytest.Eventually(t, 30*time.Second, "the standby to stream", func() bool {
 		c, err := pgx.Connect(ctx, primary.URL("postgres"))
 		if err != nil {
 			return false
@@ -85,9 +86,9 @@ func testPromotion(t *testing.T, sync bool) {
 	e.pool = pool
 	e.startRelay()
 	stop := e.loadInBackground(outboxtest.Load{Producers: 8, MaxRows: 10, Rollback: 0.1, Rate: 20})
-	time.Sleep(3 * time.Second)
+	time.Sleep(3 * time.Second) // pacing: the failover lands mid-load
 	resumed := failOver(ctx, t, primary, standby)
-	time.Sleep(3 * time.Second) // load goes on against the new primary
+	time.Sleep(3 * time.Second) // pacing: load goes on against the new primary
 	res := stop()
 
 	st := e.checkPromotion(ctx, standby.URL("app"), res)
@@ -124,7 +125,7 @@ func (e *env) checkPromotion(ctx context.Context, newPrimaryURL string, res *out
 		t.Fatal(err)
 	}
 	e.waitDelivered(len(held), 60*time.Second)
-	time.Sleep(300 * time.Millisecond)
+	e.settled()
 	onNew := map[string]bool{}
 	for _, id := range held {
 		onNew[id] = true
@@ -225,21 +226,10 @@ func failOver(ctx context.Context, t *testing.T, primary *pgtest.Cluster, standb
 	if err := standby.Promote(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, 60*time.Second, "walbox to stream from the promoted standby", func() bool {
+	relaytest.Eventually(t, 60*time.Second, "walbox to stream from the promoted standby", func() bool {
 		return slotActiveOn(ctx, standby.URL("app"), "walbox")
 	})
 	return time.Since(promoted)
-}
-
-func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }
 
 // TestFailoverSlotFollowsPromotion is the failover from PostgreSQL 17 on:
@@ -315,7 +305,7 @@ func TestFailoverSlotFollowsPromotion(t *testing.T) {
 	// the standby's catalog xmin. Decoded traffic and a standby snapshot
 	// record in the WAL hurry that along.
 	start := time.Now()
-	waitUntil(t, 90*time.Second, "the standby's copy of the slot to be synced and persisted", func() bool {
+	relaytest.Eventually(t, 90*time.Second, "the standby's copy of the slot to be synced and persisted", func() bool {
 		_ = primary.Exec(ctx, "app", "SELECT pg_log_standby_snapshot()")
 		c, err := pgx.Connect(ctx, standby.URL("app"))
 		if err != nil {
@@ -333,7 +323,7 @@ func TestFailoverSlotFollowsPromotion(t *testing.T) {
 		}
 	}
 	resumed := failOver(ctx, t, primary, standby)
-	time.Sleep(3 * time.Second)
+	time.Sleep(3 * time.Second) // pacing: load goes on against the new primary
 	res := stop()
 	st := e.checkPromotion(ctx, standby.URL("app"), res)
 	t.Logf("failover slot: %d events checked on the new primary, lost %d, duplicated %d, out of order per producer %d, republished from a snapshot %d; "+

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/walbox/walbox/internal/outboxtest"
+	"github.com/walbox/walbox/internal/relaytest"
 )
 
 // loadInBackground runs producers until the returned stop is called.
@@ -33,12 +34,12 @@ func TestRelayKilledMidStreamLosesNothing(t *testing.T) {
 			// the backfill's business (TestFirstStartPublishesRowsAlreadyWaiting).
 			stop = e.loadInBackground(outboxtest.Load{Producers: 4, MaxRows: 20, Rollback: 0.1, Rate: 40})
 		}
-		time.Sleep(1500 * time.Millisecond)
+		time.Sleep(1500 * time.Millisecond) // fault timing: the signal lands mid-load
 		code := p.signal(t, sig)
 		if sig == syscall.SIGTERM && code != 0 {
 			t.Fatalf("round %d: SIGTERM exit code %d, want 0 (clean drain)\n%s", round, code, p.output())
 		}
-		time.Sleep(300 * time.Millisecond)
+		time.Sleep(300 * time.Millisecond) // fault timing: the load goes on with no relay
 	}
 	res := stop()
 	p := e.spawnRelay()
@@ -53,7 +54,7 @@ func TestSIGTERMDrainsAndConfirmsWhatWasAcked(t *testing.T) {
 	p := e.spawnRelay()
 	res := outboxtest.Load{Producers: 2, MaxRows: 10, Txns: 20}.Run(context.Background(), e.pool)
 	e.waitDelivered(int(res.Committed.Load()), 30*time.Second)
-	time.Sleep(200 * time.Millisecond)
+	time.Sleep(200 * time.Millisecond) // fault timing: SIGTERM after the acks, as in a routine stop
 	if code := p.signal(t, syscall.SIGTERM); code != 0 {
 		t.Fatalf("exit code %d after SIGTERM, want 0\n%s", code, p.output())
 	}
@@ -80,7 +81,7 @@ func TestNATSOutageLongerThanBackoffCeilingLosesNothing(t *testing.T) {
 	w := e.witness("outbox_events")
 	e.startRelay()
 	stop := e.loadInBackground(outboxtest.Load{Producers: 4, MaxRows: 20, Rollback: 0.1, Rate: 30})
-	time.Sleep(2 * time.Second)
+	time.Sleep(2 * time.Second) // pacing: the outage lands mid-load
 
 	before := e.slot()
 	e.nats.Stop()
@@ -91,11 +92,16 @@ func TestNATSOutageLongerThanBackoffCeilingLosesNothing(t *testing.T) {
 	// Samples start after two status intervals: acks that arrived just
 	// before the outage are reported by the next status update.
 	var samples []slotRow
-	time.Sleep(2 * time.Second)
+	time.Sleep(2 * time.Second) // sampling: starts two status intervals into the outage
 	for time.Since(outageStart) < 8*time.Second {
 		samples = append(samples, e.slot())
-		time.Sleep(500 * time.Millisecond)
+		time.Sleep(500 * time.Millisecond) // sampling: the slot twice a second through the outage
 	}
+	// The samples prove something only if the relay had events it could
+	// not get acked during the outage.
+	relaytest.Eventually(t, 10*time.Second, "the relay to hold unacked events during the outage", func() bool {
+		return e.counter("walbox_inflight", nil) > 0 || e.counter("walbox_publish_errors_total", nil) > 0
+	})
 	if err := e.nats.Restart(); err != nil {
 		t.Fatal(err)
 	}
@@ -121,11 +127,11 @@ func TestPostgresRestartMidLoadLosesNothing(t *testing.T) {
 	w := e.witness("outbox_events")
 	e.startRelay()
 	stop := e.loadInBackground(outboxtest.Load{Producers: 4, MaxRows: 20, Rollback: 0.1, Rate: 30})
-	time.Sleep(2 * time.Second)
+	time.Sleep(2 * time.Second) // pacing: the restart lands mid-load
 	if err := s.pg.Restart(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(3 * time.Second)
+	time.Sleep(3 * time.Second) // pacing: load goes on after the restart
 	res := stop()
 	if res.Errors.Load() == 0 {
 		t.Log("no producer transaction failed during the restart")
@@ -142,7 +148,7 @@ func TestFirstStartPublishesRowsAlreadyWaiting(t *testing.T) {
 	before := outboxtest.Load{Producers: 4, MaxRows: 20, Rollback: 0.1, Txns: 30}.Run(context.Background(), e.pool)
 	stop := e.loadInBackground(outboxtest.Load{Producers: 2, MaxRows: 5, Rate: 50})
 	e.startRelay()
-	time.Sleep(time.Second)
+	time.Sleep(time.Second) // pacing: load goes on while the slot is created
 	during := stop()
 	during.RolledBack = append(during.RolledBack, before.RolledBack...)
 

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/walbox/walbox/internal/outboxtest"
+	"github.com/walbox/walbox/internal/relaytest"
 )
 
 func ready(addr string) bool {
@@ -27,25 +28,21 @@ func TestStandbyTakesOverWhenLeaderIsKilled(t *testing.T) {
 	e.waitSlotActive(a)
 	b := e.startProc("WALBOX_METRICS_LISTEN=" + addrB)
 	// Exactly one is ready: the leader. The other says standby.
-	deadline := time.Now().Add(20 * time.Second)
-	for !(ready(addrA) && !ready(addrB)) {
-		if time.Now().After(deadline) {
-			t.Fatalf("want A ready (leader) and B not (standby): A=%v B=%v", ready(addrA), ready(addrB))
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	relaytest.Eventually(t, 20*time.Second, "A ready (leader) and B not (standby)", func() bool {
+		return ready(addrA) && !ready(addrB)
+	})
 	stop := e.loadInBackground(outboxtest.Load{Producers: 3, MaxRows: 10, Rollback: 0.1, Rate: 30})
-	time.Sleep(1500 * time.Millisecond)
+	time.Sleep(1500 * time.Millisecond) // pacing: the leader dies mid-load
 	a.signal(t, syscall.SIGKILL)
 	killed := time.Now()
-	for !ready(addrB) {
-		if time.Since(killed) > 30*time.Second {
-			t.Fatalf("standby did not take over within 30s\n%s", b.output())
+	defer func() {
+		if t.Failed() {
+			t.Logf("standby output:\n%s", b.output())
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	}()
+	relaytest.Eventually(t, 30*time.Second, "the standby to take over", func() bool { return ready(addrB) })
 	t.Logf("standby took over %v after the leader was killed", time.Since(killed).Round(10*time.Millisecond))
-	time.Sleep(time.Second)
+	time.Sleep(time.Second) // pacing: load goes on against the new leader
 	res := stop()
 	e.check(w, res)
 }

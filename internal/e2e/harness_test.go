@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -18,14 +19,13 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/rs/zerolog"
 	"gopkg.in/yaml.v3"
 
-	"github.com/walbox/walbox/internal/app"
 	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/natstest"
 	"github.com/walbox/walbox/internal/outboxtest"
 	"github.com/walbox/walbox/internal/pgtest"
+	"github.com/walbox/walbox/internal/relaytest"
 	walboxsql "github.com/walbox/walbox/sql"
 )
 
@@ -78,11 +78,13 @@ type env struct {
 	cfg     config.Config
 	cfgFile string
 	reg     *prometheus.Registry // metrics of the last relay started in process
+	// relays are those this test started, in process or as processes: a
+	// check waits for them to settle only while one runs.
+	relays []interface{ running() bool }
 }
 
 func newEnv(t *testing.T, mutate ...func(*config.Config)) *env {
 	t.Helper()
-	ctx := context.Background()
 	e := &env{t: t, dbURL: s.pg.NewDB(t)}
 	e.nats = natstest.New(t)
 	cfg := config.Default()
@@ -105,37 +107,15 @@ func newEnv(t *testing.T, mutate ...func(*config.Config)) *env {
 		t.Fatal(err)
 	}
 	e.cfg = cfg
-	pool, err := pgxpool.New(ctx, e.dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	e.pool = pool
-	nc, err := nats.Connect(e.nats.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	e.nc = nc
-	e.js, err = jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	e.pool = relaytest.Pool(t, e.dbURL)
+	e.nc, e.js = relaytest.JetStream(t, e.nats.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 	return e
 }
 
 // migrate applies walbox's migrations for the default table.
 func (e *env) migrate() {
 	e.t.Helper()
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, e.dbURL)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	if _, err := walboxsql.Apply(ctx, conn, walboxsql.Params{Publication: e.cfg.Postgres.Publication}); err != nil {
-		e.t.Fatal(err)
-	}
+	relaytest.Migrate(e.t, e.dbURL, walboxsql.Params{Publication: e.cfg.Postgres.Publication})
 }
 
 // conn opens a connection closed at the end of the test.
@@ -165,47 +145,25 @@ func (e *env) witness(table string) *outboxtest.Witness {
 	return w
 }
 
-// relay runs the relay in-process until the returned stop is called.
-type inproc struct {
-	cancel context.CancelFunc
-	done   chan error
-	once   sync.Once
-}
+// inproc is the relay running in-process until stop (or the test's end).
+type inproc struct{ *relaytest.Relay }
 
 func (e *env) startRelay() *inproc {
 	e.t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan struct{})
-	r := &inproc{cancel: cancel, done: make(chan error, 1)}
-	log := zerolog.New(zerolog.NewTestWriter(e.t)).Level(zerolog.WarnLevel)
-	e.reg = prometheus.NewRegistry()
-	reg := e.reg
-	go func() { r.done <- app.Run(ctx, e.cfg, log, app.Options{Ready: ready, Registry: reg}) }()
-	select {
-	case <-ready:
-	case err := <-r.done:
-		e.t.Fatalf("relay exited at start: %v", err)
-	case <-time.After(30 * time.Second):
-		e.t.Fatal("relay did not start replicating within 30s")
-	}
-	e.t.Cleanup(func() { r.stop(e.t) })
+	r := &inproc{relaytest.StartRelay(e.t, e.cfg)}
+	e.reg = r.Registry
+	e.relays = append(e.relays, r)
 	return r
 }
 
-func (r *inproc) stop(t *testing.T) {
-	r.once.Do(func() { r.stopOnce(t) })
-}
+func (r *inproc) stop(t *testing.T) { r.Stop(t) }
 
-func (r *inproc) stopOnce(t *testing.T) {
-	r.cancel()
+func (r *inproc) running() bool {
 	select {
-	case err, ok := <-r.done:
-		if ok && err != nil {
-			t.Errorf("relay: %v", err)
-		}
-		close(r.done)
-	case <-time.After(30 * time.Second):
-		t.Error("relay did not stop within 30s")
+	case <-r.Done():
+		return false
+	default:
+		return true
 	}
 }
 
@@ -255,6 +213,7 @@ func (e *env) startProc(environ ...string) *proc {
 		e.t.Fatal(err)
 	}
 	go func() { p.cmd.Wait(); close(p.done) }()
+	e.relays = append(e.relays, p)
 	e.t.Cleanup(func() {
 		p.cmd.Process.Kill()
 		<-p.done
@@ -268,20 +227,19 @@ func (e *env) startProc(environ ...string) *proc {
 // waitSlotActive waits until the relay holds the slot, i.e. streams.
 func (e *env) waitSlotActive(p *proc) {
 	e.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
+	defer func() {
+		if e.t.Failed() {
+			e.t.Logf("relay output:\n%s", p.output())
+		}
+	}()
+	relaytest.Eventually(e.t, 30*time.Second, "the relay to stream (its slot active)", func() bool {
+		if !p.running() {
+			e.t.Fatal("relay exited at start")
+		}
 		var active bool
 		_ = e.pool.QueryRow(context.Background(), "SELECT coalesce(bool_or(active), false) FROM pg_replication_slots WHERE slot_name = $1", e.cfg.Postgres.Slot).Scan(&active)
-		if active {
-			return
-		}
-		select {
-		case <-p.done:
-			e.t.Fatalf("relay exited at start:\n%s", p.output())
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-	e.t.Fatalf("relay did not start streaming within 30s:\n%s", p.output())
+		return active
+	})
 }
 
 type lockedWriter struct{ p *proc }
@@ -290,6 +248,15 @@ func (w *lockedWriter) Write(b []byte) (int, error) {
 	w.p.mu.Lock()
 	defer w.p.mu.Unlock()
 	return w.p.logs.Write(b)
+}
+
+func (p *proc) running() bool {
+	select {
+	case <-p.done:
+		return false
+	default:
+		return true
+	}
 }
 
 func (p *proc) output() string {
@@ -343,9 +310,13 @@ func (e *env) streamNames() []string {
 // waitDelivered waits until the streams hold at least n messages in all.
 func (e *env) waitDelivered(n int, timeout time.Duration) {
 	e.t.Helper()
-	deadline := time.Now().Add(timeout)
 	var total uint64
-	for time.Now().Before(deadline) {
+	defer func() {
+		if total < uint64(n) {
+			e.t.Logf("only %d of %d events reached JetStream", total, n)
+		}
+	}()
+	relaytest.Eventually(e.t, timeout, fmt.Sprintf("%d events in JetStream", n), func() bool {
 		total = 0
 		for _, name := range e.streamNames() {
 			st, err := e.js.Stream(context.Background(), name)
@@ -357,12 +328,47 @@ func (e *env) waitDelivered(n int, timeout time.Duration) {
 				total += info.State.Msgs
 			}
 		}
-		if total >= uint64(n) {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
+		return total >= uint64(n)
+	})
+}
+
+// settled waits for a positive sign that every running relay is past all
+// that was committed so far: one table-less event per stream, emitted now,
+// arrives. A relay publishes in WAL order, resends included, so a late
+// duplicate of an earlier event would have been stored before it. With no
+// relay running nothing can arrive late, and there is nothing to wait for.
+func (e *env) settled() {
+	e.t.Helper()
+	if !slices.ContainsFunc(e.relays, func(r interface{ running() bool }) bool { return r.running() }) {
+		return
 	}
-	e.t.Fatalf("only %d of %d events reached JetStream within %v", total, n, timeout)
+	ctx := relaytest.Ctx(e.t)
+	for _, st := range e.cfg.NATS.Streams {
+		subject := settleSubject(st.Subjects[0])
+		var id string
+		if err := e.pool.QueryRow(ctx, "SELECT walbox.emit_message($1, '{}')::text", strings.TrimPrefix(subject, e.cfg.NATS.SubjectPrefix)).Scan(&id); err != nil {
+			e.t.Fatalf("emit the settle marker for %s: %v", st.Name, err)
+		}
+		relaytest.Eventually(e.t, 60*time.Second, "the settle marker in "+st.Name, func() bool {
+			s, err := e.js.Stream(ctx, st.Name)
+			if err != nil {
+				return false
+			}
+			m, err := s.GetLastMsgForSubject(ctx, subject)
+			return err == nil && m.Header.Get("Nats-Msg-Id") == id
+		})
+	}
+}
+
+// settleSubject is a subject of the stream pattern p, for settled's marker.
+func settleSubject(p string) string {
+	tokens := strings.Split(p, ".")
+	for i, tok := range tokens {
+		if tok == "*" || tok == ">" {
+			tokens[i] = "walbox_settled"
+		}
+	}
+	return strings.Join(tokens, ".")
 }
 
 // check runs the one checker over the whole run and fails the test on any
@@ -380,8 +386,8 @@ func (e *env) check(w *outboxtest.Witness, res *outboxtest.Result) outboxtest.Re
 		e.t.Fatal(err)
 	}
 	e.waitDelivered(len(committed), 60*time.Second)
-	// A moment more, so a duplicate arriving late is seen too.
-	time.Sleep(300 * time.Millisecond)
+	// A duplicate arriving late is seen too.
+	e.settled()
 	streams, snapshot, err := outboxtest.ReadStreamsSnapshot(ctx, e.js, e.streamNames()...)
 	if err != nil {
 		e.t.Fatal(err)
@@ -407,23 +413,5 @@ func (e *env) check(w *outboxtest.Witness, res *outboxtest.Result) outboxtest.Re
 // counter reads a counter of the last in-process relay, by its labels.
 func (e *env) counter(name string, labels map[string]string) float64 {
 	e.t.Helper()
-	mfs, err := e.reg.Gather()
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range mf.GetMetric() {
-			for _, lp := range m.GetLabel() {
-				if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
-					continue next
-				}
-			}
-			return m.GetCounter().GetValue()
-		}
-	}
-	return 0
+	return relaytest.Metric(e.t, e.reg, name, labels)
 }

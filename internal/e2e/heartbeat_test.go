@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/internal/relaytest"
 )
 
 // TestIdleOutboxRetainsNoWALWhileAnotherDatabaseWrites: the outbox is idle,
@@ -88,8 +89,7 @@ func TestIdleOutboxRetainsNoWALWhileAnotherDatabaseWrites(t *testing.T) {
 	if _, err := e.pool.Exec(ctx, "CHECKPOINT"); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	relaytest.Eventually(t, 30*time.Second, "the idle outbox's slot to let go of the WAL from before a checkpoint", func() bool {
 		var released bool
 		if _, err := other.Exec(ctx, "INSERT INTO busy (pad) VALUES ('x')"); err != nil {
 			t.Fatal(err)
@@ -97,14 +97,8 @@ func TestIdleOutboxRetainsNoWALWhileAnotherDatabaseWrites(t *testing.T) {
 		if err := e.pool.QueryRow(ctx, `SELECT restart_lsn >= $1::pg_lsn FROM pg_replication_slots WHERE slot_name = 'walbox'`, mark).Scan(&released); err != nil {
 			t.Fatal(err)
 		}
-		if released {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the idle outbox's slot still holds WAL from before a checkpoint 30 s later: walbox does not let it go")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return released
+	})
 	if worst > within {
 		t.Fatalf("a WAL position waited %v to be confirmed while the outbox was idle (heartbeat 2 s, status every 1 s)", worst)
 	}

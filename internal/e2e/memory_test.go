@@ -41,7 +41,7 @@ func slowProxy(t *testing.T, target string, rate int) string {
 				if _, werr := dst.Write(buf[:n]); werr != nil {
 					return
 				}
-				time.Sleep(time.Duration(n) * time.Second / time.Duration(rate))
+				time.Sleep(time.Duration(n) * time.Second / time.Duration(rate)) // pacing: the proxy's bandwidth
 			}
 			if err != nil {
 				return

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/walbox/walbox/internal/pgtest"
+	"github.com/walbox/walbox/internal/relaytest"
 	walboxsql "github.com/walbox/walbox/sql"
 )
 
@@ -140,19 +141,17 @@ func slotActiveOn(ctx context.Context, dbURL, slot string) bool {
 
 func waitSlotOn(t *testing.T, dbURL, slot string, p *proc) {
 	t.Helper()
-	ctx := context.Background()
-	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
-		if slotActiveOn(ctx, dbURL, slot) {
-			return
+	defer func() {
+		if t.Failed() {
+			t.Logf("relay output:\n%s", p.output())
 		}
-		select {
-		case <-p.done:
-			t.Fatalf("relay exited:\n%s", p.output())
-		case <-time.After(100 * time.Millisecond):
+	}()
+	relaytest.Eventually(t, 60*time.Second, "the relay to stream from "+dbURL, func() bool {
+		if !p.running() {
+			t.Fatal("relay exited")
 		}
-	}
-	t.Fatalf("relay did not stream from %s within 60s:\n%s", dbURL, p.output())
+		return slotActiveOn(context.Background(), dbURL, slot)
+	})
 }
 
 // TestSlotRecreatedOnAnotherClusterRedoesACutBackfill: walbox streams from
@@ -190,14 +189,25 @@ func TestSlotRecreatedOnAnotherClusterRedoesACutBackfill(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitSlotOn(t, bURL, e.cfg.Postgres.Slot, p)
-	// The marker is cleared on a 200 ms tick once the confirmed position
-	// covers the backfill; give a wrong one time to act.
-	time.Sleep(time.Second)
 	bc, err := pgx.Connect(ctx, bURL)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer bc.Close(ctx)
+	// The marker is cleared on a 200 ms tick once the confirmed position
+	// covers the backfill. Give a wrong one time to act, measured by the
+	// relay itself: two standby status updates (one status interval, 1 s)
+	// reach B after it streams from there.
+	replies := map[string]bool{}
+	relaytest.Eventually(t, 30*time.Second, "two status updates from the relay on B", func() bool {
+		var at string
+		err := bc.QueryRow(ctx, `SELECT coalesce(reply_time::text, '') FROM pg_stat_replication
+			WHERE pid = (SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1)`, e.cfg.Postgres.Slot).Scan(&at)
+		if err == nil && at != "" {
+			replies[at] = true
+		}
+		return len(replies) >= 3
+	})
 	var markers int
 	if err := bc.QueryRow(ctx, "SELECT count(*) FROM walbox.slot_backfill WHERE slot_name = $1", e.cfg.Postgres.Slot).Scan(&markers); err != nil {
 		t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/internal/relaytest"
 	walboxsql "github.com/walbox/walbox/sql"
 )
 
@@ -62,7 +63,7 @@ func TestOriginNoneSkipsRowsASubscriptionApplied(t *testing.T) {
 	e.startRelay()
 	mine := insertEvents(t, e.dbURL, "a", 5)
 	applied := insertEvents(t, bURL, "b", 5)
-	waitUntil(t, 60*time.Second, "the subscription to apply b's rows", func() bool {
+	relaytest.Eventually(t, 60*time.Second, "the subscription to apply b's rows", func() bool {
 		var n int
 		_ = e.pool.QueryRow(ctx, "SELECT count(*) FROM outbox_events WHERE payload->>'n' LIKE 'b-%'").Scan(&n)
 		return n == len(applied)

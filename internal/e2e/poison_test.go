@@ -9,6 +9,7 @@ import (
 
 	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/outboxtest"
+	"github.com/walbox/walbox/internal/relaytest"
 )
 
 func TestPoisonEventsAreDeadLetteredAndNeverStopTheOthers(t *testing.T) {
@@ -52,17 +53,10 @@ func TestPoisonEventsAreDeadLetteredAndNeverStopTheOthers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		info, _ := dlq.Info(ctx)
-		if info.State.Msgs == 4 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("dead-letter stream holds %d, want 4", info.State.Msgs)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	relaytest.Eventually(t, 10*time.Second, "4 messages in the dead-letter stream", func() bool {
+		info, err := dlq.Info(ctx)
+		return err == nil && info.State.Msgs == 4
+	})
 	for seq := uint64(1); seq <= 4; seq++ {
 		m, err := dlq.GetMsg(ctx, seq)
 		if err != nil {
@@ -115,16 +109,18 @@ func TestTooLargeAndInvalidJSONPayloadsAreDeadLettered(t *testing.T) {
 	}
 	dlq, _ := e.js.Stream(ctx, "WALBOX_DLQ")
 	reasons := map[string]string{}
-	deadline := time.Now().Add(10 * time.Second)
-	for len(reasons) < 3 && time.Now().Before(deadline) {
-		info, _ := dlq.Info(ctx)
+	relaytest.Eventually(t, 10*time.Second, "3 dead letters", func() bool {
+		info, err := dlq.Info(ctx)
+		if err != nil {
+			return false
+		}
 		for seq := uint64(1); seq <= info.State.LastSeq; seq++ {
 			if m, err := dlq.GetMsg(ctx, seq); err == nil {
 				reasons[m.Header.Get("Nats-Msg-Id")] = m.Header.Get("Walbox-Dlq-Reason")
 			}
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return len(reasons) >= 3
+	})
 	for id, want := range map[string]string{"bad-json": "not valid JSON", "too-big": "max_payload", "null-topic": "topic is NULL"} {
 		if !strings.Contains(reasons[id], want) {
 			t.Errorf("dead letter %s: reason %q, want it to mention %q", id, reasons[id], want)
@@ -159,17 +155,12 @@ func TestMissingDeadLetterStreamHoldsTheDeadLetterUntilItIsBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.waitDelivered(2, 30*time.Second)
-	deadline := time.Now().Add(30 * time.Second)
-	var msgs uint64
-	for time.Now().Before(deadline) {
-		if st, err := e.js.Stream(ctx, "WALBOX_DLQ"); err == nil {
-			if info, err := st.Info(ctx); err == nil {
-				if msgs = info.State.Msgs; msgs == 1 {
-					return
-				}
-			}
+	relaytest.Eventually(t, 30*time.Second, "the 1 dead letter in the dead-letter stream after it came back", func() bool {
+		st, err := e.js.Stream(ctx, "WALBOX_DLQ")
+		if err != nil {
+			return false
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Fatalf("dead-letter stream holds %d messages 30 s after it came back, want the 1 dead letter", msgs)
+		info, err := st.Info(ctx)
+		return err == nil && info.State.Msgs == 1
+	})
 }

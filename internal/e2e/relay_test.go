@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/walbox/walbox/internal/outboxtest"
+	"github.com/walbox/walbox/internal/relaytest"
 )
 
 func TestConcurrentProducersArriveExactlyOnceInCommitOrder(t *testing.T) {
@@ -23,14 +24,9 @@ func TestConcurrentProducersArriveExactlyOnceInCommitOrder(t *testing.T) {
 	}
 	// The slot follows: once everything is acked, confirmed_flush_lsn
 	// reaches the last commit.
-	deadline := time.Now().Add(15 * time.Second)
 	var cur string
 	_ = e.pool.QueryRow(context.Background(), "SELECT pg_current_wal_lsn()::text").Scan(&cur)
-	for time.Now().Before(deadline) {
-		if lsnAtLeast(e.slot().Confirmed.String(), cur) {
-			return
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	t.Fatalf("confirmed_flush_lsn %s did not reach %s after all events were acked", e.slot().Confirmed, cur)
+	relaytest.Eventually(t, 15*time.Second, "confirmed_flush_lsn to reach "+cur+" after all events were acked", func() bool {
+		return lsnAtLeast(e.slot().Confirmed.String(), cur)
+	})
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/outboxtest"
 	"github.com/walbox/walbox/internal/pgtest"
+	"github.com/walbox/walbox/internal/relaytest"
 )
 
 func freeAddr(t *testing.T) string {
@@ -143,7 +144,7 @@ func TestIdleOutboxInBusyDatabaseDoesNotHoldWAL(t *testing.T) {
 		if _, err := e.pool.Exec(ctx, "INSERT INTO busy (pad) SELECT repeat('x', 500) FROM generate_series(1, 200)"); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // pacing: a steady write load on the other table
 	}
 	var cur string
 	if err := e.pool.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&cur); err != nil {
@@ -152,17 +153,18 @@ func TestIdleOutboxInBusyDatabaseDoesNotHoldWAL(t *testing.T) {
 	// Within a few status intervals confirmed_flush_lsn catches up with
 	// the WAL written meanwhile: the slot retains (almost) nothing.
 	var retained int64
-	waitUntil := time.Now().Add(15 * time.Second)
-	for time.Now().Before(waitUntil) {
+	defer func() {
+		if retained > 0 {
+			t.Logf("confirmed_flush_lsn still %d bytes behind %s", retained, cur)
+		}
+	}()
+	relaytest.Eventually(t, 15*time.Second, "confirmed_flush_lsn to catch up with the WAL written to another table", func() bool {
 		if err := e.pool.QueryRow(ctx, "SELECT pg_wal_lsn_diff($1::pg_lsn, confirmed_flush_lsn)::bigint FROM pg_replication_slots WHERE slot_name = $2",
 			cur, e.cfg.Postgres.Slot).Scan(&retained); err != nil {
 			t.Fatal(err)
 		}
-		if retained <= 0 {
-			break
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
+		return retained <= 0
+	})
 	end := e.slot().Confirmed
 	t.Logf("confirmed_flush_lsn moved %s -> %s while only another table was written; behind the WAL by %d bytes", start, end, max(retained, 0))
 	if end <= start || retained > 0 {
@@ -379,9 +381,16 @@ func TestTableLessEventsFromEmitMessage(t *testing.T) {
 	if _, err := e.pool.Exec(ctx, `SELECT walbox.emit_message('orders.created', '{"n": 3}')`); err != nil {
 		t.Fatal(err)
 	}
-	e.waitDelivered(2, 30*time.Second)
-	time.Sleep(500 * time.Millisecond)
-	st, _ := e.js.Stream(ctx, "ORDERS")
+	// The third message, committed after the rollback, arriving is the
+	// sign that the relay is past the rolled-back one.
+	st, err := e.js.Stream(ctx, "ORDERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	relaytest.Eventually(t, 30*time.Second, `the message {"n": 3}`, func() bool {
+		m, err := st.GetLastMsgForSubject(ctx, "orders.created")
+		return err == nil && string(m.Data) == `{"n": 3}`
+	})
 	info, _ := st.Info(ctx)
 	if info.State.Msgs != 2 {
 		t.Fatalf("ORDERS holds %d, want 2 (the rolled-back message must not appear)", info.State.Msgs)

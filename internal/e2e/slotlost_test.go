@@ -23,7 +23,7 @@ func (e *env) checkNoLoss(w *outboxtest.Witness, res *outboxtest.Result) outboxt
 		e.t.Fatal(err)
 	}
 	e.waitDelivered(len(committed), 90*time.Second)
-	time.Sleep(300 * time.Millisecond)
+	e.settled()
 	streams, err := outboxtest.ReadStreams(ctx, e.js, e.streamNames()...)
 	if err != nil {
 		e.t.Fatal(err)
@@ -42,7 +42,7 @@ func TestSlotDroppedMidStreamIsRecreatedAndNothingIsLost(t *testing.T) {
 	w := e.witness("outbox_events")
 	e.startRelay()
 	stop := e.loadInBackground(outboxtest.Load{Producers: 3, MaxRows: 10, Rollback: 0.1, Rate: 30})
-	time.Sleep(1500 * time.Millisecond)
+	time.Sleep(1500 * time.Millisecond) // pacing: the slot is dropped mid-load
 	ctx := context.Background()
 	dropped := false
 	for i := 0; i < 50 && !dropped; i++ {
@@ -56,7 +56,7 @@ func TestSlotDroppedMidStreamIsRecreatedAndNothingIsLost(t *testing.T) {
 	if !dropped {
 		t.Fatal("could not drop the slot")
 	}
-	time.Sleep(2 * time.Second)
+	time.Sleep(2 * time.Second) // pacing: load goes on while the slot is recreated
 	res := stop()
 	e.checkNoLoss(w, res)
 	if n := e.counter("walbox_slot_lost_total", map[string]string{"reason": "missing"}); n < 1 {
@@ -135,7 +135,7 @@ func TestInvalidatedSlotIsRecreatedAndUnprocessedRowsRepublished(t *testing.T) {
 		t.Fatalf("table holds %d rows, want %d", len(ids), first.Committed.Load()+waiting.Committed.Load())
 	}
 	e.waitDelivered(len(ids), 60*time.Second)
-	time.Sleep(300 * time.Millisecond)
+	e.settled()
 	streams, err := outboxtest.ReadStreams(ctx, e.js, e.streamNames()...)
 	if err != nil {
 		t.Fatal(err)

@@ -11,21 +11,9 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-)
 
-// eventually polls cond every 25ms until it holds or timeout expires and
-// returns how long it took.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > timeout {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
-	return time.Since(start)
-}
+	"github.com/walbox/walbox/internal/relaytest"
+)
 
 // connect dials with unlimited reconnects and a short reconnect wait, the
 // way a relay that must survive broker restarts would, and reports
@@ -70,20 +58,20 @@ func publishN(t *testing.T, js jetstream.JetStream, subject string, n int) {
 // relay has to do across a leader change, and returns the ack.
 func publishEventually(t *testing.T, js jetstream.JetStream, subject string, timeout time.Duration) (*jetstream.PubAck, time.Duration) {
 	t.Helper()
-	start := time.Now()
+	var ack *jetstream.PubAck
 	var lastErr error
-	for time.Since(start) < timeout {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		ack, err := js.Publish(ctx, subject, []byte("after-fault"))
-		cancel()
-		if err == nil {
-			return ack, time.Since(start)
+	defer func() {
+		if ack == nil {
+			t.Logf("last publish error: %v", lastErr)
 		}
-		lastErr = err
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("publish did not succeed within %s: %v", timeout, lastErr)
-	return nil, 0
+	}()
+	took := relaytest.Eventually(t, timeout, "a publish to be acked", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		ack, lastErr = js.Publish(ctx, subject, []byte("after-fault"))
+		return lastErr == nil
+	})
+	return ack, took
 }
 
 func streamMsgs(t *testing.T, js jetstream.JetStream, stream string) uint64 {
@@ -222,7 +210,7 @@ func TestClusterLeaderFailover(t *testing.T) {
 	publishN(t, js, "events.x", 10)
 
 	var leader int
-	eventually(t, 10*time.Second, "stream leader", func() bool {
+	relaytest.Eventually(t, 10*time.Second, "stream leader", func() bool {
 		leader = c.StreamLeader("", "EVENTS")
 		return leader >= 0
 	})
@@ -240,7 +228,7 @@ func TestClusterLeaderFailover(t *testing.T) {
 	// tens of milliseconds; if that hand-off is missed, a normal RAFT
 	// election runs with the server's fixed 4-9s election timeout, hence
 	// the generous limit.
-	took := eventually(t, 15*time.Second, "new stream leader", func() bool {
+	took := relaytest.Eventually(t, 15*time.Second, "new stream leader", func() bool {
 		newLeader = c.StreamLeader("", "EVENTS")
 		return newLeader >= 0 && newLeader != leader
 	})
@@ -258,7 +246,7 @@ func TestClusterLeaderFailover(t *testing.T) {
 		t.Fatalf("restart old leader: %v", err)
 	}
 	old := c.Servers[leader]
-	took = eventually(t, 20*time.Second, "old leader to rejoin and catch up", func() bool {
+	took = relaytest.Eventually(t, 20*time.Second, "old leader to rejoin and catch up", func() bool {
 		ns := old.NS()
 		return ns.JetStreamIsCurrent() && ns.JetStreamIsStreamCurrent("$G", "EVENTS")
 	})
@@ -270,7 +258,7 @@ func TestClusterLeaderFailover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	took = eventually(t, 10*time.Second, "all replicas current in stream info", func() bool {
+	took = relaytest.Eventually(t, 10*time.Second, "all replicas current in stream info", func() bool {
 		info, err := st.Info(ctx2)
 		if err != nil || info.Cluster == nil || len(info.Cluster.Replicas) != 2 {
 			return false

@@ -16,6 +16,7 @@ import (
 
 	"github.com/walbox/walbox/consumer"
 	"github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/internal/relaytest"
 )
 
 func TestDLQListAndRetry(t *testing.T) {
@@ -141,13 +142,7 @@ func TestDLQRetryOfAConsumerDeadLetterReachesThatGroupAlone(t *testing.T) {
 	e.waitMsgs("WALBOX_DLQ", 1)
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(30 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s", what)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+		relaytest.Eventually(t, 30*time.Second, what, cond)
 	}
 	waitFor("group b to handle the event", func() bool { return handledB.Load() == 1 })
 	dls, _, err := DLQList(ctx, e.cfg, 0)

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/internal/relaytest"
 )
 
 // TestGrantsRecipeRunsTheRelay applies the printed recipe and runs doctor and
@@ -62,33 +63,20 @@ func TestGrantsRecipeRunsTheRelay(t *testing.T) {
 		t.Fatalf("ORDERS: %v", got)
 	}
 	// The sweeper marks the row as the role.
-	for {
+	relaytest.Eventually(t, 60*time.Second, "the row marked processed by the least-privilege role", func() bool {
 		var done bool
 		if err := conn.QueryRow(ctx, "SELECT processed FROM outbox_events WHERE id = $1", id).Scan(&done); err != nil {
 			t.Fatal(err)
 		}
-		if done {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatal("row never marked processed by the least-privilege role")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return done
+	})
 	// relay_status is written by the role, too.
-	for {
+	relaytest.Eventually(t, 60*time.Second, "relay_status written by the role", func() bool {
 		rep, err := Status(ctx, e.cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if rep.Relay.State == "running" {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("relay_status never written by the role: %+v", rep.Relay)
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
+		return rep.Relay.State == "running"
+	})
 	_ = context.Background
 }

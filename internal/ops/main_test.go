@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +17,7 @@ import (
 	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/natstest"
 	"github.com/walbox/walbox/internal/pgtest"
+	"github.com/walbox/walbox/internal/relaytest"
 	walboxsql "github.com/walbox/walbox/sql"
 )
 
@@ -38,11 +38,8 @@ type env struct {
 	logLevel zerolog.Level
 }
 
-func testCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
+// testCtx is the test's bounded context.
+func testCtx(t *testing.T) context.Context { return relaytest.Ctx(t) }
 
 func newEnv(t *testing.T, mutate ...func(*config.Config)) *env {
 	t.Helper()
@@ -139,81 +136,33 @@ func (e *env) insert(topic, payload string) string {
 	return id
 }
 
-// relayRun is a relay running in-process.
+// relayRun is a relay running in-process, its log kept.
 type relayRun struct {
-	cancel context.CancelFunc
-	done   chan error
-	once   sync.Once
-	log    *syncBuffer
-}
-
-// syncBuffer is a bytes.Buffer safe for the relay's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+	*relaytest.Relay
+	log *relaytest.Buffer
 }
 
 // startRelay runs app.Run until the test ends (or stop is called); its log
 // (info level, JSON) is kept in the returned run's log.
 func (e *env) startRelay() *relayRun {
 	e.t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &relayRun{cancel: cancel, done: make(chan error, 1), log: &syncBuffer{}}
-	ready := make(chan struct{})
-	log := zerolog.New(r.log).Level(e.logLevel)
-	go func() { r.done <- app.Run(ctx, e.cfg, log, app.Options{Ready: ready}) }()
-	select {
-	case <-ready:
-	case err := <-r.done:
-		e.t.Fatalf("relay exited at start: %v\n%s", err, r.log.String())
-	case <-time.After(45 * time.Second):
-		e.t.Fatalf("relay did not start within 45s\n%s", r.log.String())
-	}
-	e.t.Cleanup(func() { r.stop(e.t) })
+	r := &relayRun{log: &relaytest.Buffer{}}
+	r.Relay = relaytest.StartRelay(e.t, e.cfg, relaytest.WithLog(zerolog.New(r.log).Level(e.logLevel)),
+		relaytest.WithStartTimeout(45*time.Second), relaytest.WithDump(r.log.String))
 	return r
 }
 
-func (r *relayRun) stop(t *testing.T) {
-	r.once.Do(func() {
-		r.cancel()
-		select {
-		case err := <-r.done:
-			if err != nil {
-				t.Errorf("relay: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("relay did not stop within 30s")
-		}
-	})
-}
+func (r *relayRun) stop(t *testing.T) { r.Stop(t) }
 
 // waitMsgs waits until stream holds n messages.
 func (e *env) waitMsgs(stream string, n uint64) {
 	e.t.Helper()
 	js := e.connectJS()
 	ctx := testCtx(e.t)
-	var last uint64
-	for ctx.Err() == nil {
-		if st, err := js.Stream(ctx, stream); err == nil {
-			if last = st.CachedInfo().State.Msgs; last >= n {
-				return
-			}
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	e.t.Fatalf("stream %s holds %d messages, want %d", stream, last, n)
+	relaytest.Eventually(e.t, 60*time.Second, fmt.Sprintf("stream %s to hold %d messages", stream, n), func() bool {
+		st, err := js.Stream(ctx, stream)
+		return err == nil && st.CachedInfo().State.Msgs >= n
+	})
 }
 
 // streamIDs returns the Nats-Msg-Id of every message of stream, in order.

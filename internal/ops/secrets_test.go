@@ -15,6 +15,7 @@ import (
 	"github.com/walbox/walbox/internal/app"
 	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/natstest"
+	"github.com/walbox/walbox/internal/relaytest"
 )
 
 // TestSecretsNeverShown runs the relay and every command with a PostgreSQL
@@ -51,19 +52,19 @@ func TestSecretsNeverShown(t *testing.T) {
 	e.waitMsgs("ORDERS", 1)
 	e.waitMsgs("WALBOX_DLQ", 1)
 
-	for ctx.Err() == nil {
+	relaytest.Eventually(t, 60*time.Second, "status to show the relay running (or fail)", func() bool {
 		rep, err := Status(ctx, e.cfg)
 		record("status", err)
 		if err != nil {
-			break
+			return true
 		}
 		if rep.Relay.State == "running" {
 			rep.Print(&shown)
 			record("status json", rep.PrintJSON(&shown))
-			break
+			return true
 		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return false
+	})
 	drep := Doctor(ctx, e.cfg)
 	if c := checkOf(t, drep, "nats.connect"); c.Status != OK {
 		t.Errorf("doctor cannot connect with user and password: %+v", c)
@@ -112,7 +113,7 @@ func TestSecretsNeverShown(t *testing.T) {
 
 	// The relay itself with a wrong NATS password and a NATS URL with
 	// credentials, for two seconds: whatever it logs.
-	var relayLog syncBuffer
+	var relayLog relaytest.Buffer
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	err = app.Run(rctx, inURL, zerolog.New(&relayLog).Level(zerolog.DebugLevel), app.Options{})
 	cancel()

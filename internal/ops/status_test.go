@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"testing"
 	"time"
+
+	"github.com/walbox/walbox/internal/relaytest"
 )
 
 func TestStatusOfRunningRelay(t *testing.T) {
@@ -31,18 +33,12 @@ func TestStatusOfRunningRelay(t *testing.T) {
 	e.waitMsgs("PAYMENTS", 1)
 
 	// The leader writes relay_status every second; wait for a fresh row.
-	for {
+	relaytest.Eventually(t, 60*time.Second, "the relay to show as running with the lock", func() bool {
 		if rep, err = Status(ctx, e.cfg); err != nil {
 			t.Fatal(err)
 		}
-		if rep.Relay.State == "running" && rep.Relay.LockHeld {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("relay never showed as running with the lock: %+v", rep.Relay)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return rep.Relay.State == "running" && rep.Relay.LockHeld
+	})
 	if !rep.SlotStatus.Exists || !rep.SlotStatus.Active || rep.Relay.Leader == "" || rep.Relay.ConfirmedLSN == "" {
 		t.Errorf("status: relay %+v slot %+v", rep.Relay, rep.SlotStatus)
 	}

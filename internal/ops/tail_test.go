@@ -78,7 +78,7 @@ wait:
 
 	// Ctrl-C: a cancelled context ends it without an error.
 	cctx, ccancel := context.WithCancel(ctx)
-	go func() { time.Sleep(300 * time.Millisecond); ccancel() }()
+	go func() { time.Sleep(300 * time.Millisecond); ccancel() }() // pacing: Ctrl-C while tail waits for messages
 	if _, err := Tail(cctx, e.cfg, TailOptions{Subject: "nothing.here", Stream: "ORDERS"}, &out); err != nil {
 		t.Fatalf("tail ended by ctx: %v", err)
 	}

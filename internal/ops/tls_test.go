@@ -19,6 +19,7 @@ import (
 
 	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/natstest"
+	"github.com/walbox/walbox/internal/relaytest"
 )
 
 // testPKI is a throwaway CA with a server certificate for 127.0.0.1 and a
@@ -99,7 +100,7 @@ func TestNATSTLSWithClientCertificate(t *testing.T) {
 	if c := checkOf(t, rep, "nats.jetstream"); c.Status != OK {
 		t.Errorf("doctor over TLS: %+v", c)
 	}
-	if n, err := Tail(ctx, e.cfg, TailOptions{Subject: "orders.>", Since: time.Hour, Limit: 1}, new(syncBuffer)); err != nil || n != 1 {
+	if n, err := Tail(ctx, e.cfg, TailOptions{Subject: "orders.>", Since: time.Hour, Limit: 1}, new(relaytest.Buffer)); err != nil || n != 1 {
 		t.Errorf("tail over TLS: %d %v", n, err)
 	}
 

@@ -7,24 +7,18 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/walbox/walbox/internal/relaytest"
 )
 
 // pg is the cluster shared by the tests of this package.
 var pg *Cluster
 
 func TestMain(m *testing.M) { os.Exit(Main(m, &pg)) }
-
-func testCtx(t *testing.T) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
 
 func connect(t *testing.T, ctx context.Context, url string) *pgx.Conn {
 	t.Helper()
@@ -46,7 +40,7 @@ func show(t *testing.T, ctx context.Context, conn *pgx.Conn, setting string) str
 }
 
 func TestSharedClusterDefaults(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := relaytest.Ctx(t)
 	if pg.Port() <= 0 {
 		t.Fatalf("Port() = %d", pg.Port())
 	}
@@ -111,7 +105,7 @@ func TestNewDBUnique(t *testing.T) {
 // TestNewDBCleanupDropsSlots checks that the cleanup of NewDB copes with an
 // active walsender and an inactive slot in the database.
 func TestNewDBCleanupDropsSlots(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := relaytest.Ctx(t)
 	var (
 		name string
 		repl *pgconn.PgConn
@@ -169,7 +163,7 @@ func TestNewDBCleanupDropsSlots(t *testing.T) {
 }
 
 func TestRestart(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := relaytest.Ctx(t)
 	url := pg.NewDB(t)
 	before := connect(t, ctx, url)
 	var pid1 int
@@ -193,7 +187,7 @@ func TestRestart(t *testing.T) {
 // TestKillStartAgain uses its own cluster because killing the shared one
 // would break tests running at the same time.
 func TestKillStartAgain(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := relaytest.Ctx(t)
 	c, err := Start(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -266,7 +260,7 @@ func TestKillStartAgain(t *testing.T) {
 }
 
 func TestWithSettingReplica(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := relaytest.Ctx(t)
 	c, err := Start(ctx, WithSetting("wal_level", "replica"), WithSetting("application_name", "it's pgtest"))
 	if err != nil {
 		t.Fatal(err)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/internal/relaytest"
 	"github.com/walbox/walbox/relay/sweep"
 )
 
@@ -39,16 +40,16 @@ func TestLongCatchUpThroughput(t *testing.T) {
 			}
 			started := time.Now()
 			e.start()
-			waitFor(t, 5*time.Minute, "the backlog published", func() bool { return e.streamMsgs("ORDERS") >= events })
+			relaytest.Eventually(t, 5*time.Minute, "the backlog published", func() bool { return e.streamMsgs("ORDERS") >= events })
 			published := time.Since(started)
 			var marked time.Duration
 			if mark {
-				waitFor(t, 5*time.Minute, "the backlog marked", func() bool {
+				relaytest.Eventually(t, 5*time.Minute, "the backlog marked", func() bool {
 					return d.int(`SELECT count(*) FROM outbox_events WHERE processed`) == events
 				})
 				marked = time.Since(started)
 			}
-			dropped := metricValue(t, e.reg, "walbox_sweeper_dropped_total")
+			dropped := relaytest.Metric(t, e.reg, "walbox_sweeper_dropped_total", nil)
 			e.stop()
 			t.Logf("%s: %d events published in %v = %.0f events/s", name, events, published.Round(time.Millisecond), events/published.Seconds())
 			if mark {

@@ -6,18 +6,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
 	"github.com/walbox/walbox/cdc"
-	"github.com/walbox/walbox/internal/app"
 	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/natstest"
 	"github.com/walbox/walbox/internal/pgtest"
+	"github.com/walbox/walbox/internal/relaytest"
 	"github.com/walbox/walbox/relay"
 	"github.com/walbox/walbox/relay/sweep"
 	walboxsql "github.com/walbox/walbox/sql"
@@ -40,24 +38,11 @@ type db struct {
 
 func newDB(t *testing.T, migrate bool) *db {
 	t.Helper()
-	ctx := context.Background()
 	d := &db{t: t, url: pg.NewDB(t)}
 	if migrate {
-		conn, err := pgx.Connect(ctx, d.url)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := walboxsql.Apply(ctx, conn, walboxsql.Params{}); err != nil {
-			t.Fatal(err)
-		}
-		conn.Close(ctx)
+		relaytest.Migrate(t, d.url, walboxsql.Params{})
 	}
-	pool, err := pgxpool.New(ctx, d.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	d.pool = pool
+	d.pool = relaytest.Pool(t, d.url)
 	return d
 }
 
@@ -84,18 +69,6 @@ func (d *db) bool(sql string, args ...any) bool {
 		d.t.Fatalf("%s: %v", sql, err)
 	}
 	return b
-}
-
-// waitFor polls cond until it holds or the timeout passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 func testLogger(t *testing.T) zerolog.Logger {
@@ -134,10 +107,9 @@ type relayEnv struct {
 	cfg       config.Config
 	nats      *natstest.Server
 	js        jetstream.JetStream
-	reg       *prometheus.Registry
+	reg       *prometheus.Registry // metrics of the last start
 	delivered chan relay.Delivered
-	cancel    context.CancelFunc
-	done      chan error
+	run       *relaytest.Relay
 }
 
 func newRelayEnv(t *testing.T, d *db, mutate ...func(*config.Config)) *relayEnv {
@@ -159,54 +131,27 @@ func newRelayEnv(t *testing.T, d *db, mutate ...func(*config.Config)) *relayEnv 
 		t.Fatal(err)
 	}
 	e.cfg = cfg
-	nc, err := nats.Connect(e.nats.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	e.js, _ = jetstream.New(nc)
+	_, e.js = relaytest.JetStream(t, e.nats.URL())
 	return e
 }
 
 func (e *relayEnv) start() {
 	e.t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	e.cancel, e.done = cancel, make(chan error, 1)
-	e.reg = prometheus.NewRegistry()
-	ready := make(chan struct{})
-	go func() {
-		e.done <- app.Run(ctx, e.cfg, testLogger(e.t), app.Options{Registry: e.reg, Ready: ready,
-			OnDelivered: func(d relay.Delivered) {
-				select {
-				case e.delivered <- d:
-				default:
-				}
-			}})
-	}()
-	select {
-	case <-ready:
-	case err := <-e.done:
-		e.t.Fatalf("relay exited at start: %v", err)
-	case <-time.After(30 * time.Second):
-		e.t.Fatal("relay did not start within 30s")
-	}
-	e.t.Cleanup(e.stop)
+	e.run = relaytest.StartRelay(e.t, e.cfg, relaytest.WithLog(testLogger(e.t)),
+		relaytest.WithOnDelivered(func(d relay.Delivered) {
+			select {
+			case e.delivered <- d:
+			default:
+			}
+		}))
+	e.reg = e.run.Registry
 }
 
+// stop stops the relay started last, if it runs.
 func (e *relayEnv) stop() {
-	if e.cancel == nil {
-		return
+	if e.run != nil {
+		e.run.Stop(e.t)
 	}
-	e.cancel()
-	select {
-	case err := <-e.done:
-		if err != nil {
-			e.t.Errorf("relay: %v", err)
-		}
-	case <-time.After(30 * time.Second):
-		e.t.Error("relay did not stop within 30s")
-	}
-	e.cancel = nil
 }
 
 // streamMsgs is the number of messages in stream name.
@@ -220,29 +165,4 @@ func (e *relayEnv) streamMsgs(name string) uint64 {
 		return 0
 	}
 	return info.State.Msgs
-}
-
-// metric reads a counter or gauge from the relay's registry.
-func metricValue(t *testing.T, reg prometheus.Gatherer, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		var sum float64
-		for _, m := range mf.GetMetric() {
-			if c := m.GetCounter(); c != nil {
-				sum += c.GetValue()
-			}
-			if g := m.GetGauge(); g != nil {
-				sum += g.GetValue()
-			}
-		}
-		return sum
-	}
-	return 0
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/walbox/walbox/cdc"
 	"github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/internal/relaytest"
 	"github.com/walbox/walbox/relay"
 	"github.com/walbox/walbox/relay/sweep"
 )
@@ -22,7 +23,7 @@ func TestMarksProcessedOnlyAfterAck(t *testing.T) {
 	e.start()
 
 	d.exec(`INSERT INTO outbox_events (topic, payload) SELECT 'orders.created', jsonb_build_object('n', g) FROM generate_series(1, 50) g`)
-	waitFor(t, 30*time.Second, "50 rows marked processed", func() bool {
+	relaytest.Eventually(t, 30*time.Second, "50 rows marked processed", func() bool {
 		return d.int(`SELECT count(*) FROM outbox_events WHERE processed`) == 50
 	})
 	if n := d.int(`SELECT count(*) FROM outbox_events WHERE processed_at IS NULL`); n != 0 {
@@ -61,20 +62,25 @@ func TestMarksProcessedOnlyAfterAck(t *testing.T) {
 	// NATS down: events cannot be acked, so their rows must stay unprocessed.
 	e.nats.Stop()
 	d.exec(`INSERT INTO outbox_events (topic, payload) SELECT 'orders.late', jsonb_build_object('n', g) FROM generate_series(1, 20) g`)
-	time.Sleep(1500 * time.Millisecond)
+	// The relay has read the late rows and tried to publish them: they sit
+	// in its window unacked, or their publish failed.
+	relaytest.Eventually(t, 30*time.Second, "the relay to publish the late rows while NATS is down", func() bool {
+		return relaytest.Metric(t, e.reg, "walbox_inflight", nil) > 0 ||
+			relaytest.Metric(t, e.reg, "walbox_publish_errors_total", nil) > 0
+	})
 	if n := d.int(`SELECT count(*) FROM outbox_events WHERE topic = 'orders.late' AND processed`); n != 0 {
 		t.Fatalf("%d rows marked processed while NATS was down (before any ack)", n)
 	}
 	if err := e.nats.Restart(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 60*time.Second, "the late rows marked after NATS came back", func() bool {
+	relaytest.Eventually(t, 60*time.Second, "the late rows marked after NATS came back", func() bool {
 		return d.int(`SELECT count(*) FROM outbox_events WHERE processed`) == 70
 	})
 	if got := e.streamMsgs("ORDERS"); got != 70 {
 		t.Errorf("stream holds %d messages, want 70", got)
 	}
-	if v := metricValue(t, e.reg, "walbox_sweeper_marked_total"); v != 70 {
+	if v := relaytest.Metric(t, e.reg, "walbox_sweeper_marked_total", nil); v != 70 {
 		t.Errorf("walbox_sweeper_marked_total = %v, want 70", v)
 	}
 }
@@ -86,7 +92,7 @@ func TestDeadLetteredRowGetsErrorAndAttempts(t *testing.T) {
 	e := newRelayEnv(t, d)
 	e.start()
 	d.exec(`INSERT INTO outbox_events (topic, payload) VALUES ('nowhere.at.all', '{"a":1}'), ('orders.ok', '{"b":2}')`)
-	waitFor(t, 30*time.Second, "both rows marked", func() bool {
+	relaytest.Eventually(t, 30*time.Second, "both rows marked", func() bool {
 		return d.int(`SELECT count(*) FROM outbox_events WHERE processed`) == 2
 	})
 	var errText string
@@ -112,7 +118,7 @@ func TestMarksCatchUpAfterSweeperConnectionIsKilled(t *testing.T) {
 	e := newRelayEnv(t, d)
 	e.start()
 	d.exec(`INSERT INTO outbox_events (topic, payload) SELECT 'orders.a', '{}' FROM generate_series(1, 100)`)
-	waitFor(t, 30*time.Second, "first rows marked", func() bool {
+	relaytest.Eventually(t, 30*time.Second, "first rows marked", func() bool {
 		return d.int(`SELECT count(*) FROM outbox_events WHERE processed`) == 100
 	})
 	kill := func() int64 {
@@ -125,10 +131,10 @@ func TestMarksCatchUpAfterSweeperConnectionIsKilled(t *testing.T) {
 	for i := 0; i < 5; i++ {
 		d.exec(`INSERT INTO outbox_events (topic, payload) SELECT 'orders.b', '{}' FROM generate_series(1, 100)`)
 		kill()
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // pacing: spreads the kills over the deliveries
 	}
-	waitFor(t, 30*time.Second, "publishing to go on", func() bool { return e.streamMsgs("ORDERS") == 600 })
-	waitFor(t, 60*time.Second, "marks to catch up after reconnecting", func() bool {
+	relaytest.Eventually(t, 30*time.Second, "publishing to go on", func() bool { return e.streamMsgs("ORDERS") == 600 })
+	relaytest.Eventually(t, 60*time.Second, "marks to catch up after reconnecting", func() bool {
 		return d.int(`SELECT count(*) FROM outbox_events WHERE processed`) == 600
 	})
 }
@@ -162,7 +168,7 @@ func TestFullQueueDropsMarksWithoutBlocking(t *testing.T) {
 		t.Errorf("walbox_sweeper_dropped_total = %v, want 15", v)
 	}
 	stop := sw.Start(context.Background())
-	waitFor(t, 20*time.Second, "the queued marks written", func() bool {
+	relaytest.Eventually(t, 20*time.Second, "the queued marks written", func() bool {
 		return d.int(`SELECT count(*) FROM outbox_events WHERE processed`) == 10
 	})
 	stop()
@@ -236,7 +242,7 @@ func TestMarkProcessedOff(t *testing.T) {
 	e := newRelayEnv(t, d, func(c *config.Config) { c.Sweeper.MarkProcessed = false })
 	e.start()
 	d.exec(`INSERT INTO outbox_events (topic, payload) SELECT 'orders.x', '{}' FROM generate_series(1, 10)`)
-	waitFor(t, 30*time.Second, "delivery", func() bool { return e.streamMsgs("ORDERS") == 10 })
+	relaytest.Eventually(t, 30*time.Second, "delivery", func() bool { return e.streamMsgs("ORDERS") == 10 })
 	e.stop()
 	if n := d.int(`SELECT count(*) FROM outbox_events WHERE processed`); n != 0 {
 		t.Fatalf("%d rows marked with mark_processed off", n)
@@ -260,11 +266,11 @@ func TestDroppedMarksAreCaughtUpFromTheStreamOnly(t *testing.T) {
 	for range 10 {
 		d.exec(`INSERT INTO outbox_events (topic, payload) SELECT 'orders.after', '{}' FROM generate_series(1, 100)`)
 	}
-	waitFor(t, 60*time.Second, "the 1,000 events published", func() bool { return e.streamMsgs("ORDERS") == 1000 })
-	waitFor(t, 60*time.Second, "every delivered row marked (queued or caught up)", func() bool {
+	relaytest.Eventually(t, 60*time.Second, "the 1,000 events published", func() bool { return e.streamMsgs("ORDERS") == 1000 })
+	relaytest.Eventually(t, 60*time.Second, "every delivered row marked (queued or caught up)", func() bool {
 		return d.int(`SELECT count(*) FROM outbox_events WHERE topic = 'orders.after' AND processed`) == 1000
 	})
-	if dropped := metricValue(t, e.reg, "walbox_sweeper_dropped_total"); dropped == 0 {
+	if dropped := relaytest.Metric(t, e.reg, "walbox_sweeper_dropped_total", nil); dropped == 0 {
 		t.Fatal("no mark was dropped: the test did not exercise the catch-up (queue of 10 marks, 1,000 events)")
 	}
 	if n := d.int(`SELECT count(*) FROM outbox_events WHERE topic = 'orders.before' AND processed`); n != 0 {
@@ -279,7 +285,7 @@ func TestMarksLostInACrashAreCaughtUpAtStart(t *testing.T) {
 	e := newRelayEnv(t, d, func(c *config.Config) { c.Sweeper.MarkProcessed = false })
 	e.start()
 	d.exec(`INSERT INTO outbox_events (topic, payload) SELECT 'orders.a', '{}' FROM generate_series(1, 300)`)
-	waitFor(t, 30*time.Second, "the events published", func() bool { return e.streamMsgs("ORDERS") == 300 })
+	relaytest.Eventually(t, 30*time.Second, "the events published", func() bool { return e.streamMsgs("ORDERS") == 300 })
 	e.stop() // delivered, never marked: as if the marks died with the process
 	if n := d.int(`SELECT count(*) FROM outbox_events WHERE processed`); n != 0 {
 		t.Fatalf("%d rows marked with marking off", n)
@@ -287,7 +293,7 @@ func TestMarksLostInACrashAreCaughtUpAtStart(t *testing.T) {
 	e.cfg.Sweeper.MarkProcessed = true
 	e.start()
 	defer e.stop()
-	waitFor(t, 30*time.Second, "the rows caught up at start", func() bool {
+	relaytest.Eventually(t, 30*time.Second, "the rows caught up at start", func() bool {
 		return d.int(`SELECT count(*) FROM outbox_events WHERE processed AND processed_at IS NOT NULL`) == 300
 	})
 }

@@ -13,6 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
 
+	"github.com/walbox/walbox/internal/relaytest"
+	"github.com/walbox/walbox/relay"
 	"github.com/walbox/walbox/relay/sweep"
 )
 
@@ -85,7 +87,7 @@ func TestMoveDefaultRowsIsNotRepublished(t *testing.T) {
 	if n := d.int(`SELECT count(*) FROM outbox_events_default`); n != 5 {
 		t.Fatalf("%d rows in the default partition, want 5", n)
 	}
-	waitFor(t, 30*time.Second, "10 rows delivered and marked", func() bool {
+	relaytest.Eventually(t, 30*time.Second, "10 rows delivered and marked", func() bool {
 		return d.int(`SELECT count(*) FROM outbox_events WHERE processed`) == 10
 	})
 	delivered := drain(e.delivered)
@@ -133,10 +135,24 @@ func TestMoveDefaultRowsIsNotRepublished(t *testing.T) {
 	if n := inserts(); n != 1 {
 		t.Fatalf("peek slot saw %d inserts after one real insert", n)
 	}
-	waitFor(t, 30*time.Second, "the control row delivered", func() bool { return e.streamMsgs("ORDERS") == 11 })
-	time.Sleep(300 * time.Millisecond)
-	after := drain(e.delivered)
-	if len(after) != 1 || after[0].ID == "" {
+	relaytest.Eventually(t, 30*time.Second, "the control row delivered", func() bool { return e.streamMsgs("ORDERS") == 11 })
+	// Whatever the move put into the WAL comes before the control row, so
+	// it is reported delivered before it: collect up to the control row.
+	var control string
+	if err := d.pool.QueryRow(context.Background(), `SELECT id::text FROM outbox_events WHERE topic = 'orders.control'`).Scan(&control); err != nil {
+		t.Fatal(err)
+	}
+	var after []relay.Delivered
+	for len(after) == 0 || after[len(after)-1].ID != control {
+		select {
+		case dl := <-e.delivered:
+			after = append(after, dl)
+		case <-time.After(30 * time.Second):
+			t.Fatalf("the control row %s was never reported delivered; got %+v", control, after)
+		}
+	}
+	after = append(after, drain(e.delivered)...)
+	if len(after) != 1 {
 		t.Fatalf("after the move the relay delivered %d events, want only the control row: %+v", len(after), after)
 	}
 	for _, dl := range delivered {
@@ -230,13 +246,13 @@ func TestMaintenanceWithoutOwnershipWarnsOnceAndCanBeTurnedOff(t *testing.T) {
 		stop := sw.Start(context.Background())
 		failures := func() float64 { return testutil.ToFloat64(sw.Metrics().MaintainFailures.WithLabelValues("privilege")) }
 		if off {
-			waitFor(t, 10*time.Second, "the note that maintenance is off", func() bool {
+			relaytest.Eventually(t, 10*time.Second, "the note that maintenance is off", func() bool {
 				mu.Lock()
 				defer mu.Unlock()
 				return strings.Contains(logs.String(), "sweeper.maintain is false")
 			})
 		} else {
-			waitFor(t, 10*time.Second, "three failed maintenance runs", func() bool {
+			relaytest.Eventually(t, 10*time.Second, "three failed maintenance runs", func() bool {
 				if failures() >= 3 {
 					return true
 				}

@@ -1,0 +1,260 @@
+// Package relaytest is the one kit walbox's tests share to run the relay
+// in-process: a bounded test context, one polling helper, a migrated
+// database, a JetStream client, the relay started through internal/app as
+// `walbox run` starts it, and its metrics read back. Only _test.go files
+// import it.
+//
+// It does not import internal/pgtest or internal/natstest, so their own
+// tests may use it too.
+package relaytest
+
+import (
+	"bytes"
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/walbox/walbox/internal/app"
+	"github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/relay"
+	walboxsql "github.com/walbox/walbox/sql"
+)
+
+// Ctx is the test's context, cancelled after 60 s or when the test ends.
+// Cleanups run after it is cancelled: they need a context of their own.
+func Ctx(t testing.TB) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// pollEvery is how often Eventually asks again.
+const pollEvery = 25 * time.Millisecond
+
+// Eventually polls cond until it holds and returns how long that took. It
+// fails the test, naming what it waited for, once timeout has passed.
+func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > timeout {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(pollEvery)
+	}
+	return time.Since(start)
+}
+
+// Migrate applies walbox's migrations to the database at url.
+func Migrate(t testing.TB, url string, p walboxsql.Params) {
+	t.Helper()
+	ctx := Ctx(t)
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatalf("connect to migrate: %v", err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := walboxsql.Apply(ctx, conn, p); err != nil {
+		t.Fatalf("apply walbox's migrations: %v", err)
+	}
+}
+
+// Pool opens a pool on url, closed when the test ends.
+func Pool(t testing.TB, url string) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatalf("open a pool: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// MigratedPool migrates the database at url (default parameters) and opens
+// a pool on it.
+func MigratedPool(t testing.TB, url string) *pgxpool.Pool {
+	t.Helper()
+	Migrate(t, url, walboxsql.Params{})
+	return Pool(t, url)
+}
+
+// JetStream connects to the NATS server at url and returns the connection
+// (closed when the test ends) and its JetStream client.
+func JetStream(t testing.TB, url string, opts ...nats.Option) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	nc, err := nats.Connect(url, opts...)
+	if err != nil {
+		t.Fatalf("connect to NATS: %v", err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatalf("JetStream client: %v", err)
+	}
+	return nc, js
+}
+
+// Option adjusts StartRelay.
+type Option func(*startOptions)
+
+type startOptions struct {
+	log          *zerolog.Logger
+	registry     *prometheus.Registry
+	onDelivered  func(relay.Delivered)
+	startTimeout time.Duration
+	dump         func() string
+}
+
+// WithLog sends the relay's log to log (default: the test's log, warn level).
+func WithLog(log zerolog.Logger) Option { return func(o *startOptions) { o.log = &log } }
+
+// WithRegistry registers the relay's metrics in reg (default: a fresh one).
+func WithRegistry(reg *prometheus.Registry) Option {
+	return func(o *startOptions) { o.registry = reg }
+}
+
+// WithOnDelivered passes f to the relay (see relay.Config.OnDelivered).
+func WithOnDelivered(f func(relay.Delivered)) Option {
+	return func(o *startOptions) { o.onDelivered = f }
+}
+
+// WithStartTimeout bounds the wait for the relay to stream (default 30 s).
+func WithStartTimeout(d time.Duration) Option { return func(o *startOptions) { o.startTimeout = d } }
+
+// WithDump adds dump() to the failure when the relay does not start, e.g.
+// its captured log.
+func WithDump(dump func() string) Option { return func(o *startOptions) { o.dump = dump } }
+
+// Relay is a relay running in-process.
+type Relay struct {
+	// Registry holds the relay's metrics.
+	Registry *prometheus.Registry
+	cancel   context.CancelFunc
+	exited   chan struct{}
+	err      error // set before exited is closed
+	once     sync.Once
+}
+
+// StartRelay runs app.Run with cfg until the test ends (or Stop) and returns
+// once the relay streams. A relay that exits early or does not stream within
+// the start timeout fails the test.
+func StartRelay(t testing.TB, cfg config.Config, opts ...Option) *Relay {
+	t.Helper()
+	o := startOptions{startTimeout: 30 * time.Second}
+	for _, f := range opts {
+		f(&o)
+	}
+	log := zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel)
+	if o.log != nil {
+		log = *o.log
+	}
+	if o.registry == nil {
+		o.registry = prometheus.NewRegistry()
+	}
+	// Not the test's context: the relay is stopped by a cleanup, after
+	// the test's context is cancelled, and must see that stop as its own.
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &Relay{Registry: o.registry, cancel: cancel, exited: make(chan struct{})}
+	ready := make(chan struct{})
+	go func() {
+		defer close(r.exited)
+		r.err = app.Run(ctx, cfg, log, app.Options{Ready: ready, Registry: o.registry, OnDelivered: o.onDelivered})
+	}()
+	t.Cleanup(func() { r.Stop(t) })
+	dump := ""
+	select {
+	case <-ready:
+		return r
+	case <-r.exited:
+		r.once.Do(func() {}) // reported here; Stop has nothing to add
+		if o.dump != nil {
+			dump = "\n" + o.dump()
+		}
+		t.Fatalf("relay exited at start: %v%s", r.err, dump)
+	case <-time.After(o.startTimeout):
+		if o.dump != nil {
+			dump = "\n" + o.dump()
+		}
+		t.Fatalf("relay did not start streaming within %v%s", o.startTimeout, dump)
+	}
+	return r
+}
+
+// Done is closed once the relay has returned.
+func (r *Relay) Done() <-chan struct{} { return r.exited }
+
+// Stop cancels the relay and waits for it to return; an error it returns
+// fails the test. Calls after the first do nothing.
+func (r *Relay) Stop(t testing.TB) {
+	t.Helper()
+	r.once.Do(func() {
+		r.cancel()
+		select {
+		case <-r.exited:
+			if r.err != nil {
+				t.Errorf("relay: %v", r.err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Error("relay did not stop within 30s")
+		}
+	})
+}
+
+// Metric sums the counters and gauges called name in g whose labels match
+// every pair of labels (nil: all series).
+func Metric(t testing.TB, g prometheus.Gatherer, name string, labels map[string]string) float64 {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatalf("gather metrics: %v", err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
+					continue next
+				}
+			}
+			if c := m.GetCounter(); c != nil {
+				sum += c.GetValue()
+			}
+			if g := m.GetGauge(); g != nil {
+				sum += g.GetValue()
+			}
+		}
+	}
+	return sum
+}
+
+// Buffer is a bytes.Buffer safe for concurrent writers, e.g. a relay's log
+// read while it runs.
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *Buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *Buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
