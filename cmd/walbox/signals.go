@@ -19,6 +19,12 @@ import (
 // an outage walbox rides out, not a reason to stop: such a SIGPIPE is
 // ignored, and the write fails with EPIPE for the client to reconnect.
 func signalContext(parent context.Context) (context.Context, context.CancelFunc) {
+	return signalContextWith(parent, stdioBroken, nil)
+}
+
+// signalContextWith is signalContext with the stdio check and, for tests,
+// a callback after each SIGPIPE with what the check said.
+func signalContextWith(parent context.Context, broken func() bool, seen func(broken bool)) (context.Context, context.CancelFunc) {
 	ctx, stop := signal.NotifyContext(parent, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	ctx, cancel := context.WithCancel(ctx)
 	pipe := make(chan os.Signal, 1)
@@ -29,8 +35,14 @@ func signalContext(parent context.Context) (context.Context, context.CancelFunc)
 			case <-ctx.Done():
 				return
 			case <-pipe:
-				if stdioBroken() {
+				b := broken()
+				if b {
 					cancel()
+				}
+				if seen != nil {
+					seen(b)
+				}
+				if b {
 					return
 				}
 			}
@@ -45,8 +57,14 @@ func signalContext(parent context.Context) (context.Context, context.CancelFunc)
 
 // stdioBroken reports whether standard output or error can no longer be
 // written: the reading end of its pipe was closed (or its terminal hung up).
-func stdioBroken() bool {
-	fds := []unix.PollFd{{Fd: 1, Events: unix.POLLOUT}, {Fd: 2, Events: unix.POLLOUT}}
+func stdioBroken() bool { return fdBroken(1, 2) }
+
+// fdBroken reports whether writing to any of fds would fail for good.
+func fdBroken(fd ...int) bool {
+	fds := make([]unix.PollFd, len(fd))
+	for i, f := range fd {
+		fds[i] = unix.PollFd{Fd: int32(f), Events: unix.POLLOUT}
+	}
 	if _, err := unix.Poll(fds, 0); err != nil {
 		return false
 	}
