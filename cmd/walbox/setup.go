@@ -71,6 +71,6 @@ func newLogger(c config.Log, w io.Writer) zerolog.Logger {
 }
 
 func tableOf(cfg config.Config) cdc.TableName {
-	t, _ := cdc.ParseTableName(cfg.Outbox.Table) // validated
+	t, _ := cfg.OutboxTable() // validated
 	return t
 }

@@ -40,13 +40,13 @@ type Options struct {
 
 // Run relays until ctx is cancelled. It returns nil after a clean shutdown.
 func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Options) error {
-	table, err := cdc.ParseTableName(cfg.Outbox.Table)
+	table, err := cfg.OutboxTable()
 	if err != nil {
-		return &cdc.ConfigError{Key: "outbox.table", Msg: err.Error()}
+		return err
 	}
-	cols, err := cdc.ColumnsFromMap(cfg.Outbox.Columns, true)
+	cols, err := cfg.OutboxColumns()
 	if err != nil {
-		return &cdc.ConfigError{Key: "outbox.columns", Msg: err.Error()}
+		return err
 	}
 	pgcfg, err := pgconn.ParseConfig(cfg.Postgres.URL)
 	if err != nil {

@@ -14,13 +14,13 @@ import (
 // status` use it on its own. reg may be nil (metrics unregistered). It does
 // not connect.
 func NewSweeper(cfg config.Config, log zerolog.Logger, reg prometheus.Registerer) (*sweep.Sweeper, error) {
-	table, err := cdc.ParseTableName(cfg.Outbox.Table)
+	table, err := cfg.OutboxTable()
 	if err != nil {
-		return nil, &cdc.ConfigError{Key: "outbox.table", Msg: err.Error()}
+		return nil, err
 	}
-	cols, err := cdc.ColumnsFromMap(cfg.Outbox.Columns, true)
+	cols, err := cfg.OutboxColumns()
 	if err != nil {
-		return nil, &cdc.ConfigError{Key: "outbox.columns", Msg: err.Error()}
+		return nil, err
 	}
 	a := cfg.Archive
 	var store sweep.ColdStore

@@ -591,6 +591,25 @@ func (c *Config) validateRouting(bad func(key, format string, args ...any), stre
 	}
 }
 
+// OutboxTable is outbox.table, parsed (schema public when none is given).
+func (c *Config) OutboxTable() (cdc.TableName, error) {
+	t, err := cdc.ParseTableName(c.Outbox.Table)
+	if err != nil {
+		return t, &cdc.ConfigError{Key: "outbox.table", Msg: err.Error()}
+	}
+	return t, nil
+}
+
+// OutboxColumns is outbox.columns as column roles (unlisted roles keep
+// their default names).
+func (c *Config) OutboxColumns() (cdc.Columns, error) {
+	cols, err := cdc.ColumnsFromMap(c.Outbox.Columns, true)
+	if err != nil {
+		return cols, &cdc.ConfigError{Key: "outbox.columns", Msg: err.Error()}
+	}
+	return cols, nil
+}
+
 // RouterOptions converts the routing and envelope config for the relay.
 func (c *Config) RouterOptions() relay.RouterOptions {
 	o := relay.RouterOptions{SubjectTemplate: c.NATS.SubjectTemplate, PartitionBuckets: c.NATS.PartitionBuckets,
