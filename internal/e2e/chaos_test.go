@@ -18,14 +18,7 @@ import (
 // must report zero lost, duplicated, out-of-order and rolled-back events.
 // WALBOX_CHAOS_DURATION sets how long (default 30s; `make chaos` runs 3m).
 func TestChaos(t *testing.T) {
-	duration := 30 * time.Second
-	if v := os.Getenv("WALBOX_CHAOS_DURATION"); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			t.Fatalf("WALBOX_CHAOS_DURATION: %v", err)
-		}
-		duration = d
-	}
+	duration := chaosDuration(t)
 	e := newEnv(t)
 	e.migrate()
 	w := e.witness("outbox_events")
@@ -87,14 +80,7 @@ func TestChaos(t *testing.T) {
 // the topics back; zero lost, duplicated (Kafka has no Nats-Msg-Id: the
 // resume check alone keeps them out), out of order per partition.
 func TestChaosKafka(t *testing.T) {
-	duration := 30 * time.Second
-	if v := os.Getenv("WALBOX_CHAOS_DURATION"); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			t.Fatalf("WALBOX_CHAOS_DURATION: %v", err)
-		}
-		duration = d
-	}
+	duration := chaosDuration(t)
 	e := newKafkaEnv(t)
 	e.migrate()
 	w := e.witness("outbox_events")
@@ -144,4 +130,17 @@ func TestChaosKafka(t *testing.T) {
 	rep, _ := e.checkKafka(w, res)
 	t.Logf("kafka chaos: %v, events checked %d, rolled-back inserts %d, faults %v; lost=%d duplicated=%d out_of_order=%d from_rolled_back=%d; republished from snapshots %d (%d of them out of commit order)",
 		duration, rep.Checked, len(res.RolledBack), faults, rep.Lost, rep.Duplicated, rep.OutOfOrder, rep.FromRolledBack, rep.Snapshot, rep.SnapshotOutOfOrder)
+}
+
+// chaosDuration is WALBOX_CHAOS_DURATION, 30 s by default (make chaos: 3m).
+func chaosDuration(t *testing.T) time.Duration {
+	v := os.Getenv("WALBOX_CHAOS_DURATION")
+	if v == "" {
+		return 30 * time.Second
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		t.Fatalf("WALBOX_CHAOS_DURATION: %v", err)
+	}
+	return d
 }

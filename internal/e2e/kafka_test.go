@@ -2,21 +2,18 @@ package e2e
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/internal/kafkatest"
 	"github.com/walbox/walbox/internal/ops"
 	"github.com/walbox/walbox/internal/outboxtest"
 	"github.com/walbox/walbox/internal/relaytest"
@@ -322,32 +319,8 @@ func TestKafkaStandbyTakesOverWhenLeaderIsKilled(t *testing.T) {
 // too few in-sync replicas does. It returns once n requests were failed.
 func (e *kafkaEnv) faultProduces(t *testing.T, cut bool, n int64) {
 	t.Helper()
-	var hits atomic.Int64
-	e.kafka.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		if hits.Add(1) > n {
-			e.kafka.DropControl()
-			return nil, nil, false
-		}
-		e.kafka.KeepControl()
-		if cut {
-			return nil, errors.New("connection cut by the test"), true
-		}
-		pr := req.(*kmsg.ProduceRequest)
-		resp := pr.ResponseKind().(*kmsg.ProduceResponse)
-		for _, tp := range pr.Topics {
-			rt := kmsg.NewProduceResponseTopic()
-			rt.Topic = tp.Topic
-			for _, p := range tp.Partitions {
-				rp := kmsg.NewProduceResponseTopicPartition()
-				rp.Partition = p.Partition
-				rp.ErrorCode = kerr.NotEnoughReplicas.Code
-				rt.Partitions = append(rt.Partitions, rp)
-			}
-			resp.Topics = append(resp.Topics, rt)
-		}
-		return resp, nil, true
-	})
-	relaytest.Eventually(t, 60*time.Second, fmt.Sprintf("%d produce requests failed by the brokers", n), func() bool { return hits.Load() > n })
+	hits := kafkatest.FailProduces(e.kafka, cut, func(failed int64) bool { return failed < n })
+	relaytest.Eventually(t, 60*time.Second, fmt.Sprintf("%d produce requests failed by the brokers", n), func() bool { return hits.Load() >= n })
 }
 
 // TestRelayProcessRidesOutBrokenBrokerConnections: a broker closing the

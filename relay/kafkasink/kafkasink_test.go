@@ -10,8 +10,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/walbox/walbox/internal/kafkatest"
 	"github.com/walbox/walbox/relay"
 	"github.com/walbox/walbox/relay/kafkasink"
 )
@@ -192,37 +192,15 @@ func TestRefusedProducesWaitAndLandInOrder(t *testing.T) {
 	if _, err := wait(t, ctx, pub("a")); err != nil {
 		t.Fatal(err)
 	}
-	refused := make(chan struct{}, 100)
 	var refusing atomic.Bool
 	refusing.Store(true)
-	c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		if !refusing.Load() {
-			c.DropControl() // the broker handles this one and all after it
-			return nil, nil, false
-		}
-		c.KeepControl()
-		pr := req.(*kmsg.ProduceRequest)
-		resp := pr.ResponseKind().(*kmsg.ProduceResponse)
-		for _, tp := range pr.Topics {
-			rt := kmsg.NewProduceResponseTopic()
-			rt.Topic = tp.Topic
-			for _, p := range tp.Partitions {
-				rp := kmsg.NewProduceResponseTopicPartition()
-				rp.Partition = p.Partition
-				rp.ErrorCode = kerr.NotEnoughReplicas.Code
-				rt.Partitions = append(rt.Partitions, rp)
-			}
-			resp.Topics = append(resp.Topics, rt)
-		}
-		refused <- struct{}{}
-		return resp, nil, true
-	})
+	refused := kafkatest.FailProduces(c, false, func(int64) bool { return refusing.Load() })
 	futs := []relay.Future{pub("b"), pub("c"), pub("d")}
-	for range 2 { // a refusal and its retry
+	for refused.Load() < 2 { // a refusal and its retry
 		select {
-		case <-refused:
 		case <-ctx.Done():
 			t.Fatal("no produce reached the broker")
+		case <-time.After(10 * time.Millisecond):
 		}
 	}
 	for i, f := range futs {
