@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -89,4 +90,103 @@ func waitFuture(ctx context.Context, f relay.Future) (*relay.Ack, error) {
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
+}
+
+// offsetSpan is the offsets [from, to) of one partition.
+type offsetSpan struct{ from, to int64 }
+
+// readKafka calls fn with every record of topic in the given spans,
+// partition by partition in offset order, with a consumer of its own (no
+// group: nothing is committed).
+func readKafka(ctx context.Context, cfg config.Config, topic string, spans map[int32]offsetSpan, fn func(*kgo.Record) error) error {
+	parts := map[int32]kgo.Offset{}
+	for p, s := range spans {
+		if s.from < s.to {
+			parts[p] = kgo.NewOffset().At(s.from)
+		}
+	}
+	if len(parts) == 0 {
+		return nil
+	}
+	cl, _, err := kafkaClient(cfg, kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: parts}))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	left := len(parts)
+	for left > 0 {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("read %s: %w", topic, err)
+		}
+		var ferr error
+		fs.EachError(func(_ string, p int32, err error) {
+			if ferr == nil {
+				ferr = fmt.Errorf("read %s/%d: %w", topic, p, err)
+			}
+		})
+		if ferr != nil {
+			return ferr
+		}
+		for it := fs.RecordIter(); !it.Done(); {
+			r := it.Next()
+			s, ok := spans[r.Partition]
+			if !ok || r.Offset < s.from || r.Offset >= s.to {
+				continue
+			}
+			if err := fn(r); err != nil {
+				return err
+			}
+			if r.Offset == s.to-1 {
+				left--
+			}
+		}
+	}
+	return nil
+}
+
+// topicSpans lists, per partition of topic, the offsets from the first
+// one at or after since (zero: the start) to the end. exists is false
+// when the topic does not exist.
+func topicSpans(ctx context.Context, adm *kadm.Client, topic string, since time.Time) (map[int32]offsetSpan, bool, error) {
+	ends, err := adm.ListEndOffsets(ctx, topic)
+	if err != nil {
+		return nil, false, fmt.Errorf("list the end offsets of %s: %w", topic, err)
+	}
+	var starts kadm.ListedOffsets
+	if since.IsZero() {
+		starts, err = adm.ListStartOffsets(ctx, topic)
+	} else {
+		starts, err = adm.ListOffsetsAfterMilli(ctx, since.UnixMilli(), topic)
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("list the offsets of %s: %w", topic, err)
+	}
+	out := map[int32]offsetSpan{}
+	exists := true
+	var lerr error
+	ends.Each(func(e kadm.ListedOffset) {
+		if errors.Is(e.Err, kerr.UnknownTopicOrPartition) {
+			exists = false
+			return
+		}
+		if e.Err != nil {
+			lerr = fmt.Errorf("end offset of %s/%d: %w", topic, e.Partition, e.Err)
+			return
+		}
+		s, ok := starts.Lookup(topic, e.Partition)
+		if ok && s.Err != nil {
+			lerr = fmt.Errorf("offset of %s/%d: %w", topic, e.Partition, s.Err)
+			return
+		}
+		from := int64(0)
+		if ok && s.Offset >= 0 {
+			from = s.Offset
+		}
+		out[e.Partition] = offsetSpan{from: min(from, e.Offset), to: e.Offset}
+	})
+	if !exists || (len(out) == 0 && lerr == nil) {
+		return nil, false, nil
+	}
+	return out, true, lerr
 }
