@@ -334,3 +334,44 @@ func DLQName(cfg config.Config) string {
 	}
 	return cfg.NATS.DLQ.Stream
 }
+
+// kafkaDLQCount is how many dead letters wait in the dead-letter topic
+// (for walbox status): read as dlq list reads them when the topic holds at
+// most 10000 records past the offsets group walbox-dlq committed; past
+// that, the count of those records, which includes dead letters retried
+// (and their markers) behind the first one still waiting.
+func kafkaDLQCount(ctx context.Context, cfg config.Config) (uint64, error) {
+	cl, _, err := kafkaClient(cfg)
+	if err != nil {
+		return 0, err
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	topic := cfg.Kafka.DLQTopic
+	spans, exists, err := topicSpans(ctx, adm, topic, time.Time{})
+	if err != nil {
+		return 0, err
+	}
+	if !exists {
+		return 0, fmt.Errorf("dead-letter topic %s does not exist (walbox run creates it)", topic)
+	}
+	committed, err := adm.FetchOffsets(ctx, kafkaGroupDLQ)
+	if err != nil && !errors.Is(err, kerr.GroupIDNotFound) {
+		return 0, fmt.Errorf("read the offsets group %s committed on %s: %w", kafkaGroupDLQ, topic, err)
+	}
+	var n uint64
+	for p, s := range spans {
+		if c, ok := committed.Lookup(topic, p); ok && c.Err == nil && c.At > s.from {
+			s.from = min(c.At, s.to)
+		}
+		n += uint64(s.to - s.from)
+	}
+	if n == 0 || n > 10000 {
+		return n, nil
+	}
+	d, err := readKafkaDLQ(ctx, cfg, adm)
+	if err != nil {
+		return 0, err
+	}
+	return uint64(len(d.pending)), nil
+}

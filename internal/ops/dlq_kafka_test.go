@@ -105,6 +105,14 @@ func TestDLQKafkaListAndRetry(t *testing.T) {
 		t.Fatalf("group %s committed %+v on %s, want offset 1 (past the first retried dead letter)", kafkaGroupDLQ, o, e.cfg.Kafka.DLQTopic)
 	}
 
+	rep, err := Status(testCtx(t), e.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.DLQ == nil || rep.DLQ.Messages != 1 || rep.DLQ.Error != "" {
+		t.Fatalf("status dead letters after the retry: %+v, want 1", rep.DLQ)
+	}
+
 	// Nothing is retried twice.
 	out.Reset()
 	res, err = DLQRetry(testCtx(t), e.cfg, DLQRetryOptions{All: true, Yes: true, Out: &out})
