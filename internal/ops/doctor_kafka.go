@@ -112,6 +112,8 @@ func checkKafkaTopic(sp kafkasink.TopicSpec, key, bootstrap string, details kadm
 	case sp.ReplicationFactor > 0 && rf < int(sp.ReplicationFactor):
 		r.add(name, Fail, fmt.Sprintf("%s, but %s.replication_factor is %d: an ack is less durable than configured", detail, key, sp.ReplicationFactor),
 			fmt.Sprintf("raise it with kafka-reassign-partitions.sh (a reassignment listing %d replicas per partition of %s), or set %s.replication_factor: %d", sp.ReplicationFactor, sp.Name, key, rf))
+	case key == "kafka.dlq_topic" && parts != 1:
+		r.add(name, OK, fmt.Sprintf("%s (walbox creates it with 1, so that dead letters keep their order; with more, `walbox dlq retry --seq N` may need --all, as N is per partition)", detail), "")
 	case sp.Partitions > 0 && parts != int(sp.Partitions):
 		fix := fmt.Sprintf("set %s.partitions: %d", key, parts)
 		if parts < int(sp.Partitions) {

@@ -116,10 +116,10 @@ func TestDoctorKafkaTopicProblems(t *testing.T) {
 			config.KafkaTopic{Name: "created.at.start", Partitions: 3, ReplicationFactor: 3},
 			config.KafkaTopic{Name: "broker.defaults"})
 	})
-	e.createTopic("orders.created", 2, 3, "2")   // 2 partitions, config says 4
-	e.createTopic("payments.settled", 2, 1, "1") // RF 1, config says 3
-	e.createTopic("broker.defaults", 5, 3, "1")  // config: broker default; RF 3 with min.insync.replicas 1
-	e.createTopic(e.cfg.Kafka.DLQTopic, 1, 3, "2")
+	e.createTopic("orders.created", 2, 3, "2")     // 2 partitions, config says 4
+	e.createTopic("payments.settled", 2, 1, "1")   // RF 1, config says 3
+	e.createTopic("broker.defaults", 5, 3, "1")    // config: broker default; RF 3 with min.insync.replicas 1
+	e.createTopic(e.cfg.Kafka.DLQTopic, 3, 3, "2") // walbox would create 1 partition
 	rep := Doctor(testCtx(t), e.cfg)
 	out := printed(t, rep)
 	t.Logf("\n%s", out)
@@ -139,6 +139,7 @@ func TestDoctorKafkaTopicProblems(t *testing.T) {
 		{"kafka.topic.broker.defaults.min_insync_replicas", Warn, []string{"min.insync.replicas = 1 with replication factor 3",
 			"kafka-configs.sh --bootstrap-server " + e.cfg.Kafka.Brokers[0] + " --alter --entity-type topics --entity-name broker.defaults --add-config min.insync.replicas=2"}},
 		{"kafka.topic.payments.settled.min_insync_replicas", OK, []string{"replication factor 1"}},
+		{"kafka.topic.walbox.dlq", OK, []string{"3 partition(s)", "walbox creates it with 1"}},
 		{"kafka.topic.orders.created.min_insync_replicas", OK, []string{"min.insync.replicas = 2"}},
 	}
 	for _, w := range want {

@@ -52,6 +52,8 @@ func tailKafka(ctx context.Context, cfg config.Config, opts TailOptions, w io.Wr
 			lerr = fmt.Errorf("topic %s does not exist on %s (walbox tail takes a topic name, e.g. one of kafka.topics or kafka.dlq_topic)", topic, kafkaBrokers(cfg))
 		case o.Err != nil && lerr == nil:
 			lerr = fmt.Errorf("offset of %s/%d: %w", topic, o.Partition, o.Err)
+		case o.Err == nil && o.Offset < 0:
+			parts[o.Partition] = kgo.NewOffset().AtEnd()
 		case o.Err == nil:
 			parts[o.Partition] = kgo.NewOffset().At(o.Offset)
 		}
