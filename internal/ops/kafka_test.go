@@ -77,8 +77,8 @@ func (e *kafkaEnv) createAll() {
 	e.createTopic(e.cfg.Kafka.DLQTopic, 1, 3, "2")
 }
 
-// printed is the report as doctor prints it.
-func printed(t *testing.T, rep *DoctorReport) string {
+// kafkaDoctorText is the report as doctor prints it.
+func kafkaDoctorText(t *testing.T, rep *DoctorReport) string {
 	t.Helper()
 	var out bytes.Buffer
 	rep.Print(&out)
@@ -89,7 +89,7 @@ func TestDoctorKafkaGoodSetup(t *testing.T) {
 	e := newKafkaEnv(t)
 	e.createAll()
 	rep := Doctor(testCtx(t), e.cfg)
-	out := printed(t, rep)
+	out := kafkaDoctorText(t, rep)
 	if !rep.OK {
 		t.Fatalf("doctor failed on a good Kafka setup:\n%s", out)
 	}
@@ -121,7 +121,7 @@ func TestDoctorKafkaTopicProblems(t *testing.T) {
 	e.createTopic("broker.defaults", 5, 3, "1")    // config: broker default; RF 3 with min.insync.replicas 1
 	e.createTopic(e.cfg.Kafka.DLQTopic, 3, 3, "2") // walbox would create 1 partition
 	rep := Doctor(testCtx(t), e.cfg)
-	out := printed(t, rep)
+	out := kafkaDoctorText(t, rep)
 	t.Logf("\n%s", out)
 	if rep.OK {
 		t.Fatalf("doctor passed with a missing unmanaged topic:\n%s", out)

@@ -48,7 +48,7 @@ func TestTailKafka(t *testing.T) {
 		}
 		done <- err
 	}()
-	waitOutput(t, out, "before-0", "before-1", "before-2")
+	waitTailOutput(t, out, "before-0", "before-1", "before-2")
 	e.produce("orders.created", "after-1", "k9", `{"n":2}`, 0, time.Time{})
 	e.produce("orders.created", "after-2", "k9", `{"n":3}`, 0, time.Time{})
 	if err := <-done; err != nil {
@@ -72,7 +72,7 @@ func TestTailKafka(t *testing.T) {
 		_, err := Tail(ctx, e.cfg, TailOptions{Subject: "orders.created", Limit: 1}, out)
 		done <- err
 	}()
-	waitOutput(t, out, "PAYLOAD")
+	waitTailOutput(t, out, "PAYLOAD")
 	e.produce("orders.created", "new-only", "k1", `{}`, 0, time.Time{})
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -89,8 +89,8 @@ func TestTailKafka(t *testing.T) {
 	}
 }
 
-// waitOutput waits until out holds every one of wants.
-func waitOutput(t *testing.T, out *syncBuffer, wants ...string) {
+// waitTailOutput waits until out holds every one of wants.
+func waitTailOutput(t *testing.T, out *syncBuffer, wants ...string) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
