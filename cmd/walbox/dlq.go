@@ -6,13 +6,14 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/ops"
 )
 
 func newDLQCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "dlq",
-		Short: "List or retry dead letters (stream nats.dlq.stream, WALBOX_DLQ by default)",
+		Short: "List or retry dead letters (stream nats.dlq.stream, WALBOX_DLQ by default; with sink: kafka, topic kafka.dlq_topic)",
 	}
 	cmd.AddCommand(newDLQListCmd(), newDLQRetryCmd())
 	return cmd
@@ -24,6 +25,12 @@ func newDLQListCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "List dead letters: seq, time, original subject, event id, reason",
+		Long: `list shows the dead letters oldest first: sequence, time, original subject
+(topic), event id and reason.
+
+With sink: kafka it reads the topic kafka.dlq_topic with a consumer of its
+own; SEQ is the record's offset + 1 (walbox's sequences start at 1, as
+JetStream's), and dead letters walbox dlq retry republished are not shown.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := loadConfig(cmd)
 			if err != nil {
@@ -37,9 +44,9 @@ func newDLQListCmd() *cobra.Command {
 				if dls == nil {
 					dls = []ops.DeadLetter{}
 				}
-				return writeJSONOut(cmd, map[string]any{"stream": cfg.NATS.DLQ.Stream, "total": total, "dead_letters": dls})
+				return writeJSONOut(cmd, map[string]any{"stream": ops.DLQName(cfg), "total": total, "dead_letters": dls})
 			}
-			ops.PrintDeadLetters(cmd.OutOrStdout(), dls, total, cfg.NATS.DLQ.Stream)
+			ops.PrintDeadLetters(cmd.OutOrStdout(), dls, total, ops.DLQName(cfg))
 			return nil
 		},
 	}
@@ -63,7 +70,14 @@ was dropped or is not JSON, or that has no id, is reported and left in place.
 It asks for confirmation unless --yes.
 
 The outbox row keeps its error column; walbox replay --id ID republishes
-from the row instead (e.g. after fixing its topic).`,
+from the row instead (e.g. after fixing its topic).
+
+With sink: kafka a dead letter goes back to its original topic (which must
+be in kafka.topics) under its event id (Walbox-Event-Id), and, as Kafka
+cannot delete one record, is marked instead of deleted: a marker record
+(header Walbox-Dlq-Retried: <offset>) in the dead-letter topic hides it from
+list and retry, and the consumer group walbox-dlq's committed offset moves
+past the retried ones that precede the first one left. --seq is offset + 1.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := loadConfig(cmd)
@@ -85,12 +99,16 @@ from the row instead (e.g. after fixing its topic).`,
 				if retryJSON {
 					return writeJSONOut(cmd, res)
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "retried %d, already in their stream %d, skipped %d\n", res.Retried, res.AlreadyStored, res.Skipped)
+				if cfg.Sink == config.SinkKafka {
+					fmt.Fprintf(cmd.OutOrStdout(), "retried %d, skipped %d\n", res.Retried, res.Skipped)
+				} else {
+					fmt.Fprintf(cmd.OutOrStdout(), "retried %d, already in their stream %d, skipped %d\n", res.Retried, res.AlreadyStored, res.Skipped)
+				}
 			}
 			return err
 		},
 	}
-	cmd.Flags().UintSliceVar(&seqs, "seq", nil, "dead letter sequence numbers in the DLQ stream (repeatable, or comma-separated)")
+	cmd.Flags().UintSliceVar(&seqs, "seq", nil, "dead letter sequence numbers in the DLQ stream, or offset + 1 in the DLQ topic (repeatable, or comma-separated)")
 	cmd.Flags().BoolVar(&opts.All, "all", false, "retry every dead letter")
 	cmd.Flags().BoolVar(&retryJSON, "json", false, "print the counts as JSON (needs --yes)")
 	cmd.Flags().BoolVar(&opts.Yes, "yes", false, "do not ask for confirmation")

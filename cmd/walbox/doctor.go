@@ -22,7 +22,10 @@ slots and WAL senders, the role's REPLICATION attribute and a replication
 connection (pg_hba.conf), SELECT and UPDATE on the outbox table, the
 publication, the slot (plugin, wal_status), failover slots (PostgreSQL 17),
 max_slot_wal_keep_size, track_commit_timestamp, walbox's schema; NATS, JetStream,
-the configured streams and their subjects, duplicate windows and durability.
+the configured streams and their subjects, duplicate windows and durability;
+with sink: kafka instead: the brokers, every configured topic and the
+dead-letter topic (exists, partitions, replication factor) and
+min.insync.replicas where the replication factor is 3 or more.
 
 Each check is ok, warn, fail or skip; every warning and failure comes with
 the exact fix. Exit code 0 when nothing failed, 1 otherwise.`,

@@ -28,6 +28,12 @@ skips those, and JetStream drops the rest of the copies inside its duplicate
 window. --force-new-id delivers events again on purpose: Nats-Msg-Id becomes
 <id>.replay.<unix-nanos> and the header Walbox-Replay-Of carries the id.
 
+With sink: kafka, events go to their topics through the relay's producer
+(idempotent, acks=all, the same keys), and the check reads the topics'
+Walbox-Event-Id headers from the first records stored since the oldest
+selected row's created_at (less a minute). Kafka drops no duplicate itself:
+--no-check then publishes every selected event again.
+
 Times: RFC 3339 (2024-05-01T12:00:00Z), 2024-05-01 12:00, 2024-05-01 (local
 time), now, or a duration ago (90m). --to defaults to now.`,
 		Example: `  walbox replay --from 2024-05-01 --to 2024-05-02 --dry-run
@@ -73,7 +79,7 @@ time), now, or a duration ago (90m). --to defaults to now.`,
 	f.StringSliceVar(&opts.IDs, "id", nil, "only these event ids (repeatable, or comma-separated)")
 	f.BoolVar(&opts.Archive, "archive", false, "read the archive table walbox.<table>_archive instead of the outbox")
 	f.BoolVar(&opts.ForceNewID, "force-new-id", false, "publish under new ids (<id>.replay.<nanos>, header Walbox-Replay-Of) to deliver again")
-	f.BoolVar(&opts.NoCheck, "no-check", false, "do not read back the streams' ids first (only the duplicate window then stops copies)")
+	f.BoolVar(&opts.NoCheck, "no-check", false, "do not read back the streams' (topics') ids first (only the duplicate window then stops copies; Kafka has none)")
 	f.BoolVar(&opts.DryRun, "dry-run", false, "count what would be published; publish nothing")
 	return cmd
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/walbox/walbox/consumer"
 	"github.com/walbox/walbox/internal/config"
@@ -37,13 +38,20 @@ type DeadLetter struct {
 	Reason          string    `json:"reason"`
 	// Group is the consumer group that dead-lettered it; empty for the
 	// relay's dead letters (events no stream stored).
-	Group string    `json:"group,omitempty"`
-	msg   *nats.Msg // with payload, for retry
+	Group string `json:"group,omitempty"`
+	// Partition of the dead-letter topic (sink: kafka; Seq is the
+	// record's offset + 1 there).
+	Partition int32       `json:"partition,omitempty"`
+	msg       *nats.Msg   // with payload, for retry
+	rec       *kgo.Record // sink: kafka
 }
 
 // DLQList reads up to limit dead letters (oldest first; limit <= 0: all)
 // and the stream's total count.
 func DLQList(ctx context.Context, cfg config.Config, limit int) ([]DeadLetter, uint64, error) {
+	if cfg.Sink == config.SinkKafka {
+		return dlqListKafka(ctx, cfg, limit)
+	}
 	nc, js, err := connectNATS(ctx, cfg)
 	if err != nil {
 		return nil, 0, err
@@ -156,6 +164,9 @@ func DLQRetry(ctx context.Context, cfg config.Config, opts DLQRetryOptions) (*DL
 	}
 	if opts.All == (len(opts.Seqs) > 0) {
 		return nil, errors.New("say which dead letters to retry: --seq N (repeatable) or --all")
+	}
+	if cfg.Sink == config.SinkKafka {
+		return dlqRetryKafka(ctx, cfg, opts)
 	}
 	nc, js, err := connectNATS(ctx, cfg)
 	if err != nil {

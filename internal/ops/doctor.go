@@ -61,12 +61,16 @@ func (r *DoctorReport) add(name string, st CheckStatus, detail, fix string) {
 }
 
 // Doctor checks every prerequisite of `walbox run` against the configured
-// PostgreSQL and NATS, read-only. It returns a report even when nothing
+// PostgreSQL and NATS (or Kafka, with sink: kafka), read-only. It returns a report even when nothing
 // could be reached (the connection checks then fail and the rest skip).
 func Doctor(ctx context.Context, cfg config.Config) *DoctorReport {
 	r := &DoctorReport{OK: true}
 	doctorPostgres(ctx, cfg, r)
-	doctorNATS(ctx, cfg, r)
+	if cfg.Sink == config.SinkKafka {
+		doctorKafka(ctx, cfg, r)
+	} else {
+		doctorNATS(ctx, cfg, r)
+	}
 	return r
 }
 

@@ -66,6 +66,7 @@ type ReplayResult struct {
 	ByStream     map[string]int64 `json:"by_stream"` // events to publish per stream
 	DryRun       bool             `json:"dry_run"`
 	NewIDSuffix  string           `json:"new_id_suffix,omitempty"`
+	kafka        bool             // sink: kafka (no duplicate window)
 }
 
 // Print writes the summary.
@@ -88,8 +89,13 @@ func (r *ReplayResult) Print(w io.Writer) {
 			verb, r.Published, r.AlreadyStored, r.DeadLettered)
 		return
 	}
-	fmt.Fprintf(w, "%s %d, already in the stream (skipped) %d, duplicates dropped by JetStream %d, dead-lettered %d\n",
-		verb, r.Published, r.AlreadyStored, r.Duplicates, r.DeadLettered)
+	if r.kafka {
+		fmt.Fprintf(w, "%s %d, already in the topic (skipped) %d, dead-lettered %d\n",
+			verb, r.Published, r.AlreadyStored, r.DeadLettered)
+	} else {
+		fmt.Fprintf(w, "%s %d, already in the stream (skipped) %d, duplicates dropped by JetStream %d, dead-lettered %d\n",
+			verb, r.Published, r.AlreadyStored, r.Duplicates, r.DeadLettered)
+	}
 	if r.NewIDSuffix != "" {
 		fmt.Fprintf(w, "new ids: <id>%s (header %s: <id>)\n", r.NewIDSuffix, HeaderReplayOf)
 	}
@@ -126,7 +132,9 @@ func ParseTime(s string, now time.Time) (time.Time, error) {
 // its id: events the stream already holds are skipped (read back from the
 // stream; inside the duplicate window JetStream drops them too), so a
 // replay only fills gaps. An event the router rejects is dead-lettered as
-// the relay would.
+// the relay would. With sink: kafka the topics' Walbox-Event-Id headers
+// are read back instead (from the first offsets stored since the oldest
+// row's created_at, less a minute), and Kafka drops no duplicate itself.
 func Replay(ctx context.Context, cfg config.Config, opts ReplayOptions) (*ReplayResult, error) {
 	if opts.From.IsZero() && opts.To.IsZero() && len(opts.IDs) == 0 {
 		return nil, errors.New("select the events: --from and --to (created_at range), and/or --id")
@@ -152,20 +160,18 @@ func Replay(ctx context.Context, cfg config.Config, opts ReplayOptions) (*Replay
 		return nil, err
 	}
 	defer closePG(ctx, conn)
-	nc, js, err := connectNATS(ctx, cfg)
+	var bus replayBus
+	if cfg.Sink == config.SinkKafka {
+		res.kafka = true
+		bus, err = openReplayKafka(ctx, cfg, res)
+	} else {
+		bus, err = openReplayNATS(ctx, cfg, res)
+	}
 	if err != nil {
 		return nil, err
 	}
-	defer nc.Close()
-	rts, err := routes(ctx, js, cfg)
-	if err != nil {
-		return nil, err
-	}
-	router, err := relay.NewRouterWithOptions(cfg.NATS.SubjectPrefix, source(cfg), rts, cfg.RouterOptions())
-	if err != nil {
-		return nil, err
-	}
-	router.SetMaxPayload(int(nc.MaxPayload()))
+	defer bus.close()
+	router := bus.router()
 
 	q, err := newRowQuery(ctx, conn, table, roles, opts)
 	if err != nil {
@@ -189,21 +195,11 @@ func Replay(ctx context.Context, cfg config.Config, opts ReplayOptions) (*Replay
 			// minute of slack for clocks.
 			from = minCreated.Add(-time.Minute)
 		}
-		filter := ""
-		// A subject template adds tokens to the topic: read the whole stream.
-		if opts.Topic != "" && cfg.NATS.SubjectTemplate == relay.DefaultSubjectTemplate {
-			filter = cfg.NATS.SubjectPrefix + opts.Topic
-		}
 		if _, err := conn.Exec(ctx, `CREATE TEMP TABLE walbox_replay_stored (stream text NOT NULL, id text NOT NULL)`); err != nil {
 			return nil, fmt.Errorf("create a temporary table for the stored ids (the role needs TEMP on the database; or pass --no-check to rely on the duplicate window alone): %w", err)
 		}
-		for _, rt := range rts {
-			if rt.Stream == cfg.NATS.DLQ.Stream {
-				continue
-			}
-			if err := storeIDs(ctx, conn, js, rt.Stream, filter, from); err != nil {
-				return nil, fmt.Errorf("read back stream %s (pass --no-check to rely on the duplicate window alone): %w", rt.Stream, err)
-			}
+		if err := bus.storeIDs(ctx, conn, opts.Topic, from); err != nil {
+			return nil, err
 		}
 		if _, err := conn.Exec(ctx, `CREATE INDEX ON walbox_replay_stored (id); ANALYZE walbox_replay_stored`); err != nil {
 			return nil, fmt.Errorf("index the stored ids: %w", err)
@@ -220,46 +216,11 @@ func Replay(ctx context.Context, cfg config.Config, opts ReplayOptions) (*Replay
 	})
 	defer bar.finish()
 
-	type flight struct {
-		f   jetstream.PubAckFuture
-		dlq bool // counted as dead-lettered already
-	}
-	var inflight []flight
-	wait := func(fl flight) error {
-		f := fl.f
-		select {
-		case ack := <-f.Ok():
-			if fl.dlq {
-				return nil
-			}
-			if ack.Duplicate {
-				res.Duplicates++
-			} else {
-				res.Published++
-			}
-			return nil
-		case err := <-f.Err():
-			return fmt.Errorf("publish %s: %w", f.Msg().Header.Get(relay.HeaderMsgID), err)
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	publish := func(m *nats.Msg, stream string, dlq bool) error {
+	publish := func(m *relay.Msg, stream string, dlq bool) error {
 		if opts.DryRun {
 			return nil
 		}
-		f, err := js.PublishMsgAsync(m, jetstream.WithExpectStream(stream))
-		if err != nil {
-			return fmt.Errorf("publish to %s: %w", m.Subject, err)
-		}
-		inflight = append(inflight, flight{f, dlq})
-		if len(inflight) >= replayWindow {
-			if err := wait(inflight[0]); err != nil {
-				return err
-			}
-			inflight = inflight[1:]
-		}
-		return nil
+		return bus.publish(ctx, m, stream, dlq)
 	}
 
 	rows, err := conn.Query(ctx, q.selectSQL, q.args...)
@@ -290,8 +251,8 @@ func Replay(ctx context.Context, cfg config.Config, opts ReplayOptions) (*Replay
 		var pe *relay.PoisonError
 		if errors.As(err, &pe) {
 			res.DeadLettered++
-			res.ByStream[cfg.NATS.DLQ.Stream]++
-			if err := publish(jssink.NATSMsg(router.DeadLetter(&ev, cfg.NATS.DLQ.SubjectPrefix, pe.Reason)), cfg.NATS.DLQ.Stream, true); err != nil {
+			res.ByStream[bus.dlq()]++
+			if err := publish(bus.deadLetter(&ev, pe.Reason), bus.dlq(), true); err != nil {
 				return res, err
 			}
 			continue
@@ -311,19 +272,136 @@ func Replay(ctx context.Context, cfg config.Config, opts ReplayOptions) (*Replay
 			res.Published++
 			continue
 		}
-		if err := publish(jssink.NATSMsg(m), stream, false); err != nil {
+		if err := publish(m, stream, false); err != nil {
 			return res, err
 		}
 	}
 	if err := rows.Err(); err != nil {
 		return res, fmt.Errorf("read %s: %w", table, err)
 	}
-	for _, fl := range inflight {
-		if err := wait(fl); err != nil {
-			return res, err
+	return res, bus.flush(ctx)
+}
+
+// replayBus is where a replay publishes: JetStream or Kafka.
+type replayBus interface {
+	router() *relay.Router
+	// dlq names the dead-letter stream (topic).
+	dlq() string
+	deadLetter(ev *cdc.Event, reason string) *relay.Msg
+	// storeIDs copies the ids the streams (topics) hold since from (zero:
+	// all) into walbox_replay_stored; topic is the --topic pattern.
+	storeIDs(ctx context.Context, conn *pgx.Conn, topic string, from time.Time) error
+	// publish sends m, counting it in the result once acked (dead letters
+	// were counted already); at most replayWindow wait for their acks.
+	publish(ctx context.Context, m *relay.Msg, stream string, dlq bool) error
+	// flush waits for every ack.
+	flush(ctx context.Context) error
+	close()
+}
+
+// natsReplay publishes to JetStream.
+type natsReplay struct {
+	cfg      config.Config
+	res      *ReplayResult
+	nc       *nats.Conn
+	js       jetstream.JetStream
+	rts      []relay.Route
+	rt       *relay.Router
+	inflight []natsFlight
+}
+
+type natsFlight struct {
+	f   jetstream.PubAckFuture
+	dlq bool // counted as dead-lettered already
+}
+
+func openReplayNATS(ctx context.Context, cfg config.Config, res *ReplayResult) (*natsReplay, error) {
+	nc, js, err := connectNATS(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	b := &natsReplay{cfg: cfg, res: res, nc: nc, js: js}
+	if b.rts, err = routes(ctx, js, cfg); err != nil {
+		nc.Close()
+		return nil, err
+	}
+	if b.rt, err = relay.NewRouterWithOptions(cfg.NATS.SubjectPrefix, source(cfg), b.rts, cfg.RouterOptions()); err != nil {
+		nc.Close()
+		return nil, err
+	}
+	b.rt.SetMaxPayload(int(nc.MaxPayload()))
+	return b, nil
+}
+
+func (b *natsReplay) router() *relay.Router { return b.rt }
+func (b *natsReplay) dlq() string           { return b.cfg.NATS.DLQ.Stream }
+func (b *natsReplay) close()                { b.nc.Close() }
+
+func (b *natsReplay) deadLetter(ev *cdc.Event, reason string) *relay.Msg {
+	return b.rt.DeadLetter(ev, b.cfg.NATS.DLQ.SubjectPrefix, reason)
+}
+
+func (b *natsReplay) storeIDs(ctx context.Context, conn *pgx.Conn, topic string, from time.Time) error {
+	filter := ""
+	// A subject template adds tokens to the topic: read the whole stream.
+	if topic != "" && b.cfg.NATS.SubjectTemplate == relay.DefaultSubjectTemplate {
+		filter = b.cfg.NATS.SubjectPrefix + topic
+	}
+	for _, rt := range b.rts {
+		if rt.Stream == b.cfg.NATS.DLQ.Stream {
+			continue
+		}
+		if err := storeIDs(ctx, conn, b.js, rt.Stream, filter, from); err != nil {
+			return fmt.Errorf("read back stream %s (pass --no-check to rely on the duplicate window alone): %w", rt.Stream, err)
 		}
 	}
-	return res, nil
+	return nil
+}
+
+func (b *natsReplay) wait(ctx context.Context, fl natsFlight) error {
+	f := fl.f
+	select {
+	case ack := <-f.Ok():
+		if fl.dlq {
+			return nil
+		}
+		if ack.Duplicate {
+			b.res.Duplicates++
+		} else {
+			b.res.Published++
+		}
+		return nil
+	case err := <-f.Err():
+		return fmt.Errorf("publish %s: %w", f.Msg().Header.Get(relay.HeaderMsgID), err)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (b *natsReplay) publish(ctx context.Context, rm *relay.Msg, stream string, dlq bool) error {
+	m := jssink.NATSMsg(rm)
+	f, err := b.js.PublishMsgAsync(m, jetstream.WithExpectStream(stream))
+	if err != nil {
+		return fmt.Errorf("publish to %s: %w", m.Subject, err)
+	}
+	b.inflight = append(b.inflight, natsFlight{f, dlq})
+	if len(b.inflight) >= replayWindow {
+		if err := b.wait(ctx, b.inflight[0]); err != nil {
+			return err
+		}
+		b.inflight = b.inflight[1:]
+	}
+	return nil
+}
+
+func (b *natsReplay) flush(ctx context.Context) error {
+	for _, fl := range b.inflight {
+		if err := b.wait(ctx, fl); err != nil {
+			return err
+		}
+	}
+	b.inflight = nil
+	return nil
 }
 
 // rowQuery is the SELECT of a replay: the role columns the table has,

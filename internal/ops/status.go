@@ -15,7 +15,6 @@ import (
 	"github.com/walbox/walbox/cdc"
 	"github.com/walbox/walbox/internal/app"
 	"github.com/walbox/walbox/internal/config"
-	"github.com/walbox/walbox/relay/kafkasink"
 	"github.com/walbox/walbox/relay/sweep"
 )
 
@@ -104,13 +103,12 @@ func Status(ctx context.Context, cfg config.Config) (*StatusReport, error) {
 	nctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	if cfg.Sink == config.SinkKafka {
+		// Past the offsets walbox dlq retry committed (group walbox-dlq).
 		sc := &StreamCount{Stream: cfg.Kafka.DLQTopic}
-		if kc, err := cfg.KafkaSinkConfig(1); err != nil {
-			sc.Error = err.Error()
-		} else if n, err := kafkasink.CountRecords(nctx, kc, cfg.Kafka.DLQTopic); err != nil {
+		if n, err := kafkaDLQCount(nctx, cfg); err != nil {
 			sc.Error = err.Error()
 		} else {
-			sc.Messages = uint64(n)
+			sc.Messages = n
 		}
 		rep.DLQ = sc
 		return rep, nil

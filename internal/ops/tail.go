@@ -29,7 +29,8 @@ type TailOptions struct {
 	Limit int
 }
 
-// Tail prints the messages JetStream stores under opts.Subject, as they
+// Tail prints the messages JetStream stores under opts.Subject (with sink:
+// kafka, the records of the topic opts.Subject), as they
 // are stored, with their commit-to-ack latency (stored time minus the
 // Walbox-Commit-Time header), until ctx ends or opts.Limit messages were
 // shown. It reads through an ephemeral ordered consumer: nothing is acked
@@ -37,6 +38,9 @@ type TailOptions struct {
 func Tail(ctx context.Context, cfg config.Config, opts TailOptions, w io.Writer) (int, error) {
 	if opts.Subject == "" {
 		return 0, errors.New("say which subject to tail, e.g. walbox tail 'orders.>'")
+	}
+	if cfg.Sink == config.SinkKafka {
+		return tailKafka(ctx, cfg, opts, w)
 	}
 	nc, js, err := connectNATS(ctx, cfg)
 	if err != nil {

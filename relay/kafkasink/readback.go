@@ -221,3 +221,17 @@ func CountRecords(ctx context.Context, cfg Config, topic string) (int64, error) 
 	}
 	return n, nil
 }
+
+// NewClient is a client with the sink's connection options (brokers, TLS,
+// SASL, client id) and opts: for the tools' admin requests, consumers and
+// producers of their own.
+func NewClient(cfg Config, opts ...kgo.Opt) (*kgo.Client, error) {
+	if len(cfg.Brokers) == 0 {
+		return nil, errors.New("kafka: no brokers configured (kafka.brokers)")
+	}
+	cl, err := kgo.NewClient(append(cfg.clientOpts(), opts...)...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka client: %w", err)
+	}
+	return cl, nil
+}
