@@ -9,6 +9,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/walbox/walbox/internal/relaytest"
 	"github.com/walbox/walbox/relay"
 	"github.com/walbox/walbox/relay/kafkasink"
 )
@@ -37,7 +38,7 @@ func TestTailKafka(t *testing.T) {
 	e.produce("payments.settled", "other-topic", "k1", `{}`, 0, time.Time{})
 
 	// --since 1h: the three stored in the last hour, then new ones.
-	out := &syncBuffer{}
+	out := &relaytest.Buffer{}
 	done := make(chan error, 1)
 	ctx, cancel := context.WithTimeout(testCtx(t), 30*time.Second)
 	defer cancel()
@@ -67,7 +68,7 @@ func TestTailKafka(t *testing.T) {
 	}
 
 	// Without --since: only what is stored after the start.
-	out = &syncBuffer{}
+	out = &relaytest.Buffer{}
 	go func() {
 		_, err := Tail(ctx, e.cfg, TailOptions{Subject: "orders.created", Limit: 1}, out)
 		done <- err
@@ -90,20 +91,14 @@ func TestTailKafka(t *testing.T) {
 }
 
 // waitTailOutput waits until out holds every one of wants.
-func waitTailOutput(t *testing.T, out *syncBuffer, wants ...string) {
+func waitTailOutput(t *testing.T, out *relaytest.Buffer, wants ...string) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		all := true
+	relaytest.Eventually(t, 20*time.Second, fmt.Sprintf("tail output holding %q", wants), func() bool {
 		for _, w := range wants {
-			all = all && strings.Contains(out.String(), w)
+			if !strings.Contains(out.String(), w) {
+				return false
+			}
 		}
-		if all {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("output lacks %q after 20s:\n%s", wants, out.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return true
+	})
 }

@@ -22,8 +22,9 @@ type TopicSpec struct {
 	Manage bool
 }
 
-// EnsureTopics creates the missing topics that walbox manages and checks the
-// others exist. Each topic is its own route: the topic template renders the
+// EnsureTopics creates the missing topics that walbox manages (with
+// min.insync.replicas=2 where the replication factor is 3 or more) and
+// checks the others exist. Each topic is its own route: the topic template renders the
 // topic name, and an event whose topic is not declared is dead-lettered.
 func EnsureTopics(ctx context.Context, cl *kgo.Client, topics []TopicSpec) ([]relay.Route, error) {
 	adm := kadm.NewClient(cl)
@@ -52,7 +53,13 @@ func EnsureTopics(ctx context.Context, cl *kgo.Client, topics []TopicSpec) ([]re
 			if rf == 0 {
 				rf = -1
 			}
-			resp, err := adm.CreateTopics(ctx, parts, rf, nil, t.Name)
+			// With three or more replicas, acks=all is only worth it when
+			// a write needs two of them in sync.
+			var configs map[string]*string
+			if t.ReplicationFactor >= 3 {
+				configs = map[string]*string{"min.insync.replicas": kadm.StringPtr("2")}
+			}
+			resp, err := adm.CreateTopics(ctx, parts, rf, configs, t.Name)
 			if err != nil {
 				return nil, fmt.Errorf("create topic %s: %w", t.Name, err)
 			}
