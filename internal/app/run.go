@@ -247,6 +247,10 @@ func connectNATS(ctx context.Context, cfg config.Config, log zerolog.Logger, m *
 	return nc, nil
 }
 
+// jsErrClusterNoPeers is JetStream's "no suitable peers for placement"
+// (nats-server's JSClusterNoPeersErr; nats.go names no constant for it).
+const jsErrClusterNoPeers jetstream.ErrorCode = 10005
+
 // ensureStreams creates or checks the configured streams, retrying while
 // NATS is unreachable: an outage at start is an outage like any other.
 func ensureStreams(ctx context.Context, sink *jssink.Sink, cfg config.Config, log zerolog.Logger, lastErr *atomic.Pointer[error]) ([]relay.Route, error) {
@@ -261,14 +265,9 @@ func ensureStreams(ctx context.Context, sink *jssink.Sink, cfg config.Config, lo
 		if ctx.Err() != nil {
 			return nil, nil
 		}
-		var apiErr *jetstream.APIError
-		if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.ErrorCode(10074) {
-			// replicas > 1 on a server that is not clustered: no retry helps.
-			return nil, &cdc.ConfigError{Key: "nats.streams[].replicas",
-				Msg: fmt.Sprintf("%v: the NATS server is not clustered; set replicas: 1 (durable only with sync_interval: always on the server) or run a NATS cluster of at least that many nodes", err)}
-		}
-		if jssink.Classify(err) == relay.Permanent && !errors.Is(err, context.DeadlineExceeded) {
-			return nil, fmt.Errorf("%w (fix nats.streams in the config, or the stream on the server)", err)
+		permanent, err := streamsError(err)
+		if permanent {
+			return nil, err
 		}
 		if nc := sink.Conn(); !nc.IsConnected() {
 			// Not an API error: the connection is not up. Say why, not
@@ -290,6 +289,27 @@ func ensureStreams(ctx context.Context, sink *jssink.Sink, cfg config.Config, lo
 		case <-time.After(wait):
 		}
 	}
+}
+
+// streamsError sorts an error of creating or checking the streams: a
+// configuration no retry cures (permanent, returned with its fix), or an
+// outage to wait out (retried, with what to check when it lasts).
+func streamsError(err error) (permanent bool, out error) {
+	var apiErr *jetstream.APIError
+	switch {
+	case errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.ErrorCode(10074):
+		// replicas > 1 on a server that is not clustered: no retry helps.
+		return true, &cdc.ConfigError{Key: "nats.streams[].replicas",
+			Msg: fmt.Sprintf("%v: the NATS server is not clustered; set replicas: 1 (durable only with sync_interval: always on the server) or run a NATS cluster of at least that many nodes", err)}
+	case errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrClusterNoPeers:
+		// No suitable peers: a node is offline (a rolling restart, a
+		// cluster that has just started and not heard from every peer) or
+		// the cluster is smaller than replicas. The first two pass.
+		return false, fmt.Errorf("%w (waiting for enough JetStream peers; if the cluster has fewer nodes than nats.streams[].replicas, lower replicas)", err)
+	case jssink.Classify(err) == relay.Permanent && !errors.Is(err, context.DeadlineExceeded):
+		return true, fmt.Errorf("%w (fix nats.streams in the config, or the stream on the server)", err)
+	}
+	return false, err
 }
 
 func serveHTTP(addr string, reg *prometheus.Registry, h *health) (*http.Server, error) {

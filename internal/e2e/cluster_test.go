@@ -136,3 +136,4 @@ func r3Env(t *testing.T, urls string, mutate ...func(*config.Config)) *env {
 	e.migrate()
 	return e
 }
+
