@@ -136,4 +136,3 @@ func r3Env(t *testing.T, urls string, mutate ...func(*config.Config)) *env {
 	e.migrate()
 	return e
 }
-
