@@ -9,6 +9,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/walbox/walbox/internal/relaytest"
 )
 
 // These tests pin down the server behaviour walbox's ordering relies on.
@@ -29,9 +31,26 @@ func r3Stream(t *testing.T, name string) (*Cluster, jetstream.JetStream) {
 	_, js, _ := connect(t, cl.URLs())
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{name + ".>"}, Replicas: 3}); err != nil {
+	st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{name + ".>"}, Replicas: 3})
+	if err != nil {
 		t.Fatalf("create R3 stream: %v", err)
 	}
+	// CreateStream returns once the meta group placed the stream; its own
+	// group may not have elected a leader yet, and a publish then gets "no
+	// response from stream" (seen once in CI). Wait until it has a leader
+	// and both followers are current.
+	relaytest.Eventually(t, 15*time.Second, "the R3 stream's leader and two current replicas", func() bool {
+		info, err := st.Info(ctx)
+		if err != nil || info.Cluster == nil || info.Cluster.Leader == "" || len(info.Cluster.Replicas) != 2 {
+			return false
+		}
+		for _, r := range info.Cluster.Replicas {
+			if !r.Current {
+				return false
+			}
+		}
+		return true
+	})
 	return cl, js
 }
 
