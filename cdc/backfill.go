@@ -16,7 +16,11 @@ import (
 //
 // The snapshot stays valid only until the replication connection runs its
 // next command, so this must finish before START_REPLICATION.
-func (s *Source) backfill(ctx context.Context, snapshot string, consistent LSN, out chan<- []Change, first []Change) error {
+//
+// With several outbox tables, each is read in turn (table order, then each
+// table's best commit-order estimate): a lost slot's backfill keeps order
+// within a table, not across tables.
+func (s *Source) backfill(ctx context.Context, snapshot string, consistent LSN, tables []Table, out chan<- []Change, first []Change) error {
 	conn, err := pgx.Connect(ctx, s.cfg.ConnString)
 	if err != nil {
 		return fmt.Errorf("backfill: connect: %w", err)
@@ -31,11 +35,27 @@ func (s *Source) backfill(ctx context.Context, snapshot string, consistent LSN, 
 		return fmt.Errorf("backfill: set snapshot %s: %w", snapshot, err)
 	}
 
+	var tct string
+	commitTimestamps := false
+	if err := tx.QueryRow(ctx, "SHOW track_commit_timestamp").Scan(&tct); err == nil && tct == "on" {
+		commitTimestamps = true
+	}
+	bf := &backfillRun{batch: append(first, Change{Kind: KindBegin, LSN: 0}), started: time.Now()}
+	for i, t := range tables {
+		if err := s.backfillTable(ctx, tx, i, t, commitTimestamps, bf, out); err != nil {
+			return err
+		}
+	}
+	return s.endBackfill(ctx, bf, consistent, out)
+}
+
+// backfillTable reads one outbox table's unprocessed rows into the backfill.
+func (s *Source) backfillTable(ctx context.Context, tx pgx.Tx, idx int, t Table, commitTimestamps bool, bf *backfillRun, out chan<- []Change) error {
 	// Which mapped columns exist, and is the payload JSON?
 	rows, err := tx.Query(ctx, `SELECT a.attname, a.atttypid::int FROM pg_attribute a
-		WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped`, s.cfg.Table.Quoted())
+		WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped`, t.Name.Quoted())
 	if err != nil {
-		return fmt.Errorf("backfill: read columns of %s: %w", s.cfg.Table, err)
+		return fmt.Errorf("backfill: read columns of %s: %w", t.Name, err)
 	}
 	types := map[string]int{}
 	for rows.Next() {
@@ -49,15 +69,12 @@ func (s *Source) backfill(ctx context.Context, snapshot string, consistent LSN, 
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("backfill: read columns: %w", err)
 	}
-	var tct string
-	commitTimestamps := false
-	if err := tx.QueryRow(ctx, "SHOW track_commit_timestamp").Scan(&tct); err == nil && tct == "on" {
-		commitTimestamps = true
-	}
-	plan := planBackfill(s.cfg.Table, s.cfg.Columns, types, commitTimestamps)
+	plan := planBackfill(t.Name, t.Columns, types, commitTimestamps)
+	plan.table = idx
 	if _, err := tx.Exec(ctx, plan.declare); err != nil {
 		return fmt.Errorf("backfill: %w", err)
 	}
+	defer tx.Exec(context.WithoutCancel(ctx), "CLOSE walbox_backfill")
 
 	fetch := func(ctx context.Context, each func(vals []*string) error) (int, error) {
 		rows, err := tx.Query(ctx, fmt.Sprintf("FETCH %d FROM walbox_backfill", s.cfg.BatchSize))
@@ -86,12 +103,13 @@ func (s *Source) backfill(ctx context.Context, snapshot string, consistent LSN, 
 		}
 		return got, nil
 	}
-	return s.sendBackfill(ctx, plan, consistent, out, first, fetch)
+	return s.sendBackfill(ctx, plan, bf, out, fetch)
 }
 
 // backfillPlan is what a backfill selects and in which order, worked out
 // from the outbox table's columns as the catalogue lists them.
 type backfillPlan struct {
+	table         int    // index of the table in Config.Tables
 	roles         []Role // the mapped roles whose column exists, in select order
 	payloadIsJSON bool
 	declare       string // DECLARE walbox_backfill ... CURSOR FOR SELECT ...
@@ -138,37 +156,42 @@ func planBackfill(table TableName, cols Columns, types map[string]int, commitTim
 // event is the n-th backfilled event, from one row's values (text; nil for
 // NULL) in the order of p.roles.
 func (p *backfillPlan) event(n uint32, at time.Time, vals []*string) Event {
-	ev := Event{Pos: Position{CommitLSN: 0, Index: n}, CommitTime: at, PayloadIsJSON: p.payloadIsJSON, TopicNull: true}
+	ev := Event{Pos: Position{CommitLSN: 0, Index: n}, CommitTime: at, PayloadIsJSON: p.payloadIsJSON, TopicNull: true, Table: p.table}
 	for i, r := range p.roles {
 		setRole(&ev, r, vals[i])
 	}
 	return ev
 }
 
-// sendBackfill hands the rows fetch yields to out as one synthetic
-// transaction that ends at the slot's consistent point: confirming it is
-// what the slot already has. fetch calls each for every row of the next
-// cursor batch and returns how many there were (0 at the end).
-func (s *Source) sendBackfill(ctx context.Context, plan backfillPlan, consistent LSN, out chan<- []Change, first []Change,
+// backfillRun is the synthetic transaction a backfill hands over: it ends
+// at the slot's consistent point, so confirming it is what the slot
+// already has.
+type backfillRun struct {
+	batch      []Change
+	batchBytes int64
+	n          uint32
+	started    time.Time
+	lastLog    time.Time
+}
+
+// sendBackfill hands the rows fetch yields to out, as part of bf's
+// transaction. fetch calls each for every row of the next cursor batch and
+// returns how many there were (0 at the end).
+func (s *Source) sendBackfill(ctx context.Context, plan backfillPlan, bf *backfillRun, out chan<- []Change,
 	fetch func(ctx context.Context, each func(vals []*string) error) (int, error)) error {
-	batch := append(first, Change{Kind: KindBegin, LSN: 0})
 	now := time.Now()
-	var n uint32
-	var batchBytes int64
-	started := time.Now()
-	lastLog := started
 	for {
 		got, err := fetch(ctx, func(vals []*string) error {
-			ev := plan.event(n, now, vals)
-			batch = append(batch, Change{Kind: KindEvent, Event: ev})
-			n++
-			batchBytes += int64(len(ev.Payload) + len(ev.Headers))
-			if batchBytes >= s.cfg.BatchBytes {
+			ev := plan.event(bf.n, now, vals)
+			bf.batch = append(bf.batch, Change{Kind: KindEvent, Event: ev})
+			bf.n++
+			bf.batchBytes += int64(len(ev.Payload) + len(ev.Headers))
+			if bf.batchBytes >= s.cfg.BatchBytes {
 				// Large rows: hand over before the fetch is done.
-				if err := send(ctx, out, batch); err != nil {
+				if err := send(ctx, out, bf.batch); err != nil {
 					return err
 				}
-				batch, batchBytes = nil, 0
+				bf.batch, bf.batchBytes = nil, 0
 			}
 			return nil
 		})
@@ -176,22 +199,28 @@ func (s *Source) sendBackfill(ctx context.Context, plan backfillPlan, consistent
 			return err
 		}
 		if got == 0 {
-			break
+			return nil
 		}
-		if err := send(ctx, out, batch); err != nil {
-			return err
+		if len(bf.batch) > 0 {
+			if err := send(ctx, out, bf.batch); err != nil {
+				return err
+			}
 		}
-		batch, batchBytes = nil, 0
-		if time.Since(lastLog) > 5*time.Second {
-			lastLog = time.Now()
-			s.log.Info().Uint32("rows", n).Stringer("elapsed", time.Since(started)).Msg("backfill in progress")
+		bf.batch, bf.batchBytes = nil, 0
+		if time.Since(bf.lastLog) > 5*time.Second && time.Since(bf.started) > 5*time.Second {
+			bf.lastLog = time.Now()
+			s.log.Info().Uint32("rows", bf.n).Stringer("elapsed", time.Since(bf.started)).Msg("backfill in progress")
 		}
 	}
-	batch = append(batch, Change{Kind: KindCommit, LSN: consistent})
-	if err := send(ctx, out, batch); err != nil {
+}
+
+// endBackfill closes the synthetic transaction at the consistent point.
+func (s *Source) endBackfill(ctx context.Context, bf *backfillRun, consistent LSN, out chan<- []Change) error {
+	bf.batch = append(bf.batch, Change{Kind: KindCommit, LSN: consistent})
+	if err := send(ctx, out, bf.batch); err != nil {
 		return err
 	}
-	s.log.Info().Uint32("rows", n).Stringer("elapsed", time.Since(started)).Stringer("consistent_point", consistent).Msg("backfill done: unprocessed rows from before the slot existed handed to the relay")
+	s.log.Info().Uint32("rows", bf.n).Stringer("elapsed", time.Since(bf.started)).Stringer("consistent_point", consistent).Msg("backfill done: unprocessed rows from before the slot existed handed to the relay")
 	return nil
 }
 

@@ -161,7 +161,7 @@ func TestSendBackfill(t *testing.T) {
 	t.Run("one synthetic transaction ending at the consistent point", func(t *testing.T) {
 		src := testSource(t, nil)
 		out := make(chan []Change, 16)
-		err := src.sendBackfill(t.Context(), plan, consistent, out, append([]Change(nil), first...),
+		err := backfillOne(src, t.Context(), plan, consistent, out, append([]Change(nil), first...),
 			rowsFetcher([][]*string{row("a", `{}`), row("b", `{}`)}, [][]*string{row("c", `{}`)}))
 		if err != nil {
 			t.Fatal(err)
@@ -190,7 +190,7 @@ func TestSendBackfill(t *testing.T) {
 	t.Run("an empty table still commits at the consistent point", func(t *testing.T) {
 		src := testSource(t, nil)
 		out := make(chan []Change, 4)
-		if err := src.sendBackfill(t.Context(), plan, consistent, out, nil, rowsFetcher()); err != nil {
+		if err := backfillOne(src, t.Context(), plan, consistent, out, nil, rowsFetcher()); err != nil {
 			t.Fatal(err)
 		}
 		close(out)
@@ -204,7 +204,7 @@ func TestSendBackfill(t *testing.T) {
 		src := testSource(t, func(c *Config) { c.BatchBytes = 10 })
 		out := make(chan []Change, 16)
 		big := `{"k": "0123456789"}`
-		err := src.sendBackfill(t.Context(), plan, consistent, out, nil,
+		err := backfillOne(src, t.Context(), plan, consistent, out, nil,
 			rowsFetcher([][]*string{row("a", `{}`), row("b", big), row("c", `{}`)}))
 		if err != nil {
 			t.Fatal(err)
@@ -224,7 +224,7 @@ func TestSendBackfill(t *testing.T) {
 		src := testSource(t, nil)
 		out := make(chan []Change, 4)
 		boom := errors.New("backfill: fetch: connection reset")
-		err := src.sendBackfill(t.Context(), plan, consistent, out, nil,
+		err := backfillOne(src, t.Context(), plan, consistent, out, nil,
 			func(context.Context, func([]*string) error) (int, error) { return 0, boom })
 		if !errors.Is(err, boom) {
 			t.Fatalf("err %v, want %v", err, boom)
@@ -238,7 +238,7 @@ func TestSendBackfill(t *testing.T) {
 		src := testSource(t, nil)
 		ctx, cancel := context.WithCancel(t.Context())
 		cancel()
-		err := src.sendBackfill(ctx, plan, consistent, make(chan []Change), nil, rowsFetcher([][]*string{row("a", `{}`)}))
+		err := backfillOne(src, ctx, plan, consistent, make(chan []Change), nil, rowsFetcher([][]*string{row("a", `{}`)}))
 		if !errors.Is(err, context.Canceled) {
 			t.Fatalf("err %v, want context.Canceled", err)
 		}
@@ -251,4 +251,15 @@ func kinds(cs []Change) []ChangeKind {
 		k = append(k, c.Kind)
 	}
 	return k
+}
+
+// backfillOne runs a one-table backfill's hand-over: the rows fetch yields
+// in one synthetic transaction that ends at consistent.
+func backfillOne(src *Source, ctx context.Context, plan backfillPlan, consistent LSN, out chan<- []Change, first []Change,
+	fetch func(ctx context.Context, each func(vals []*string) error) (int, error)) error {
+	bf := &backfillRun{batch: append(first, Change{Kind: KindBegin, LSN: 0}), started: time.Now()}
+	if err := src.sendBackfill(ctx, plan, bf, out, fetch); err != nil {
+		return err
+	}
+	return src.endBackfill(ctx, bf, consistent, out)
 }

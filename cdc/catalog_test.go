@@ -73,7 +73,7 @@ func TestEnsurePublication(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			conn, ws := dialFake(t, answers(t, c.answers))
-			err := ensurePublication(t.Context(), conn, "walbox_outbox", outboxTable, c.create)
+			err := ensurePublication(t.Context(), conn, "walbox_outbox", []Table{{Name: outboxTable, Columns: DefaultColumns()}}, c.create)
 			var pe *PreconditionError
 			switch {
 			case c.wantWhat != "":

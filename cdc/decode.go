@@ -3,6 +3,7 @@ package cdc
 import (
 	"encoding/binary"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -20,6 +21,7 @@ const (
 type relation struct {
 	name          TableName
 	outbox        bool
+	table         int // index of the outbox table in Config.Tables
 	roleIdx       [numRoles]int // -1 when the role is unmapped or absent
 	payloadIsJSON bool
 	// unmappable: this definition of the outbox table lacks a column of a
@@ -31,9 +33,14 @@ type relation struct {
 // decoder turns pgoutput frames into Changes. It is owned by the goroutine
 // that owns the replication connection.
 type decoder struct {
-	table     TableName
-	columns   Columns
+	tables    []Table
+	byName    map[TableName]int
 	relations map[uint32]*relation
+	// unknown, if set, is asked about a published table that is not in
+	// tables (see Config.OnUnknownTable).
+	unknown func(TableName) (int, Columns, bool)
+	// defaultTable is the table of logical messages that name none.
+	defaultTable int
 
 	inTxn      bool
 	commitLSN  LSN
@@ -42,7 +49,36 @@ type decoder struct {
 }
 
 func newDecoder(table TableName, columns Columns) *decoder {
-	return &decoder{table: table, columns: columns, relations: make(map[uint32]*relation)}
+	return newTablesDecoder([]Table{{Name: table, Columns: columns}})
+}
+
+func newTablesDecoder(tables []Table) *decoder {
+	d := &decoder{tables: slices.Clone(tables), byName: make(map[TableName]int, len(tables)), relations: make(map[uint32]*relation)}
+	for i, t := range tables {
+		d.byName[t.Name] = i
+	}
+	return d
+}
+
+// tableIndex finds an outbox table by name: a configured one, or one the
+// unknown hook adds (a table configured while walbox runs).
+func (d *decoder) tableIndex(name TableName) (int, bool) {
+	if i, ok := d.byName[name]; ok {
+		return i, true
+	}
+	if d.unknown == nil {
+		return -1, false
+	}
+	i, cols, ok := d.unknown(name)
+	if !ok {
+		return -1, false
+	}
+	for len(d.tables) <= i {
+		d.tables = append(d.tables, Table{})
+	}
+	d.tables[i] = Table{Name: name, Columns: cols}
+	d.byName[name] = i
+	return i, true
 }
 
 // relation records a Relation message: column roles follow each one, since
@@ -55,9 +91,9 @@ func (d *decoder) relation(m *pglogrepl.RelationMessage) error {
 	for i := range r.roleIdx {
 		r.roleIdx[i] = -1
 	}
-	r.outbox = r.name == d.table
+	r.table, r.outbox = d.tableIndex(r.name)
 	if r.outbox {
-		for role, col := range d.columns {
+		for role, col := range d.tables[r.table].Columns {
 			if col == "" {
 				continue
 			}
@@ -74,7 +110,7 @@ func (d *decoder) relation(m *pglogrepl.RelationMessage) error {
 			}
 			if !found && (Role(role) == RoleID || Role(role) == RoleTopic || Role(role) == RolePayload) && r.unmappable == "" {
 				r.unmappable = fmt.Sprintf("row of table %s written when it had no column %q (renamed or dropped?): outbox.columns.%s maps the %s role to it",
-					d.table, col, Role(role), Role(role))
+					r.name, col, Role(role), Role(role))
 			}
 		}
 	}
@@ -138,6 +174,7 @@ func (d *decoder) insert(data []byte, ev *Event) (bool, error) {
 	}
 	*ev = Event{
 		Poison:        r.unmappable,
+		Table:         r.table,
 		Pos:           Position{CommitLSN: d.commitLSN, Index: d.index},
 		CommitTime:    d.commitTime,
 		ID:            string(vals[RoleID]),

@@ -42,6 +42,9 @@ func (p Position) String() string { return fmt.Sprintf("%s/%d", p.CommitLSN, p.I
 type Event struct {
 	Pos        Position
 	CommitTime time.Time
+	// Table is the index of the event's outbox table in cdc.Config.Tables
+	// (for a logical message: the table it names, or the default table).
+	Table int
 
 	ID            string
 	Topic         string

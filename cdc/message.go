@@ -22,12 +22,16 @@ type messageBody struct {
 	PartitionKey  string          `json:"partition_key"`
 	Headers       json.RawMessage `json:"headers"`
 	CreatedAt     string          `json:"created_at"`
+	// Table names the outbox table whose routing and envelope apply
+	// (schema.table); absent or null: the default table.
+	Table string `json:"table"`
 }
 
 // message decodes a table-less event. On error ev still carries what could be
 // read, with a NULL topic, so the relay dead-letters it rather than stalls.
 func (d *decoder) message(content []byte, ev *Event) error {
-	*ev = Event{Pos: Position{CommitLSN: d.commitLSN, Index: d.index}, CommitTime: d.commitTime, TopicNull: true, PayloadIsJSON: true}
+	*ev = Event{Pos: Position{CommitLSN: d.commitLSN, Index: d.index}, CommitTime: d.commitTime, TopicNull: true, PayloadIsJSON: true,
+		Table: d.defaultTable}
 	d.index++
 	var b messageBody
 	if err := json.Unmarshal(content, &b); err != nil {
@@ -50,5 +54,14 @@ func (d *decoder) message(content []byte, ev *Event) error {
 		ev.Headers = b.Headers
 	}
 	ev.CreatedAt = b.CreatedAt
+	if b.Table != "" {
+		name, err := ParseTableName(b.Table)
+		i, ok := d.tableIndex(name)
+		if err != nil || !ok {
+			ev.Poison = fmt.Sprintf("names outbox table %q, which walbox is not configured for (add it to outboxes, or call emit_message without it)", b.Table)
+			return nil
+		}
+		ev.Table = i
+	}
 	return nil
 }

@@ -84,52 +84,67 @@ func serverVersion(ctx context.Context, conn *pgconn.PgConn) (int, error) {
 	return v, err
 }
 
-// ensurePublication creates the publication for the outbox table when it is
-// missing, and checks an existing one covers the table.
-func ensurePublication(ctx context.Context, conn *pgconn.PgConn, name string, table TableName, create bool) error {
-	rows, err := query(ctx, conn, fmt.Sprintf(
-		"SELECT pubinsert, pubviaroot, EXISTS (SELECT 1 FROM pg_publication_tables t WHERE t.pubname = p.pubname AND t.schemaname = %s AND t.tablename = %s) FROM pg_publication p WHERE pubname = %s",
-		QuoteLiteral(table.Schema), QuoteLiteral(table.Name), QuoteLiteral(name)))
-	if err != nil {
-		return fmt.Errorf("look up publication %s: %w", name, err)
+// ensurePublication creates the publication for the outbox tables when it
+// is missing, and checks an existing one covers each of them.
+func ensurePublication(ctx context.Context, conn *pgconn.PgConn, name string, tables []Table, create bool) error {
+	var quoted, names []string
+	for _, t := range tables {
+		quoted = append(quoted, t.Name.Quoted())
+		names = append(names, t.Name.String())
 	}
-	if len(rows) == 0 {
-		if !create {
-			return &PreconditionError{What: fmt.Sprintf("publication %q does not exist", name),
-				Fix: fmt.Sprintf("run `walbox migrate`, or as the table owner: CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert', publish_via_partition_root = true)", QuoteIdent(name), table.Quoted())}
-		}
-		_, err := query(ctx, conn, fmt.Sprintf(
-			"CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert', publish_via_partition_root = true)",
-			QuoteIdent(name), table.Quoted()))
+	all := strings.Join(quoted, ", ")
+	for _, t := range tables {
+		table := t.Name
+		rows, err := query(ctx, conn, fmt.Sprintf(
+			"SELECT pubinsert, pubviaroot, EXISTS (SELECT 1 FROM pg_publication_tables t WHERE t.pubname = p.pubname AND t.schemaname = %s AND t.tablename = %s) FROM pg_publication p WHERE pubname = %s",
+			QuoteLiteral(table.Schema), QuoteLiteral(table.Name), QuoteLiteral(name)))
 		if err != nil {
-			switch sqlState(err) {
-			case "42P01":
+			return fmt.Errorf("look up publication %s: %w", name, err)
+		}
+		if len(rows) == 0 {
+			return createPublication(ctx, conn, name, all, strings.Join(names, ", "), create)
+		}
+		if rows[0][0] != "t" {
+			return &PreconditionError{What: fmt.Sprintf("publication %q does not publish inserts", name),
+				Fix: fmt.Sprintf("ALTER PUBLICATION %s SET (publish = 'insert', publish_via_partition_root = true)", QuoteIdent(name))}
+		}
+		if rows[0][2] != "t" {
+			exists, err := query(ctx, conn, fmt.Sprintf("SELECT to_regclass(%s) IS NOT NULL", QuoteLiteral(table.Quoted())))
+			if err == nil && len(exists) == 1 && exists[0][0] != "t" {
 				return &PreconditionError{What: fmt.Sprintf("outbox table %s does not exist", table),
-					Fix: "run `walbox migrate` to create it, or set outbox.table to your existing outbox table", Err: err}
-			case stateInsufficientPrivilege:
-				return &PreconditionError{What: fmt.Sprintf("cannot create publication %q", name),
-					Fix: "run `walbox migrate` as the table owner, or ask a DBA to create the publication (`walbox migrate --print`)", Err: err}
+					Fix: "run `walbox migrate` (it creates the table and adds it to the publication), or set outbox.table to your existing outbox table"}
 			}
-			return fmt.Errorf("create publication %s: %w", name, err)
+			return &PreconditionError{What: fmt.Sprintf("publication %q does not include %s", name, table),
+				Fix: fmt.Sprintf("run `walbox migrate`, or as the table owner: ALTER PUBLICATION %s ADD TABLE %s", QuoteIdent(name), table.Quoted())}
 		}
-		return nil
-	}
-	if rows[0][0] != "t" {
-		return &PreconditionError{What: fmt.Sprintf("publication %q does not publish inserts", name),
-			Fix: fmt.Sprintf("ALTER PUBLICATION %s SET (publish = 'insert', publish_via_partition_root = true)", QuoteIdent(name))}
-	}
-	if rows[0][2] != "t" {
-		exists, err := query(ctx, conn, fmt.Sprintf("SELECT to_regclass(%s) IS NOT NULL", QuoteLiteral(table.Quoted())))
-		if err == nil && len(exists) == 1 && exists[0][0] != "t" {
-			return &PreconditionError{What: fmt.Sprintf("outbox table %s does not exist", table),
-				Fix: "run `walbox migrate` (it creates the table and adds it to the publication), or set outbox.table to your existing outbox table"}
+		if rows[0][1] != "t" {
+			return &PreconditionError{What: fmt.Sprintf("publication %q has publish_via_partition_root off, so rows of a partitioned outbox arrive under partition names", name),
+				Fix: fmt.Sprintf("ALTER PUBLICATION %s SET (publish_via_partition_root = true)", QuoteIdent(name))}
 		}
-		return &PreconditionError{What: fmt.Sprintf("publication %q does not include %s", name, table),
-			Fix: fmt.Sprintf("run `walbox migrate`, or as the table owner: ALTER PUBLICATION %s ADD TABLE %s", QuoteIdent(name), table.Quoted())}
 	}
-	if rows[0][1] != "t" {
-		return &PreconditionError{What: fmt.Sprintf("publication %q has publish_via_partition_root off, so rows of a partitioned outbox arrive under partition names", name),
-			Fix: fmt.Sprintf("ALTER PUBLICATION %s SET (publish_via_partition_root = true)", QuoteIdent(name))}
+	return nil
+}
+
+// createPublication creates the missing publication for the tables (all,
+// quoted and comma-separated; names unquoted), if create allows it.
+func createPublication(ctx context.Context, conn *pgconn.PgConn, name, all, names string, create bool) error {
+	if !create {
+		return &PreconditionError{What: fmt.Sprintf("publication %q does not exist", name),
+			Fix: fmt.Sprintf("run `walbox migrate`, or as the table owner: CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert', publish_via_partition_root = true)", QuoteIdent(name), all)}
+	}
+	_, err := query(ctx, conn, fmt.Sprintf(
+		"CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert', publish_via_partition_root = true)",
+		QuoteIdent(name), all))
+	if err != nil {
+		switch sqlState(err) {
+		case "42P01":
+			return &PreconditionError{What: fmt.Sprintf("outbox table %s does not exist", names),
+				Fix: "run `walbox migrate` to create it, or set outbox.table to your existing outbox table", Err: err}
+		case stateInsufficientPrivilege:
+			return &PreconditionError{What: fmt.Sprintf("cannot create publication %q", name),
+				Fix: "run `walbox migrate` as the table owner, or ask a DBA to create the publication (`walbox migrate --print`)", Err: err}
+		}
+		return fmt.Errorf("create publication %s: %w", name, err)
 	}
 	return nil
 }

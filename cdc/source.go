@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,8 +24,23 @@ type Config struct {
 	ConnString  string
 	Slot        string
 	Publication string
-	Table       TableName
-	Columns     Columns
+	// Tables are the outbox tables; Event.Table is an index into them.
+	// Table and Columns are the one-table shorthand, used when Tables is
+	// empty.
+	Tables  []Table
+	Table   TableName
+	Columns Columns
+	// DefaultTable is the index of the table whose settings apply to a
+	// logical message (walbox.emit_message) that names no table.
+	DefaultTable int
+	// OnUnknownTable, if set, is asked about a table the publication
+	// streams that is not in Tables (added to the configuration and the
+	// publication while walbox runs). It returns the table's index for
+	// Event.Table (the next free one) and its columns; ok false: the
+	// table's rows are not published (and a warning says so). It is
+	// called from the replication goroutine, before the first row of the
+	// table is handed over.
+	OnUnknownTable func(TableName) (idx int, cols Columns, ok bool)
 	// CreatePublication lets the source create a missing publication.
 	CreatePublication bool
 	// StatusInterval is how often a standby status update is sent even when
@@ -106,6 +122,53 @@ type Source struct {
 	// handed over at every commit, and allocating a fresh one each time was
 	// a tenth of the relay's catch-up CPU (allocation and GC).
 	free chan []Change
+
+	tablesMu sync.Mutex
+	tables   []Table // Config.Tables and those OnUnknownTable added
+	ignored  map[TableName]bool
+}
+
+// Table is one outbox table and the columns of its roles.
+type Table struct {
+	Name    TableName
+	Columns Columns
+}
+
+// Tables returns the outbox tables, those added while running included.
+func (s *Source) Tables() []Table {
+	s.tablesMu.Lock()
+	defer s.tablesMu.Unlock()
+	return slices.Clone(s.tables)
+}
+
+// unknownTable is the decoder's hook for a published table it does not know.
+func (s *Source) unknownTable(name TableName) (int, Columns, bool) {
+	s.tablesMu.Lock()
+	defer s.tablesMu.Unlock()
+	for i, t := range s.tables {
+		if t.Name == name {
+			return i, t.Columns, true
+		}
+	}
+	if s.cfg.OnUnknownTable != nil {
+		if i, cols, ok := s.cfg.OnUnknownTable(name); ok {
+			for len(s.tables) <= i {
+				s.tables = append(s.tables, Table{})
+			}
+			s.tables[i] = Table{Name: name, Columns: cols}
+			s.log.Info().Str("table", name.String()).Int("index", i).Msg("publishing a newly configured outbox table")
+			return i, cols, true
+		}
+	}
+	if !s.ignored[name] {
+		if s.ignored == nil {
+			s.ignored = map[TableName]bool{}
+		}
+		s.ignored[name] = true
+		s.log.Warn().Str("table", name.String()).Str("publication", s.cfg.Publication).
+			Msg("the publication streams a table that is not a configured outbox table: its rows are not published (add it to outboxes, or take it out of the publication)")
+	}
+	return -1, Columns{}, false
 }
 
 // Recycle gives back a batch received from Run once nothing refers to its
@@ -143,10 +206,17 @@ func NewSource(cfg Config) (*Source, error) {
 	if cfg.Publication == "" {
 		return nil, &ConfigError{Key: "postgres.publication", Msg: "is required"}
 	}
-	if cfg.Table.Name == "" {
+	if len(cfg.Tables) == 0 && cfg.Table.Name != "" {
+		cfg.Tables = []Table{{Name: cfg.Table, Columns: cfg.Columns}}
+	}
+	if len(cfg.Tables) == 0 {
 		return nil, &ConfigError{Key: "outbox.table", Msg: "is required"}
 	}
-	return &Source{cfg: cfg, log: cfg.Logger.With().Str("component", "cdc").Logger(), free: make(chan []Change, 8)}, nil
+	if cfg.DefaultTable < 0 || cfg.DefaultTable >= len(cfg.Tables) {
+		cfg.DefaultTable = 0
+	}
+	return &Source{cfg: cfg, log: cfg.Logger.With().Str("component", "cdc").Logger(), free: make(chan []Change, 8),
+		tables: slices.Clone(cfg.Tables)}, nil
 }
 
 // Confirm records that every transaction ending at or before lsn is fully
@@ -271,11 +341,14 @@ func (s *Source) session(ctx context.Context, out chan<- []Change) (streamed boo
 		}
 	}
 	s.origin.Store(origin)
-	if err := ensurePublication(ctx, conn, s.cfg.Publication, s.cfg.Table, s.cfg.CreatePublication); err != nil {
+	tables := s.Tables()
+	if err := ensurePublication(ctx, conn, s.cfg.Publication, tables, s.cfg.CreatePublication); err != nil {
 		return false, err
 	}
-	if err := checkColumns(ctx, conn, s.cfg.Table, s.cfg.Columns); err != nil {
-		return false, err
+	for _, t := range tables {
+		if err := checkColumns(ctx, conn, t.Name, t.Columns); err != nil {
+			return false, err
+		}
 	}
 	// After a reconnect the server resends from confirmed_flush_lsn: the
 	// relay must forget what it had not finished before anything new arrives.
@@ -302,7 +375,7 @@ func (s *Source) session(ctx context.Context, out chan<- []Change) (streamed boo
 			return false, fmt.Errorf("parse consistent point %q: %w", created.ConsistentPoint, err)
 		}
 		s.log.Info().Str("slot", s.cfg.Slot).Stringer("consistent_point", consistent).Msg("created replication slot; backfilling unprocessed rows from its snapshot")
-		if err := s.backfill(ctx, created.SnapshotName, consistent, out, prefix); err != nil {
+		if err := s.backfill(ctx, created.SnapshotName, consistent, tables, out, prefix); err != nil {
 			return false, err
 		}
 		prefix = nil
@@ -337,7 +410,9 @@ func (s *Source) session(ctx context.Context, out chan<- []Change) (streamed boo
 	session := s.sessions.Add(1)
 	s.log.Info().Str("slot", s.cfg.Slot).Int64("session", session).Stringer("confirmed", s.Confirmed()).Msg("replication started")
 
-	st := &stream{src: s, conn: conn, out: out, dec: newDecoder(s.cfg.Table, s.cfg.Columns), batch: prefix}
+	dec := newTablesDecoder(tables)
+	dec.unknown, dec.defaultTable = s.unknownTable, s.cfg.DefaultTable
+	st := &stream{src: s, conn: conn, out: out, dec: dec, batch: prefix}
 	err = st.run(ctx)
 	return st.streamed, err
 }
