@@ -21,7 +21,7 @@ const (
 type relation struct {
 	name          TableName
 	outbox        bool
-	table         int // index of the outbox table in Config.Tables
+	table         int           // index of the outbox table in Config.Tables
 	roleIdx       [numRoles]int // -1 when the role is unmapped or absent
 	payloadIsJSON bool
 	// unmappable: this definition of the outbox table lacks a column of a
