@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -71,44 +72,96 @@ type RouterOptions struct {
 	// Rules assert the stream of topics by prefix; the longest matching
 	// prefix applies.
 	Rules []RoutingRule
+	// Table names the outbox table, for the table label of the metrics.
+	Table string
+	// IDHeader, if set, is a header that carries the event id beside
+	// Nats-Msg-Id (the debezium layout's "id").
+	IDHeader string
 }
 
-// NewRouterWithOptions builds a router as NewRouter does, with opts.
+// shape is how one outbox table's events become messages: subject
+// template, buckets, envelope and routing rules.
+type shape struct {
+	template []tmplSeg // nil: prefix + topic
+	buckets  uint32
+	envelope string
+	ceSource string
+	rules    []RoutingRule
+	idHeader string
+	table    string
+}
+
+// TableName is the name of outbox table i, as the metrics label it.
+func (r *Router) TableName(i int) string { return r.shapeFor(i).table }
+
+// NewRouterWithOptions builds a router as NewRouter does, with opts for
+// the events of every table (table 0, and those AddTable does not set).
 func NewRouterWithOptions(prefix, source string, routes []Route, opts RouterOptions) (*Router, error) {
 	r := NewRouter(prefix, source, routes)
+	sh, err := newShape(source, opts)
+	if err != nil {
+		return nil, err
+	}
+	r.shapes.Store(&[]*shape{sh})
+	return r, nil
+}
+
+// SetTable sets the routing and envelope of the events of table i
+// (cdc.Event.Table). It may be called while Message runs.
+func (r *Router) SetTable(i int, opts RouterOptions) error {
+	if i < 0 {
+		return fmt.Errorf("table index %d", i)
+	}
+	sh, err := newShape(r.source, opts)
+	if err != nil {
+		return err
+	}
+	r.shapesMu.Lock()
+	defer r.shapesMu.Unlock()
+	next := slices.Clone(*r.shapes.Load())
+	for len(next) <= i {
+		next = append(next, nil)
+	}
+	next[i] = sh
+	r.shapes.Store(&next)
+	return nil
+}
+
+func newShape(source string, opts RouterOptions) (*shape, error) {
+	sh := &shape{idHeader: opts.IDHeader, table: opts.Table}
 	if opts.SubjectTemplate != "" && opts.SubjectTemplate != DefaultSubjectTemplate {
 		segs, err := parseSubjectTemplate(opts.SubjectTemplate)
 		if err != nil {
 			return nil, err
 		}
-		r.template = segs
+		sh.template = segs
 	}
-	r.buckets = uint32(DefaultPartitionBuckets)
+	sh.buckets = uint32(DefaultPartitionBuckets)
 	if opts.PartitionBuckets < 0 {
 		return nil, fmt.Errorf("partition buckets %d: must be positive", opts.PartitionBuckets)
 	}
 	if opts.PartitionBuckets > 0 {
-		r.buckets = uint32(opts.PartitionBuckets)
+		sh.buckets = uint32(opts.PartitionBuckets)
 	}
 	switch opts.Envelope {
 	case "", EnvelopeRaw:
-		r.envelope = EnvelopeRaw
+		sh.envelope = EnvelopeRaw
 	case EnvelopeCloudEvents, EnvelopeCloudEventsStructured, EnvelopeWalbox:
-		r.envelope = opts.Envelope
+		sh.envelope = opts.Envelope
 	default:
 		return nil, fmt.Errorf("envelope %q: use one of %s", opts.Envelope, strings.Join(Envelopes, ", "))
 	}
-	r.ceSource = opts.CloudEventsSource
-	if r.ceSource == "" {
-		r.ceSource = "walbox/" + source
+	sh.ceSource = opts.CloudEventsSource
+	if sh.ceSource == "" {
+		sh.ceSource = "walbox/" + source
 	}
 	for _, rule := range opts.Rules {
 		if rule.TopicPrefix == "" || rule.Stream == "" {
 			return nil, fmt.Errorf("routing rule %+v: topic prefix and stream are required", rule)
 		}
 	}
-	r.rules = opts.Rules
-	return r, nil
+	sh.rules = opts.Rules
+	return sh, nil
 }
 
 // Template placeholders.
@@ -230,15 +283,15 @@ func renderTemplate(segs []tmplSeg, ev *cdc.Event, buckets uint32) string {
 }
 
 // subject is the event's subject: prefix + the filled-in template.
-func (r *Router) subject(ev *cdc.Event) string {
+func (r *shape) subject(prefix string, ev *cdc.Event) string {
 	if r.template == nil {
-		return r.prefix + ev.Topic
+		return prefix + ev.Topic
 	}
-	return r.prefix + renderTemplate(r.template, ev, r.buckets)
+	return prefix + renderTemplate(r.template, ev, r.buckets)
 }
 
 // ruleFor returns the routing rule with the longest prefix of topic.
-func (r *Router) ruleFor(topic string) (RoutingRule, bool) {
+func (r *shape) ruleFor(topic string) (RoutingRule, bool) {
 	best, ok := RoutingRule{}, false
 	for _, rule := range r.rules {
 		if strings.HasPrefix(topic, rule.TopicPrefix) && (!ok || len(rule.TopicPrefix) > len(best.TopicPrefix)) {
@@ -260,7 +313,7 @@ func rfcCommitTime(ev *cdc.Event) string { return ev.CommitTime.UTC().Format(tim
 
 // envelopeHeaders adds the envelope's headers (before the headers column is
 // copied, so that column cannot override them).
-func (r *Router) envelopeHeaders(h Header, ev *cdc.Event) {
+func (r *shape) envelopeHeaders(h Header, ev *cdc.Event) {
 	switch r.envelope {
 	case EnvelopeCloudEvents:
 		h[HeaderCESpecVersion] = []string{"1.0"}
@@ -302,7 +355,7 @@ type Envelope struct {
 
 // envelopeData returns the message data for ev's payload (valid JSON). The
 // payload is embedded byte for byte (json.Marshal would compact it).
-func (r *Router) envelopeData(ev *cdc.Event) ([]byte, error) {
+func (r *shape) envelopeData(ev *cdc.Event) ([]byte, error) {
 	switch r.envelope {
 	case EnvelopeCloudEventsStructured:
 		b := make([]byte, 0, len(ev.Payload)+256)

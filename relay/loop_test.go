@@ -439,7 +439,7 @@ func TestLoopTransientFailureWithTheWindowFull(t *testing.T) {
 					wantSkipped = 0
 				}
 				for name, c := range map[string]struct{ got, want float64 }{
-					"walbox_published_total{ORDERS}":         {testutil.ToFloat64(rig.m.Published.WithLabelValues("ORDERS")), 8},
+					"walbox_published_total{ORDERS}":         {testutil.ToFloat64(rig.m.Published.WithLabelValues("ORDERS", "")), 8},
 					"walbox_publish_errors_total{transient}": {testutil.ToFloat64(rig.m.PublishErrors.WithLabelValues("transient")), 4},
 					"walbox_publish_backoffs_total":          {testutil.ToFloat64(rig.m.Backoffs), 1},
 					"walbox_resume_skipped_total":            {testutil.ToFloat64(rig.m.Skipped), wantSkipped},
@@ -567,7 +567,7 @@ func TestLoopLateAckAfterADeadLetter(t *testing.T) {
 				rig.wantDelivered([]string{ids[0], ids[1], ids[3], ids[4], ids[5]}, "successors acked")
 				rig.wantConfirmed(sc.ends[0], "successors acked, the dead letter not")
 				rig.wantInFlight(1, "the dead letter in flight")
-				if got := testutil.ToFloat64(rig.m.DeadLettered); got != 0 {
+				if got := testutil.ToFloat64(rig.m.DeadLettered.WithLabelValues("")); got != 0 {
 					t.Fatalf("walbox_dead_lettered_total = %v before the dead-letter stream acked", got)
 				}
 
@@ -612,10 +612,10 @@ func TestLoopLateAckAfterADeadLetter(t *testing.T) {
 				}
 				rig.checkStored(rig.st, []string{ids[0], ids[1], ids[3], ids[4], ids[5]})
 				rig.checkStored(rig.dlq, ids[2:3])
-				if got := testutil.ToFloat64(rig.m.DeadLettered); got != 1 {
+				if got := testutil.ToFloat64(rig.m.DeadLettered.WithLabelValues("")); got != 1 {
 					t.Fatalf("walbox_dead_lettered_total = %v, want 1", got)
 				}
-				if got := testutil.ToFloat64(rig.m.Published.WithLabelValues("ORDERS")); got != 5 {
+				if got := testutil.ToFloat64(rig.m.Published.WithLabelValues("ORDERS", "")); got != 5 {
 					t.Fatalf("walbox_published_total{ORDERS} = %v, want 5", got)
 				}
 			})
@@ -788,7 +788,7 @@ func TestLoopDrainOnShutdown(t *testing.T) {
 			rig.wantConfirmed(sc.ends[0], "drained")
 			rig.wantDelivered(ids[:2], "drained")
 			rig.wantPublished(rig.st, ids, "drained: nothing is resent")
-			if got := testutil.ToFloat64(rig.m.Published.WithLabelValues("ORDERS")); got != 2 {
+			if got := testutil.ToFloat64(rig.m.Published.WithLabelValues("ORDERS", "")); got != 2 {
 				t.Fatalf("walbox_published_total{ORDERS} = %v, want 2", got)
 			}
 		})
@@ -935,7 +935,7 @@ func TestLoopPublishCallFailsWithAcksInFlight(t *testing.T) {
 		for name, c := range map[string]struct{ got, want float64 }{
 			"walbox_resume_skipped_total":            {testutil.ToFloat64(rig.m.Skipped), 3},
 			"walbox_publish_errors_total{transient}": {testutil.ToFloat64(rig.m.PublishErrors.WithLabelValues("transient")), 4},
-			"walbox_published_total{ORDERS}":         {testutil.ToFloat64(rig.m.Published.WithLabelValues("ORDERS")), 6},
+			"walbox_published_total{ORDERS}":         {testutil.ToFloat64(rig.m.Published.WithLabelValues("ORDERS", "")), 6},
 		} {
 			if c.got != c.want {
 				t.Errorf("%s = %v, want %v", name, c.got, c.want)

@@ -7,7 +7,7 @@ import "github.com/prometheus/client_golang/prometheus"
 type Metrics struct {
 	Published     *prometheus.CounterVec
 	PublishErrors *prometheus.CounterVec
-	DeadLettered  prometheus.Counter
+	DeadLettered  *prometheus.CounterVec
 	InFlight      prometheus.Gauge
 	CommitToAck   prometheus.Histogram
 	PublishToAck  prometheus.Histogram
@@ -32,14 +32,14 @@ type Metrics struct {
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		Published: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "walbox_published_total", Help: "Events acknowledged by JetStream, by stream.",
-		}, []string{"stream"}),
+			Name: "walbox_published_total", Help: "Events acknowledged by the sink, by stream (topic) and outbox table.",
+		}, []string{"stream", "table"}),
 		PublishErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "walbox_publish_errors_total", Help: "Failed publishes, by class (transient, permanent).",
 		}, []string{"class"}),
-		DeadLettered: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "walbox_dead_lettered_total", Help: "Events sent to the dead-letter stream.",
-		}),
+		DeadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "walbox_dead_lettered_total", Help: "Events sent to the dead-letter stream, by outbox table.",
+		}, []string{"table"}),
 		InFlight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "walbox_inflight", Help: "Published events waiting for their JetStream ack.",
 		}),

@@ -43,6 +43,7 @@ type Delivered struct {
 	ID         string
 	CreatedAt  string
 	Pos        cdc.Position
+	Table      int // the event's outbox table (cdc.Event.Table)
 	Stream     string
 	Seq        uint64
 	AckedAt    time.Time
@@ -590,15 +591,15 @@ func (l *loop) done(p *pending, ack *Ack) {
 			l.backing = false
 		}
 		if p.dlq {
-			l.r.m.DeadLettered.Inc()
+			l.r.m.DeadLettered.WithLabelValues(l.r.router.TableName(p.ev.Table)).Inc()
 		} else {
-			l.r.m.Published.WithLabelValues(ack.Stream).Inc()
+			l.r.m.Published.WithLabelValues(ack.Stream, l.r.router.TableName(p.ev.Table)).Inc()
 			l.r.m.CommitToAck.Observe(now.Sub(p.ev.CommitTime).Seconds())
 			l.r.m.PublishToAck.Observe(now.Sub(p.sentAt).Seconds())
 		}
 	}
 	if l.r.cfg.OnDelivered != nil {
-		d := Delivered{ID: p.ev.ID, CreatedAt: p.ev.CreatedAt, Pos: p.ev.Pos, AckedAt: now, DeadLetter: p.dlq, Reason: p.reason}
+		d := Delivered{ID: p.ev.ID, CreatedAt: p.ev.CreatedAt, Pos: p.ev.Pos, Table: p.ev.Table, AckedAt: now, DeadLetter: p.dlq, Reason: p.reason}
 		if ack != nil {
 			d.Stream, d.Seq = ack.Stream, ack.Sequence
 		}

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -73,13 +75,10 @@ type Router struct {
 	// splits strings. Bounded so a flood of distinct topics cannot grow it.
 	cache map[string]string
 
-	// Set by NewRouterWithOptions (envelope.go); nil/zero: prefix + topic,
-	// raw payload, no rules.
-	template []tmplSeg
-	buckets  uint32
-	envelope string
-	ceSource string
-	rules    []RoutingRule
+	// shapes are the routing and envelope of each outbox table's events,
+	// by cdc.Event.Table (copy on write: AddTable may run beside Message).
+	shapes   atomic.Pointer[[]*shape]
+	shapesMu sync.Mutex
 
 	// The events of one transaction share their commit LSN and time: their
 	// header strings are made once per transaction.
@@ -148,8 +147,19 @@ func setOptional(h Header, key, v string) {
 // NewRouter builds a router. source identifies this relay's database and slot
 // in the position headers.
 func NewRouter(prefix, source string, routes []Route) *Router {
-	return &Router{prefix: prefix, source: source, routes: routes, cache: make(map[string]string),
-		buckets: DefaultPartitionBuckets, envelope: EnvelopeRaw, ceSource: "walbox/" + source}
+	r := &Router{prefix: prefix, source: source, routes: routes, cache: make(map[string]string)}
+	r.shapes.Store(&[]*shape{{buckets: DefaultPartitionBuckets, envelope: EnvelopeRaw, ceSource: "walbox/" + source}})
+	return r
+}
+
+// shapeFor is the shape of the events of table i (the first table's for
+// an index it does not know).
+func (r *Router) shapeFor(i int) *shape {
+	s := *r.shapes.Load()
+	if i < 0 || i >= len(s) || s[i] == nil {
+		return s[0]
+	}
+	return s[i]
 }
 
 // EventFromHeaders rebuilds, for a retry, the event a dead letter was made
@@ -226,7 +236,8 @@ func (r *Router) Message(ev *cdc.Event) (*Msg, string, error) {
 	if !HeaderSafe(ev.ID) {
 		return nil, "", poison("id %q cannot travel unchanged in the Nats-Msg-Id header (NATS trims leading and trailing blanks and turns CR and LF into spaces, so it could collide with another id): give the row an id without them", ev.ID)
 	}
-	subject := r.subject(ev)
+	sh := r.shapeFor(ev.Table)
+	subject := sh.subject(r.prefix, ev)
 	if err := ValidSubject(subject); err != nil {
 		return nil, "", poison("invalid subject %q: %v", subject, err)
 	}
@@ -237,7 +248,7 @@ func (r *Router) Message(ev *cdc.Event) (*Msg, string, error) {
 	if ev.Stream != "" && ev.Stream != stream {
 		return nil, "", poison("row names stream %q but subject %q is captured by stream %q", ev.Stream, subject, stream)
 	}
-	if rule, ok := r.ruleFor(ev.Topic); ok && rule.Stream != stream {
+	if rule, ok := sh.ruleFor(ev.Topic); ok && rule.Stream != stream {
 		return nil, "", poison("topic %q matches routing rule topic_prefix %q (nats.routes), which requires stream %q, but subject %q is captured by stream %q",
 			ev.Topic, rule.TopicPrefix, rule.Stream, subject, stream)
 	}
@@ -273,15 +284,18 @@ func (r *Router) Message(ev *cdc.Event) (*Msg, string, error) {
 	setOptional(h, HeaderPartitionKey, ev.PartitionKey)
 	delete(h, HeaderExpectedLastSeq) // the relay sets it when it sends
 	delete(h, HeaderExpectedLastMsgID)
-	r.envelopeHeaders(h, ev)
+	if sh.idHeader != "" {
+		h[sh.idHeader] = []string{ev.ID}
+	}
+	sh.envelopeHeaders(h, ev)
 	if len(ev.Headers) > 0 {
 		if err := addJSONHeaders(h, ev.Headers); err != nil {
 			return nil, "", poison("headers column: %v", err)
 		}
 	}
-	data, err := r.envelopeData(ev)
+	data, err := sh.envelopeData(ev)
 	if err != nil {
-		return nil, "", poison("%s envelope: %v", r.envelope, err)
+		return nil, "", poison("%s envelope: %v", sh.envelope, err)
 	}
 	m.Subject, m.Data, m.Key = subject, data, partitionKey(ev)
 	m.Expect, m.ExpectSet = 0, false
@@ -351,7 +365,7 @@ func validHeaderKey(k string) bool {
 // published: the original payload (dropped if it alone is too large) and
 // headers naming the original subject and the reason.
 func (r *Router) DeadLetter(ev *cdc.Event, dlqPrefix, reason string) *Msg {
-	orig := r.subject(ev)
+	orig := r.shapeFor(ev.Table).subject(r.prefix, ev)
 	suffix := orig
 	if ev.TopicNull || ValidSubject(orig) != nil {
 		suffix = "invalid"

@@ -6,6 +6,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/walbox/walbox/internal/app"
+	"github.com/walbox/walbox/internal/config"
 )
 
 func newRunCmd() *cobra.Command {
@@ -19,7 +20,10 @@ func newRunCmd() *cobra.Command {
 			}
 			log := newLogger(cfg.Log, os.Stderr)
 			app.ApplyRuntime(cfg.Runtime, log)
-			return app.Run(cmd.Context(), cfg, log, app.Options{})
+			// A table added to outboxes while walbox runs is found by
+			// reading the config again (see app.Options.Reload).
+			reload := func() (config.Config, error) { return loadConfig(cmd) }
+			return app.Run(cmd.Context(), cfg, log, app.Options{Reload: reload})
 		},
 	}
 }

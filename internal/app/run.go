@@ -36,15 +36,16 @@ type Options struct {
 	OnDelivered func(relay.Delivered)
 	// Ready, if set, is closed once the relay has started streaming.
 	Ready chan<- struct{}
+	// Reload, if set, reads the configuration again (file, environment,
+	// flags): when the publication sends a table that is not configured,
+	// the relay looks for it there, so a table added to outboxes and the
+	// publication (walbox migrate) is published without a restart.
+	Reload func() (config.Config, error)
 }
 
 // Run relays until ctx is cancelled. It returns nil after a clean shutdown.
 func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Options) error {
-	table, err := cfg.OutboxTable()
-	if err != nil {
-		return err
-	}
-	cols, err := cfg.OutboxColumns()
+	tables, err := cfg.Tables()
 	if err != nil {
 		return err
 	}
@@ -59,13 +60,16 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 	}
 	// The relay's metrics keep their names on both buses, with a sink label.
 	metrics := relay.NewMetrics(prometheus.WrapRegistererWith(prometheus.Labels{"sink": cfg.Sink}, reg))
+	ts := &tableSet{cfg: cfg, log: log, reg: reg, tables: tables, reload: opts.Reload}
+	cdcTables, defaultTable := ts.cdcTables()
 
 	src, err := cdc.NewSource(cdc.Config{
 		ConnString:        cfg.Postgres.URL,
 		Slot:              cfg.Postgres.Slot,
 		Publication:       cfg.Postgres.Publication,
-		Table:             table,
-		Columns:           cols,
+		Tables:            cdcTables,
+		DefaultTable:      defaultTable,
+		OnUnknownTable:    ts.unknown,
 		CreatePublication: cfg.Postgres.CreatePublication,
 		StatusInterval:    cfg.Postgres.StatusInterval,
 		BatchSize:         cfg.NATS.Window / 2,
@@ -108,18 +112,12 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 		return nil
 	}
 	source := pgcfg.Database + "/" + cfg.Postgres.Slot
-	ropts := cfg.RouterOptions()
-	ropts.SubjectTemplate = bus.template
-	router, err := relay.NewRouterWithOptions(bus.prefix, source, routes, ropts)
+	ts.template = bus.template
+	router, err := relay.NewRouterWithOptions(bus.prefix, source, routes, ts.routerOptions(tables[0]))
 	if err != nil {
 		return err
 	}
-	// The sweeper marks acked rows and maintains partitions and the archive;
-	// stopping it writes the marks of the relay's final acks.
-	sw, err := NewSweeper(cfg, log, reg)
-	if err != nil {
-		return err
-	}
+	ts.router = router
 	// Dropped marks are caught up from what the streams hold, and at start
 	// the newest messages of each stream are read back for the marks a crash
 	// left unwritten (at most the mark queue and the publish window).
@@ -129,9 +127,13 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 			readStreams = append(readStreams, rt.Stream)
 		}
 	}
-	sw.SetReader(bus.reader, source, readStreams, 10*cfg.Sweeper.BatchSize+2*cfg.NATS.Window)
-	stopSweeper := sw.Start(ctx)
-	defer stopSweeper()
+	ts.reader, ts.source, ts.streams, ts.tail = bus.reader, source, readStreams, 10*cfg.Sweeper.BatchSize+2*cfg.NATS.Window
+	// A sweeper per table marks acked rows and maintains partitions and
+	// the archive; stopping them writes the marks of the relay's final acks.
+	if err := ts.start(ctx); err != nil {
+		return err
+	}
+	defer ts.stop()
 	r := relay.New(relay.Config{
 		Window:         cfg.NATS.Window,
 		WindowBytes:    cfg.NATS.WindowBytes / 4,
@@ -141,7 +143,7 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 		RequireTail:    bus.requireTail,
 		BackoffInitial: cfg.Retry.Initial,
 		BackoffMax:     cfg.Retry.Max,
-		OnDelivered:    sw.Hook(opts.OnDelivered),
+		OnDelivered:    ts.hook(opts.OnDelivered),
 		Metrics:        metrics,
 		Logger:         log,
 	}, bus.sink, router)
@@ -159,7 +161,7 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 		}()
 	}
 	log.Info().Str("postgres", redact.PostgresURL(cfg.Postgres.URL)).Str("sink", cfg.Sink).Str("bus", bus.url).Str("slot", cfg.Postgres.Slot).
-		Str("table", table.String()).Int("window", cfg.NATS.Window).Msg("walbox relay starting")
+		Strs("tables", tableNames(tables)).Int("window", cfg.NATS.Window).Msg("walbox relay starting")
 	for {
 		// Several relays may run for one database: one holds the leader
 		// lock and streams, the others wait here and take over when it dies.
@@ -330,4 +332,12 @@ func serveHTTP(addr string, reg *prometheus.Registry, h *health) (*http.Server, 
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go srv.Serve(ln)
 	return srv, nil
+}
+
+func tableNames(ts []config.Table) []string {
+	out := make([]string, len(ts))
+	for i, t := range ts {
+		out[i] = t.Name.String()
+	}
+	return out
 }

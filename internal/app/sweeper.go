@@ -14,14 +14,21 @@ import (
 // status` use it on its own. reg may be nil (metrics unregistered). It does
 // not connect.
 func NewSweeper(cfg config.Config, log zerolog.Logger, reg prometheus.Registerer) (*sweep.Sweeper, error) {
-	table, err := cfg.OutboxTable()
+	t, err := cfg.DefaultTable()
 	if err != nil {
 		return nil, err
 	}
-	cols, err := cfg.OutboxColumns()
-	if err != nil {
-		return nil, err
+	return NewTableSweeper(cfg, t, log, reg)
+}
+
+// NewTableSweeper is NewSweeper for one outbox table, with that table's
+// sweeper settings. Its metrics carry the table label when reg is set.
+func NewTableSweeper(cfg config.Config, t config.Table, log zerolog.Logger, reg prometheus.Registerer) (*sweep.Sweeper, error) {
+	if reg != nil {
+		reg = prometheus.WrapRegistererWith(prometheus.Labels{"table": t.Name.String()}, reg)
 	}
+	table, cols := t.Name, t.Columns
+	var err error
 	a := cfg.Archive
 	var store sweep.ColdStore
 	if a.ExportAfter > 0 {
@@ -42,16 +49,16 @@ func NewSweeper(cfg config.Config, log zerolog.Logger, reg prometheus.Registerer
 		ConnString:      cfg.Postgres.URL,
 		Table:           table,
 		Columns:         cols,
-		MarkProcessed:   cfg.Sweeper.MarkProcessed,
-		BatchSize:       cfg.Sweeper.BatchSize,
-		Interval:        cfg.Sweeper.Interval,
-		PartitionStep:   cfg.Sweeper.PartitionStep,
-		PartitionsAhead: cfg.Sweeper.PartitionsAhead,
-		NoMaintenance:   !cfg.Sweeper.Maintain,
+		MarkProcessed:   t.Sweeper.MarkProcessed,
+		BatchSize:       t.Sweeper.BatchSize,
+		Interval:        t.Sweeper.Interval,
+		PartitionStep:   t.Sweeper.PartitionStep,
+		PartitionsAhead: t.Sweeper.PartitionsAhead,
+		NoMaintenance:   !t.Sweeper.Maintain,
 		Archive:         sweep.ArchiveConfig{After: a.After, ExportAfter: a.ExportAfter, DeleteAfter: a.DeleteAfter, Store: store},
 		BackoffInitial:  cfg.Retry.Initial,
 		BackoffMax:      cfg.Retry.Max,
-		Logger:          log,
+		Logger:          log.With().Str("table", t.Name.String()).Logger(),
 		Registry:        reg,
 	})
 	if err != nil {

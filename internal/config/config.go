@@ -32,14 +32,18 @@ type Config struct {
 	Sink     string   `yaml:"sink" env:"SINK"`
 	Postgres Postgres `yaml:"postgres" envPrefix:"POSTGRES_"`
 	Outbox   Outbox   `yaml:"outbox" envPrefix:"OUTBOX_"`
-	NATS     NATS     `yaml:"nats" envPrefix:"NATS_"`
-	Kafka    Kafka    `yaml:"kafka" envPrefix:"KAFKA_"`
-	Retry    Retry    `yaml:"retry" envPrefix:"RETRY_"`
-	Metrics  Metrics  `yaml:"metrics" envPrefix:"METRICS_"`
-	Log      Log      `yaml:"log" envPrefix:"LOG_"`
-	Sweeper  Sweeper  `yaml:"sweeper" envPrefix:"SWEEPER_"`
-	Archive  Archive  `yaml:"archive" envPrefix:"ARCHIVE_"`
-	Runtime  Runtime  `yaml:"runtime" envPrefix:"RUNTIME_"`
+	// Outboxes lists several outbox tables, each with its own columns,
+	// routing, envelope and sweeper settings, all on one slot and one
+	// publication. outbox is the one-table shorthand.
+	Outboxes []OutboxEntry `yaml:"outboxes"`
+	NATS     NATS          `yaml:"nats" envPrefix:"NATS_"`
+	Kafka    Kafka         `yaml:"kafka" envPrefix:"KAFKA_"`
+	Retry    Retry         `yaml:"retry" envPrefix:"RETRY_"`
+	Metrics  Metrics       `yaml:"metrics" envPrefix:"METRICS_"`
+	Log      Log           `yaml:"log" envPrefix:"LOG_"`
+	Sweeper  Sweeper       `yaml:"sweeper" envPrefix:"SWEEPER_"`
+	Archive  Archive       `yaml:"archive" envPrefix:"ARCHIVE_"`
+	Runtime  Runtime       `yaml:"runtime" envPrefix:"RUNTIME_"`
 }
 
 // Runtime is the process: `walbox run` applies it at start.
@@ -92,6 +96,24 @@ type Outbox struct {
 	// aggregate_type, aggregate_id, partition_key, headers, created_at) to
 	// column names. Unlisted roles keep their default name.
 	Columns map[string]string `yaml:"columns" env:"COLUMNS"`
+	// Layout presets the columns and the events' shape: walbox (the
+	// default) or debezium (Debezium's outbox table and router defaults).
+	Layout string `yaml:"layout" env:"LAYOUT"`
+}
+
+// OutboxEntry is one table of outboxes: outbox's keys, and this table's
+// own routing, envelope and sweeper settings.
+type OutboxEntry struct {
+	Outbox `yaml:",inline"`
+	// Default marks the table walbox.emit and walbox.emit_message write to
+	// when they name none (else the first).
+	Default bool `yaml:"default"`
+	// This table's nats.routes, nats.subject_template (kafka.topic_template)
+	// and nats.envelope; unset: those of the nats (kafka) section.
+	Routes          []RouteRule   `yaml:"routes"`
+	SubjectTemplate string        `yaml:"subject_template"`
+	Envelope        string        `yaml:"envelope"`
+	Sweeper         *TableSweeper `yaml:"sweeper"`
 }
 
 // NATS is the JetStream side.
@@ -230,7 +252,7 @@ func Default() Config {
 		Kafka: defaultKafka(),
 		Postgres: Postgres{Slot: "walbox", Publication: "walbox_outbox", CreatePublication: true, StatusInterval: 10 * time.Second,
 			OnSlotLost: "recreate", HeartbeatInterval: 30 * time.Second, Origin: "any"},
-		Outbox: Outbox{Table: "public.outbox_events"},
+		Outbox: Outbox{Table: "public.outbox_events", Layout: LayoutWalbox},
 		NATS: NATS{URL: "nats://127.0.0.1:4222", AckTimeout: 10 * time.Second, Window: 1024, WindowBytes: 64 << 20, StrictOrder: true,
 			SubjectTemplate: relay.DefaultSubjectTemplate, PartitionBuckets: relay.DefaultPartitionBuckets, Envelope: relay.EnvelopeRaw,
 			DLQ: DLQ{Stream: "WALBOX_DLQ", SubjectPrefix: "walbox.dlq."}},
@@ -351,7 +373,7 @@ func keyAtLine(data []byte, line int) string {
 }
 
 var sectionOf = map[string]string{
-	"Config": "", "Postgres": "postgres.", "Outbox": "outbox.", "NATS": "nats.", "Stream": "nats.streams[].", "RouteRule": "nats.routes[].",
+	"Config": "", "Postgres": "postgres.", "Outbox": "outbox.", "TableSweeper": "outboxes[].sweeper.", "OutboxEntry": "outboxes[].", "NATS": "nats.", "Stream": "nats.streams[].", "RouteRule": "nats.routes[].",
 	"DLQ": "nats.dlq.", "NATSTLS": "nats.tls.", "Retry": "retry.", "Metrics": "metrics.", "Log": "log.",
 	"Sweeper": "sweeper.", "Archive": "archive.", "S3": "archive.s3.",
 }
@@ -436,12 +458,6 @@ func (c *Config) validate(withNATS bool) error {
 	if c.Postgres.HeartbeatInterval < 0 {
 		bad("postgres.heartbeat_interval", "must not be negative (0 turns the heartbeat off)")
 	}
-	if _, err := cdc.ParseTableName(c.Outbox.Table); err != nil {
-		bad("outbox.table", "%v", err)
-	}
-	if _, err := cdc.ColumnsFromMap(c.Outbox.Columns, true); err != nil {
-		bad("outbox.columns", "%v", err)
-	}
 	if c.NATS.URL == "" {
 		bad("nats.url", "is required (or set WALBOX_NATS_URL, or pass --nats-url)")
 	}
@@ -511,6 +527,7 @@ func (c *Config) validate(withNATS bool) error {
 		}
 	}
 	c.validateRouting(bad, seen)
+	c.validateOutboxes(bad, seen)
 	if c.NATS.DLQ.Stream == "" || !strings.HasSuffix(c.NATS.DLQ.SubjectPrefix, ".") {
 		bad("nats.dlq", "stream must be set and subject_prefix must end with '.'")
 	}
@@ -591,23 +608,17 @@ func (c *Config) validateRouting(bad func(key, format string, args ...any), stre
 	}
 }
 
-// OutboxTable is outbox.table, parsed (schema public when none is given).
+// OutboxTable is the default outbox table (outbox.table, or the one of
+// outboxes marked default, else the first), parsed.
 func (c *Config) OutboxTable() (cdc.TableName, error) {
-	t, err := cdc.ParseTableName(c.Outbox.Table)
-	if err != nil {
-		return t, &cdc.ConfigError{Key: "outbox.table", Msg: err.Error()}
-	}
-	return t, nil
+	t, err := c.DefaultTable()
+	return t.Name, err
 }
 
-// OutboxColumns is outbox.columns as column roles (unlisted roles keep
-// their default names).
+// OutboxColumns is the default outbox table's column roles.
 func (c *Config) OutboxColumns() (cdc.Columns, error) {
-	cols, err := cdc.ColumnsFromMap(c.Outbox.Columns, true)
-	if err != nil {
-		return cols, &cdc.ConfigError{Key: "outbox.columns", Msg: err.Error()}
-	}
-	return cols, nil
+	t, err := c.DefaultTable()
+	return t.Columns, err
 }
 
 // RouterOptions converts the routing and envelope config for the relay.
