@@ -71,13 +71,18 @@ func (s *Source) backfillTable(ctx context.Context, tx pgx.Tx, idx int, t Table,
 	}
 	plan := planBackfill(t.Name, t.Columns, types, commitTimestamps)
 	plan.table = idx
+	// A cursor per table: pgx caches FETCH's result shape by its text.
+	cursor := "walbox_backfill"
+	if idx > 0 {
+		cursor = fmt.Sprintf("walbox_backfill_%d", idx)
+		plan.declare = strings.Replace(plan.declare, "DECLARE walbox_backfill ", "DECLARE "+cursor+" ", 1)
+	}
 	if _, err := tx.Exec(ctx, plan.declare); err != nil {
 		return fmt.Errorf("backfill: %w", err)
 	}
-	defer tx.Exec(context.WithoutCancel(ctx), "CLOSE walbox_backfill")
 
 	fetch := func(ctx context.Context, each func(vals []*string) error) (int, error) {
-		rows, err := tx.Query(ctx, fmt.Sprintf("FETCH %d FROM walbox_backfill", s.cfg.BatchSize))
+		rows, err := tx.Query(ctx, fmt.Sprintf("FETCH %d FROM %s", s.cfg.BatchSize, cursor))
 		if err != nil {
 			return 0, fmt.Errorf("backfill: fetch: %w", err)
 		}

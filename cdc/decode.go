@@ -28,6 +28,10 @@ type relation struct {
 	// required role (renamed or dropped). Rows decoded with it are
 	// dead-lettered with this reason; the relay goes on.
 	unmappable string
+	// msg is kept for a relation that is not a configured outbox table:
+	// its first row asks the unknown hook about it (a Relation alone may
+	// be a partition's, which pgoutput sends beside its root's).
+	msg *pglogrepl.RelationMessage
 }
 
 // decoder turns pgoutput frames into Changes. It is owned by the goroutine
@@ -91,7 +95,17 @@ func (d *decoder) relation(m *pglogrepl.RelationMessage) error {
 	for i := range r.roleIdx {
 		r.roleIdx[i] = -1
 	}
-	r.table, r.outbox = d.tableIndex(r.name)
+	r.table, r.outbox = d.byName[r.name]
+	if !r.outbox {
+		r.msg = m
+	}
+	d.mapRoles(r, m)
+	d.relations[m.RelationID] = r
+	return nil
+}
+
+// mapRoles finds the column of each role of r's outbox table in m.
+func (d *decoder) mapRoles(r *relation, m *pglogrepl.RelationMessage) {
 	if r.outbox {
 		for role, col := range d.tables[r.table].Columns {
 			if col == "" {
@@ -114,8 +128,6 @@ func (d *decoder) relation(m *pglogrepl.RelationMessage) error {
 			}
 		}
 	}
-	d.relations[m.RelationID] = r
-	return nil
 }
 
 // insert decodes an Insert frame ('I', relid, 'N', tuple) straight from the
@@ -129,6 +141,15 @@ func (d *decoder) insert(data []byte, ev *Event) (bool, error) {
 	r, ok := d.relations[relID]
 	if !ok {
 		return false, fmt.Errorf("decode insert: relation %d arrived before its Relation message", relID)
+	}
+	if !r.outbox && r.msg != nil {
+		// The first row of a table that is not configured: it may have
+		// been added to the configuration while walbox runs.
+		m := r.msg
+		r.msg = nil
+		if r.table, r.outbox = d.tableIndex(r.name); r.outbox {
+			d.mapRoles(r, m)
+		}
 	}
 	if !r.outbox {
 		return false, nil

@@ -32,5 +32,14 @@ END $$;
 
 SELECT walbox.ensure_partitions({{.TableLiteral}}::regclass, 7, 'day');
 
--- Unprocessed rows are what the sweeper and a re-backfill look for.
-CREATE INDEX IF NOT EXISTS {{.UnprocessedIndex}} ON {{.Table}} (created_at) WHERE NOT processed;
+-- Unprocessed rows are what the sweeper and a re-backfill look for. An
+-- existing table of another layout (no created_at or processed column) gets
+-- no such index: the DBA indexes it as its layout needs.
+DO $$
+BEGIN
+    IF (SELECT count(*) FROM pg_attribute WHERE attrelid = {{.TableLiteral}}::regclass
+          AND attname IN ('created_at', 'processed') AND NOT attisdropped) = 2 THEN
+        EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON %I.%I (created_at) WHERE NOT processed',
+                       {{.UnprocessedIndexNameLiteral}}, {{.SchemaLiteral}}, {{.TableNameLiteral}});
+    END IF;
+END $$;

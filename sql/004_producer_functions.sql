@@ -1,3 +1,4 @@
+-- walbox: every time (the functions follow the configured outbox tables)
 -- Producer functions: write an event from SQL (a trigger, a stored
 -- procedure, psql, a service in any language) inside the caller's
 -- transaction. Both return the event id, a UUIDv7 (time-ordered).
@@ -9,9 +10,10 @@
 -- INVOKER): emit needs INSERT on the outbox table; emit_message needs EXECUTE
 -- on pg_logical_emit_message (granted to PUBLIC by default).
 --
--- The functions live in schema walbox, one set per database: when one
--- database holds more than one outbox table, walbox.emit writes into the table
--- of the latest `walbox migrate`.
+-- The functions live in schema walbox, one set per database. With several
+-- outbox tables (outboxes in walbox.yaml) the last argument, outbox, names
+-- the table (schema.table; public when no schema is given); without it they
+-- write to the default table. Each table's own column names are used.
 
 -- walbox.uuid_v7 returns a version 7 UUID: 48 bits of Unix time in
 -- milliseconds, then random bits, so ids sort by creation time (like
@@ -33,6 +35,10 @@ $$;
 --
 --   SELECT walbox.emit('user.created', '{"user_id": "42"}',
 --                      event_type => 'user.created', aggregate_type => 'user', aggregate_id => '42');
+--   SELECT walbox.emit('invoice.paid', '{"id": 7}', outbox => 'billing.outbox');
+-- (Before outbox was added, the functions had seven arguments: that
+-- version is dropped, so a call without outbox is not ambiguous.)
+DROP FUNCTION IF EXISTS walbox.emit(text, jsonb, text, text, text, jsonb, text);
 CREATE OR REPLACE FUNCTION walbox.emit(
     topic          text,
     payload        jsonb,
@@ -40,11 +46,13 @@ CREATE OR REPLACE FUNCTION walbox.emit(
     aggregate_type text  DEFAULT NULL,
     aggregate_id   text  DEFAULT NULL,
     headers        jsonb DEFAULT NULL,
-    partition_key  text  DEFAULT NULL
+    partition_key  text  DEFAULT NULL,
+    outbox         text  DEFAULT NULL
 ) RETURNS uuid
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     new_id uuid := walbox.uuid_v7();
+    target text := coalesce(emit.outbox, {{.EmitDefaultLiteral}});
 BEGIN
     IF emit.topic IS NULL OR btrim(emit.topic) = '' THEN
         RAISE EXCEPTION 'walbox.emit: topic must not be NULL or empty' USING ERRCODE = 'invalid_parameter_value';
@@ -55,9 +63,10 @@ BEGIN
     IF emit.headers IS NOT NULL AND jsonb_typeof(emit.headers) <> 'object' THEN
         RAISE EXCEPTION 'walbox.emit: headers must be a JSON object, not %', jsonb_typeof(emit.headers) USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    INSERT INTO {{.Table}} (id, topic, payload, event_type, aggregate_type, aggregate_id, partition_key, headers)
-    VALUES (new_id, emit.topic, emit.payload, emit.event_type, emit.aggregate_type, emit.aggregate_id,
-            coalesce(emit.partition_key, emit.aggregate_id), emit.headers);
+    IF position('.' IN target) = 0 THEN
+        target := 'public.' || target;
+    END IF;
+{{.EmitInserts}}
     RETURN new_id;
 END $$;
 
@@ -79,8 +88,10 @@ END $$;
 --     "aggregate_id":   "42" | null,
 --     "partition_key":  "42" | null,               -- defaults to aggregate_id
 --     "headers":        {"traceparent": "..."} | null,  -- JSON object: each key a message header
---     "created_at":     "2025-01-02T03:04:05.123456+00:00"  -- now() (transaction start), ISO 8601 with offset
+--     "created_at":     "2025-01-02T03:04:05.123456+00:00", -- now() (transaction start), ISO 8601 with offset
+--     "table":          "billing.outbox" | null     -- whose routing applies; null: the default table
 --   }
+DROP FUNCTION IF EXISTS walbox.emit_message(text, jsonb, text, text, text, jsonb, text);
 CREATE OR REPLACE FUNCTION walbox.emit_message(
     topic          text,
     payload        jsonb,
@@ -88,7 +99,8 @@ CREATE OR REPLACE FUNCTION walbox.emit_message(
     aggregate_type text  DEFAULT NULL,
     aggregate_id   text  DEFAULT NULL,
     headers        jsonb DEFAULT NULL,
-    partition_key  text  DEFAULT NULL
+    partition_key  text  DEFAULT NULL,
+    outbox         text  DEFAULT NULL
 ) RETURNS uuid
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
@@ -112,7 +124,8 @@ BEGIN
         'aggregate_id',   emit_message.aggregate_id,
         'partition_key',  coalesce(emit_message.partition_key, emit_message.aggregate_id),
         'headers',        emit_message.headers,
-        'created_at',     now()
+        'created_at',     now(),
+        'table',          emit_message.outbox
     )::text);
     RETURN new_id;
 END $$;

@@ -9,13 +9,15 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 
+	"github.com/walbox/walbox/cdc"
+	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/ops"
 	"github.com/walbox/walbox/internal/redact"
 	walboxsql "github.com/walbox/walbox/sql"
 )
 
 func newMigrateCmd() *cobra.Command {
-	var printOnly, printGrants bool
+	var printOnly, printGrants, force bool
 	var role string
 	cmd := &cobra.Command{
 		Use:   "migrate",
@@ -27,18 +29,22 @@ With --print-grants it prints a least-privilege role recipe for walbox run
 role with postgres.create_publication: false.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := loadPostgresConfig(cmd)
-			t := tableOf(cfg)
-			params := walboxsql.Params{Schema: t.Schema, Table: t.Name, Publication: cfg.Postgres.Publication}
 			if printGrants {
 				fmt.Fprint(cmd.OutOrStdout(), ops.Grants(cfg, role))
 				return nil
 			}
+			params, perr := migrateParams(cfg)
+			if perr != nil {
+				return perr
+			}
 			if printOnly {
-				s, perr := walboxsql.Print(params)
-				if perr != nil {
-					return perr
+				for _, p := range params {
+					s, perr := walboxsql.Print(p)
+					if perr != nil {
+						return perr
+					}
+					fmt.Fprint(cmd.OutOrStdout(), s)
 				}
-				fmt.Fprint(cmd.OutOrStdout(), s)
 				return nil
 			}
 			if err != nil {
@@ -51,7 +57,24 @@ role with postgres.create_publication: false.`,
 				return fmt.Errorf("connect to %s: %w", redact.URL(cfg.Postgres.URL), err)
 			}
 			defer conn.Close(context.WithoutCancel(ctx))
-			applied, err := walboxsql.Apply(ctx, conn, params)
+			var applied []string
+			var keep []cdc.TableName
+			for _, p := range params {
+				names, err := walboxsql.Apply(ctx, conn, p)
+				if err != nil {
+					return err
+				}
+				for _, n := range names {
+					applied = append(applied, fmt.Sprintf("%s (%s.%s)", n, p.Schema, p.Table))
+				}
+				keep = append(keep, cdc.TableName{Schema: p.Schema, Name: p.Table})
+			}
+			// A table taken out of the configuration leaves the
+			// publication, unless it still holds unpublished rows.
+			dropped, err := walboxsql.PruneTables(ctx, conn, cfg.Postgres.Publication, keep, force)
+			for _, t := range dropped {
+				fmt.Fprintf(cmd.OutOrStdout(), "walbox migrate: took %s out of publication %s (no longer configured)\n", t, cfg.Postgres.Publication)
+			}
 			if err != nil {
 				return err
 			}
@@ -64,8 +87,32 @@ role with postgres.create_publication: false.`,
 			return nil
 		},
 	}
+	cmd.Flags().BoolVar(&force, "force", false, "take a table that is no longer configured out of the publication even while it holds unprocessed rows (they are then never published)")
 	cmd.Flags().BoolVar(&printOnly, "print", false, "print the SQL instead of applying it")
 	cmd.Flags().BoolVar(&printGrants, "print-grants", false, "print a least-privilege role recipe (CREATE ROLE, GRANTs) for walbox run")
 	cmd.Flags().StringVar(&role, "role", "walbox", "role name for --print-grants")
 	return cmd
+}
+
+// migrateParams are the migrations' parameters for each configured outbox
+// table; walbox.emit knows them all, the default first.
+func migrateParams(cfg config.Config) ([]walboxsql.Params, error) {
+	tables, err := cfg.Tables()
+	if err != nil {
+		return nil, err
+	}
+	var emit []walboxsql.EmitTable
+	for _, t := range tables {
+		e := walboxsql.EmitTable{Table: t.Name, Columns: t.Columns}
+		if t.Default {
+			emit = append([]walboxsql.EmitTable{e}, emit...)
+		} else {
+			emit = append(emit, e)
+		}
+	}
+	var out []walboxsql.Params
+	for _, t := range tables {
+		out = append(out, walboxsql.Params{Schema: t.Name.Schema, Table: t.Name.Name, Publication: cfg.Postgres.Publication, Emit: emit})
+	}
+	return out, nil
 }
