@@ -14,10 +14,16 @@ func Grants(cfg config.Config, role string) string {
 	if role == "" {
 		role = "walbox"
 	}
-	t, err := cdc.ParseTableName(cfg.Outbox.Table)
-	if err != nil {
-		t = cdc.TableName{Schema: "public", Name: "outbox_events"}
+	var all []cdc.TableName
+	if ts, err := cfg.Tables(); err == nil {
+		for _, x := range ts {
+			all = append(all, x.Name)
+		}
 	}
+	if len(all) == 0 {
+		all = []cdc.TableName{{Schema: "public", Name: "outbox_events"}}
+	}
+	t := all[0]
 	r := cdc.QuoteIdent(role)
 	var b strings.Builder
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
@@ -31,11 +37,17 @@ func Grants(cfg config.Config, role string) string {
 	p("DO $$ BEGIN EXECUTE format('GRANT CONNECT ON DATABASE %%I TO %%I', current_database(), %s); END $$;", cdc.QuoteLiteral(role))
 	p("")
 	p("-- Read the outbox: the snapshot backfill of a new slot and `walbox replay` SELECT from it.")
-	p("GRANT USAGE ON SCHEMA %s TO %s;", cdc.QuoteIdent(t.Schema), r)
-	p("GRANT SELECT ON %s TO %s;", t.Quoted(), r)
+	for i, t := range all {
+		if i == 0 || t.Schema != all[i-1].Schema {
+			p("GRANT USAGE ON SCHEMA %s TO %s;", cdc.QuoteIdent(t.Schema), r)
+		}
+		p("GRANT SELECT ON %s TO %s;", t.Quoted(), r)
+	}
 	p("-- The sweeper marks rows after the JetStream ack (sweeper.mark_processed: true).")
 	p("-- Leave out columns your table does not have (e.g. attempts in the DAARION layout).")
-	p("GRANT UPDATE (processed, processed_at, error, attempts) ON %s TO %s;", t.Quoted(), r)
+	for _, t := range all {
+		p("GRANT UPDATE (processed, processed_at, error, attempts) ON %s TO %s;", t.Quoted(), r)
+	}
 	p("")
 	p("-- walbox's own schema: the leader writes its lag to walbox.relay_status every second.")
 	p("GRANT USAGE ON SCHEMA walbox TO %s;", r)

@@ -75,13 +75,7 @@ func connectNATS(ctx context.Context, cfg config.Config) (*nats.Conn, jetstream.
 }
 
 // tableOf parses outbox.table (validated by config.Validate).
-func tableOf(cfg config.Config) (cdc.TableName, error) {
-	t, err := cdc.ParseTableName(cfg.Outbox.Table)
-	if err != nil {
-		return t, &cdc.ConfigError{Key: "outbox.table", Msg: err.Error()}
-	}
-	return t, nil
-}
+func tableOf(cfg config.Config) (cdc.TableName, error) { return cfg.OutboxTable() }
 
 // ArchiveTable is the archive table of an outbox table (cdc.TableName.Archive).
 func ArchiveTable(t cdc.TableName) cdc.TableName { return t.Archive() }

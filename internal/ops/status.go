@@ -60,13 +60,15 @@ type OutboxState struct {
 
 // StatusReport is `walbox status`: one screen about the relay.
 type StatusReport struct {
-	Slot       string       `json:"slot"`
-	Source     string       `json:"source"`
-	Relay      RelayState   `json:"relay"`
-	SlotStatus SlotReport   `json:"replication_slot"`
-	Outbox     OutboxState  `json:"outbox"`
-	DLQ        *StreamCount `json:"dlq,omitempty"`
-	Errors     []string     `json:"errors,omitempty"`
+	Slot       string      `json:"slot"`
+	Source     string      `json:"source"`
+	Relay      RelayState  `json:"relay"`
+	SlotStatus SlotReport  `json:"replication_slot"`
+	Outbox     OutboxState `json:"outbox"`
+	// Outboxes has every outbox table (outbox is the default one).
+	Outboxes []OutboxState `json:"outboxes"`
+	DLQ      *StreamCount  `json:"dlq,omitempty"`
+	Errors   []string      `json:"errors,omitempty"`
 }
 
 // StreamCount is a stream's message count, or why it is unknown.
@@ -80,7 +82,7 @@ type StreamCount struct {
 // Errors (and their fields left empty); only an unreachable database is an
 // error.
 func Status(ctx context.Context, cfg config.Config) (*StatusReport, error) {
-	table, err := tableOf(cfg)
+	tables, err := cfg.Tables()
 	if err != nil {
 		return nil, err
 	}
@@ -97,7 +99,13 @@ func Status(ctx context.Context, cfg config.Config) (*StatusReport, error) {
 		rep.Errors = append(rep.Errors, err.Error())
 	}
 	rep.SlotStatus = slotReport(st)
-	rep.Outbox = readOutbox(ctx, conn, cfg, table)
+	for _, t := range tables {
+		o := readOutbox(ctx, conn, cfg, t)
+		if t.Default {
+			rep.Outbox = o
+		}
+		rep.Outboxes = append(rep.Outboxes, o)
+	}
 
 	// The dead-letter stream (topic), when the bus answers quickly.
 	nctx, cancel := context.WithTimeout(ctx, 3*time.Second)
@@ -195,9 +203,10 @@ func deref(s *string) string {
 
 // readOutbox asks the sweeper's Status for the outbox and archive state,
 // and falls back to plain counts when it cannot.
-func readOutbox(ctx context.Context, conn *pgx.Conn, cfg config.Config, table cdc.TableName) OutboxState {
+func readOutbox(ctx context.Context, conn *pgx.Conn, cfg config.Config, t config.Table) OutboxState {
+	table := t.Name
 	out := OutboxState{Table: table.String(), Unprocessed: -1, DeadLettered: -1}
-	sw, err := app.NewSweeper(cfg, zerolog.Nop(), nil)
+	sw, err := app.NewTableSweeper(cfg, t, zerolog.Nop(), nil)
 	if err == nil {
 		st, serr := sw.Status(ctx)
 		sw.Close()
@@ -230,7 +239,18 @@ func readOutbox(ctx context.Context, conn *pgx.Conn, cfg config.Config, table cd
 // Print writes the report on one screen.
 func (r *StatusReport) Print(w io.Writer) {
 	line := func(k, format string, args ...any) { fmt.Fprintf(w, "%-14s %s\n", k, fmt.Sprintf(format, args...)) }
-	fmt.Fprintf(w, "walbox status: slot %s, source %s, table %s\n\n", r.Slot, r.Source, r.Outbox.Table)
+	var names []string
+	for _, o := range r.Outboxes {
+		names = append(names, o.Table)
+	}
+	if len(names) == 0 {
+		names = []string{r.Outbox.Table}
+	}
+	what := "table"
+	if len(names) > 1 {
+		what = "tables"
+	}
+	fmt.Fprintf(w, "walbox status: slot %s, source %s, %s %s\n\n", r.Slot, r.Source, what, strings.Join(names, ", "))
 	rs := r.Relay
 	switch rs.State {
 	case "unknown":
@@ -266,7 +286,30 @@ func (r *StatusReport) Print(w io.Writer) {
 			line("  safe size", "%s more before the slot is in danger", HumanBytes(s.SafeWALSize))
 		}
 	}
-	o := r.Outbox
+	outboxes := r.Outboxes
+	if len(outboxes) == 0 {
+		outboxes = []OutboxState{r.Outbox}
+	}
+	for _, o := range outboxes {
+		if len(outboxes) > 1 {
+			fmt.Fprintf(w, "%s\n", o.Table)
+		}
+		printOutbox(line, o)
+	}
+	if r.DLQ != nil {
+		if r.DLQ.Error != "" {
+			line("DLQ stream", "%s: unknown (%s)", r.DLQ.Stream, r.DLQ.Error)
+		} else {
+			line("DLQ stream", "%s: %d messages (walbox dlq list)", r.DLQ.Stream, r.DLQ.Messages)
+		}
+	}
+	for _, e := range r.Errors {
+		line("error", "%s", e)
+	}
+}
+
+// printOutbox writes one outbox table's lines of the report.
+func printOutbox(line func(k, format string, args ...any), o OutboxState) {
 	switch {
 	case o.Error != "":
 		line("outbox", "unknown: %s", o.Error)
@@ -277,13 +320,6 @@ func (r *StatusReport) Print(w io.Writer) {
 	}
 	if o.DeadLettered >= 0 {
 		line("dead-lettered", "%d rows with error set", o.DeadLettered)
-	}
-	if r.DLQ != nil {
-		if r.DLQ.Error != "" {
-			line("DLQ stream", "%s: unknown (%s)", r.DLQ.Stream, r.DLQ.Error)
-		} else {
-			line("DLQ stream", "%s: %d messages (walbox dlq list)", r.DLQ.Stream, r.DLQ.Messages)
-		}
 	}
 	if o.Partitioned {
 		var dated []sweep.PartitionStatus
@@ -325,9 +361,6 @@ func (r *StatusReport) Print(w io.Writer) {
 			parts = append(parts, "store "+a.Store)
 		}
 		line("archive", "%s: %s", a.Table, strings.Join(parts, "; "))
-	}
-	for _, e := range r.Errors {
-		line("error", "%s", e)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/relaytest"
 )
 
@@ -64,4 +65,28 @@ func TestStatusOfRunningRelay(t *testing.T) {
 	if back["relay"].(map[string]any)["state"] != "running" {
 		t.Errorf("JSON relay state: %v", back["relay"])
 	}
+}
+
+// With several outbox tables, status reports each of them; outbox stays
+// the default one.
+func TestStatusOfSeveralTables(t *testing.T) {
+	e := newEnv(t, func(c *config.Config) {
+		c.Outboxes = []config.OutboxEntry{{Outbox: config.Outbox{Table: "public.outbox_events"}},
+			{Outbox: config.Outbox{Table: "billing.outbox"}, Default: true}}
+	})
+	ctx := testCtx(t)
+	e.exec("CREATE SCHEMA billing")
+	e.exec("CREATE TABLE billing.outbox (id uuid PRIMARY KEY, topic text, payload jsonb, processed boolean NOT NULL DEFAULT false, created_at timestamptz DEFAULT now())")
+	e.exec("INSERT INTO billing.outbox (id, topic, payload) VALUES (gen_random_uuid(), 'orders.x', '{}'), (gen_random_uuid(), 'orders.y', '{}')")
+	rep, err := Status(ctx, e.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Outboxes) != 2 || rep.Outboxes[0].Table != "public.outbox_events" || rep.Outboxes[1].Table != "billing.outbox" ||
+		rep.Outboxes[1].Unprocessed != 2 || rep.Outbox.Table != "billing.outbox" {
+		t.Fatalf("outboxes %+v, outbox %+v", rep.Outboxes, rep.Outbox)
+	}
+	var out bytes.Buffer
+	rep.Print(&out)
+	mustContain(t, "status of two tables", out.String(), "tables public.outbox_events, billing.outbox", "\nbilling.outbox\n", "2 unprocessed")
 }
