@@ -25,6 +25,7 @@ const (
 	pubLookup  = "SELECT pubinsert, pubviaroot, EXISTS (SELECT 1 FROM pg_publication_tables t WHERE t.pubname = p.pubname AND t.schemaname = 'public' AND t.tablename = 'outbox_events') FROM pg_publication p WHERE pubname = 'walbox_outbox'"
 	pubCreate  = `CREATE PUBLICATION "walbox_outbox" FOR TABLE "public"."outbox_events" WITH (publish = 'insert', publish_via_partition_root = true)`
 	tableThere = `SELECT to_regclass('"public"."outbox_events"') IS NOT NULL`
+	relKind    = `SELECT relkind FROM pg_class WHERE oid = to_regclass('"public"."outbox_events"')`
 )
 
 func TestEnsurePublication(t *testing.T) {
@@ -65,7 +66,12 @@ func TestEnsurePublication(t *testing.T) {
 		{name: "without the outbox table, which does not exist",
 			answers:  map[string]fakeResult{"SELECT pubinsert": rows([]string{"t", "t", "f"}), "SELECT to_regclass": rows([]string{"f"})},
 			wantWhat: "outbox table public.outbox_events does not exist", wantFix: "run `walbox migrate` (it creates the table"},
-		{name: "rows would arrive under partition names", answers: map[string]fakeResult{"SELECT pubinsert": rows([]string{"t", "f", "t"})},
+		{name: "via partition root off, for a table that is not partitioned",
+			answers: map[string]fakeResult{"SELECT pubinsert": rows([]string{"t", "f", "t"}), "SELECT relkind": rows([]string{"r"})},
+			wantSQL: []string{pubLookup, relKind}},
+		{name: "rows would arrive under partition names",
+			answers:  map[string]fakeResult{"SELECT pubinsert": rows([]string{"t", "f", "t"}), "SELECT relkind": rows([]string{"p"})},
+			wantSQL:  []string{pubLookup, relKind},
 			wantWhat: `publication "walbox_outbox" has publish_via_partition_root off, so rows of a partitioned outbox arrive under partition names`,
 			wantFix:  `ALTER PUBLICATION "walbox_outbox" SET (publish_via_partition_root = true)`},
 		{name: "the lookup fails", answers: map[string]fakeResult{"SELECT pubinsert": sqlError("57014", "canceling statement due to statement timeout")},

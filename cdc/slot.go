@@ -118,6 +118,16 @@ func ensurePublication(ctx context.Context, conn *pgconn.PgConn, name string, ta
 				Fix: fmt.Sprintf("run `walbox migrate`, or as the table owner: ALTER PUBLICATION %s ADD TABLE %s", QuoteIdent(name), table.Quoted())}
 		}
 		if rows[0][1] != "t" {
+			// publish_via_partition_root matters only for a partitioned
+			// outbox; a publication made by another tool (Debezium's,
+			// adopted with `walbox slot adopt`) usually has it off.
+			kind, err := query(ctx, conn, fmt.Sprintf("SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)", QuoteLiteral(table.Quoted())))
+			if err != nil {
+				return fmt.Errorf("look up the kind of %s: %w", table, err)
+			}
+			if len(kind) == 1 && kind[0][0] != "p" {
+				continue
+			}
 			return &PreconditionError{What: fmt.Sprintf("publication %q has publish_via_partition_root off, so rows of a partitioned outbox arrive under partition names", name),
 				Fix: fmt.Sprintf("ALTER PUBLICATION %s SET (publish_via_partition_root = true)", QuoteIdent(name))}
 		}

@@ -459,6 +459,14 @@ func checkPublication(ctx context.Context, conn *pgx.Conn, cfg config.Config, f 
 		r.add("postgres.publication", Fail, fmt.Sprintf("cannot read publication %q: %v", name, err), "")
 		return
 	}
+	partitioned := false
+	if !viaRoot && f.tableOID != 0 {
+		// publish_via_partition_root matters only for a partitioned outbox.
+		if err := conn.QueryRow(ctx, `SELECT relkind = 'p' FROM pg_class WHERE oid = $1`, f.tableOID).Scan(&partitioned); err != nil {
+			r.add("postgres.publication", Fail, fmt.Sprintf("cannot read the kind of %s: %v", f.table, err), "")
+			return
+		}
+	}
 	switch {
 	case !hasTable:
 		r.add("postgres.publication", Fail, fmt.Sprintf("publication %q does not include %s", name, f.table),
@@ -466,9 +474,11 @@ func checkPublication(ctx context.Context, conn *pgx.Conn, cfg config.Config, f 
 	case !ins:
 		r.add("postgres.publication", Fail, fmt.Sprintf("publication %q does not publish inserts (pubinsert is false)", name),
 			fmt.Sprintf("ALTER PUBLICATION %s SET (publish = 'insert', publish_via_partition_root = true)", cdc.QuoteIdent(name)))
-	case !viaRoot:
+	case !viaRoot && partitioned:
 		r.add("postgres.publication", Fail, fmt.Sprintf("publication %q has publish_via_partition_root off (pubviaroot): rows of a partitioned outbox would arrive under partition names", name),
 			fmt.Sprintf("ALTER PUBLICATION %s SET (publish_via_partition_root = true)", cdc.QuoteIdent(name)))
+	case !viaRoot:
+		r.add("postgres.publication", OK, fmt.Sprintf("publication %q covers %s (inserts; the table is not partitioned)", name, f.table), "")
 	default:
 		r.add("postgres.publication", OK, fmt.Sprintf("publication %q covers %s (inserts, via partition root)", name, f.table), "")
 	}
