@@ -11,9 +11,9 @@ import (
 func newSlotCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "slot",
-		Short: "Show, create or drop walbox's logical replication slot",
+		Short: "Show, create, drop or adopt walbox's logical replication slot",
 	}
-	cmd.AddCommand(newSlotStatusCmd(), newSlotCreateCmd(), newSlotDropCmd())
+	cmd.AddCommand(newSlotStatusCmd(), newSlotCreateCmd(), newSlotDropCmd(), newSlotAdoptCmd())
 	return cmd
 }
 
@@ -110,5 +110,55 @@ duplicate window and the relay's resume check).`,
 	}
 	cmd.Flags().BoolVar(&opts.Yes, "yes", false, "do not ask for confirmation")
 	cmd.Flags().BoolVar(&opts.Force, "force", false, "terminate the walsender using the slot first")
+	return cmd
+}
+
+func newSlotAdoptCmd() *cobra.Command {
+	var opts ops.SlotAdoptOptions
+	cmd := &cobra.Command{
+		Use:   "adopt --slot <slot> --publication <publication>",
+		Short: "Take over another pgoutput client's slot (Debezium's): continue from its confirmed position",
+		Long: `adopt makes walbox continue from the slot of another pgoutput client, such
+as a Debezium PostgreSQL connector with plugin.name=pgoutput, exactly where
+that client's confirmed position is: no snapshot, no gap. Only what the
+client had received but not yet confirmed is published again (JetStream
+drops those by event id within its duplicate window).
+
+It checks that the slot exists in this database, is a logical pgoutput slot
+and is not in use (stop the connector first), that the publication exists
+and publishes the inserts of outbox.table, and that postgres.slot does not
+exist yet. Then it copies the slot to postgres.slot with
+pg_copy_logical_replication_slot; walbox run streams from the copy.
+
+postgres.publication must name --publication: pgoutput reads a publication
+as the catalogue was when each transaction was written, so a publication
+created now would not exist for the transactions the slot still holds.
+
+The source slot retains WAL for as long as it exists: --drop-source drops it
+after the copy; otherwise adopt prints the statement to drop it. When
+postgres.slot is the source slot itself, nothing is copied and walbox
+streams from that slot.
+
+It asks for confirmation on stdin unless --yes.`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := loadPostgresConfig(cmd)
+			if err != nil {
+				return err
+			}
+			opts.In, opts.Out = cmd.InOrStdin(), cmd.OutOrStdout()
+			res, err := ops.AdoptSlot(cmd.Context(), cfg, opts)
+			if err == nil || res.Copied {
+				// After a copy, even when dropping the source failed.
+				res.Print(cmd.OutOrStdout())
+			}
+			return err
+		},
+	}
+	cmd.Flags().StringVar(&opts.Slot, "slot", "", "the slot to take over (Debezium's slot.name)")
+	cmd.Flags().StringVar(&opts.Publication, "publication", "", "the publication it was read with (Debezium's publication.name); postgres.publication must name it")
+	cmd.Flags().BoolVar(&opts.DropSource, "drop-source", false, "drop the source slot once it is copied (it retains WAL otherwise)")
+	cmd.Flags().BoolVar(&opts.Yes, "yes", false, "do not ask for confirmation")
+	_ = cmd.MarkFlagRequired("slot")
+	_ = cmd.MarkFlagRequired("publication")
 	return cmd
 }
