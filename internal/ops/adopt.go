@@ -69,7 +69,7 @@ func (r AdoptResult) Print(w io.Writer) {
 		fmt.Fprintf(w, "warning: slot %s moved on to %s while it was copied (its client is running?): transactions up to there are published again (JetStream drops the duplicates by event id)\n", r.Source, r.SourceLSN)
 	}
 	if r.FailoverNote {
-		fmt.Fprintf(w, "note: postgres.failover_slot is set, but PostgreSQL does not copy the failover property: %s is not synchronized to standbys\n", r.Slot)
+		fmt.Fprintf(w, "note: postgres.failover_slot is set, but PostgreSQL does not copy the failover property: %s is not synchronized to standbys until, on a replication connection: ALTER_REPLICATION_SLOT %s (FAILOVER true)\n", r.Slot, cdc.QuoteIdent(r.Slot))
 	}
 	switch {
 	case !r.Copied:
