@@ -103,7 +103,8 @@ func TestOpsCommandsExitCodes(t *testing.T) {
 	t.Cleanup(func() { bad.Close() })
 	ns := natstest.New(t)
 
-	goodCfg := writeConfig(t, migratedDB(t, ctx, good, "app"), ns.URL())
+	goodURL := migratedDB(t, ctx, good, "app")
+	goodCfg := writeConfig(t, goodURL, ns.URL())
 	out, err := runCLI(ctx, "", "doctor", "--config", goodCfg)
 	if exitCode(err) != 0 || !strings.Contains(out, "0 failed") {
 		t.Fatalf("doctor on a good setup: exit %d (%v)\n%s", exitCode(err), err, out)
@@ -157,6 +158,33 @@ func TestOpsCommandsExitCodes(t *testing.T) {
 	}
 	if out, err = runCLI(ctx, "", "slot", "drop", "--yes", "--config", goodCfg); err != nil || !strings.Contains(out, "dropped slot walbox") {
 		t.Fatalf("slot drop --yes: %v\n%s", err, out)
+	}
+
+	// slot adopt: both flags required; another client's slot copied to
+	// walbox's, asked first; then walbox's slot exists and adopt refuses.
+	if _, err = runCLI(ctx, "", "slot", "adopt", "--config", goodCfg); err == nil || !strings.Contains(err.Error(), "required flag") {
+		t.Fatalf("slot adopt without --slot and --publication: %v", err)
+	}
+	other, err := pgx.Connect(ctx, goodURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Exec(ctx, `SELECT pg_create_logical_replication_slot('debezium', 'pgoutput')`); err != nil {
+		t.Fatal(err)
+	}
+	other.Close(ctx)
+	adopt := []string{"slot", "adopt", "--slot", "debezium", "--publication", "walbox_outbox", "--config", goodCfg}
+	out, err = runCLI(ctx, "no\n", adopt...)
+	if exitCode(err) != 1 || !strings.Contains(out, "Copy slot debezium") || !strings.Contains(out, "[y/N]") || !strings.Contains(err.Error(), "aborted") {
+		t.Fatalf("slot adopt answered no: exit %d (%v)\n%s", exitCode(err), err, out)
+	}
+	out, err = runCLI(ctx, "", append(adopt, "--yes")...)
+	if err != nil || !strings.Contains(out, "copied slot debezium to walbox at confirmed_flush_lsn") || !strings.Contains(out, "SELECT pg_drop_replication_slot('debezium');") {
+		t.Fatalf("slot adopt --yes: %v\n%s", err, out)
+	}
+	out, err = runCLI(ctx, "", append(adopt, "--yes", "--drop-source")...)
+	if exitCode(err) != 1 || !strings.Contains(err.Error(), `walbox's slot "walbox" (postgres.slot) already exists`) {
+		t.Fatalf("slot adopt with walbox's slot there: exit %d (%v)\n%s", exitCode(err), err, out)
 	}
 
 	out, err = runCLI(ctx, "", "migrate", "--print-grants", "--role", "app_relay", "--config", goodCfg)
