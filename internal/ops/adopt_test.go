@@ -315,7 +315,10 @@ func TestSlotAdoptRefuses(t *testing.T) {
 	e.exec(`CREATE PUBLICATION other_pub FOR TABLE other`)
 	createPgoutputSlot(t, e.dbURL, "debezium")
 	e.exec(`SELECT pg_create_logical_replication_slot('dbz_decoderbufs', 'test_decoding')`)
-	e.exec(`SELECT pg_create_physical_replication_slot('standby1', true)`)
+	// A physical slot belongs to no database: the test drops it itself.
+	physical := uniqueName(t, "standby")
+	e.exec(`SELECT pg_create_physical_replication_slot($1, true)`, physical)
+	t.Cleanup(func() { e.exec(`SELECT pg_drop_replication_slot($1)`, physical) })
 	cfg := e.cfg
 	cfg.Postgres.Publication = "dbz_publication"
 
@@ -336,8 +339,8 @@ func TestSlotAdoptRefuses(t *testing.T) {
 			wantWhat: `replication slot "nope" does not exist`, wantFix: "pass the connector's slot.name"},
 		{name: "plugin test_decoding", slot: "dbz_decoderbufs", pub: "dbz_publication",
 			wantWhat: `replication slot "dbz_decoderbufs" uses plugin test_decoding; walbox reads pgoutput only`, wantFix: "let walbox create its own slot"},
-		{name: "physical slot", slot: "standby1", pub: "dbz_publication",
-			wantWhat: `replication slot "standby1" is a physical slot, not a logical one`},
+		{name: "physical slot", slot: physical, pub: "dbz_publication",
+			wantWhat: fmt.Sprintf("replication slot %q is a physical slot, not a logical one", physical)},
 		{name: "no such publication", slot: "debezium", pub: "nope", cfgPub: "nope",
 			wantWhat: `publication "nope" does not exist`, wantFix: "pass the connector's publication.name"},
 		{name: "publication without the outbox table", slot: "debezium", pub: "other_pub", cfgPub: "other_pub",
