@@ -310,12 +310,13 @@ func checkAdoptPublication(ctx context.Context, conn *pgx.Conn, pub string, tabl
 }
 
 // hasBackfillMarker reports whether walbox.slot_backfill names slot. A
-// missing table (walbox migrate not run) reads as no.
+// missing or unreadable table (walbox migrate not run, grants missing) reads
+// as no, as walbox run reads it.
 func hasBackfillMarker(ctx context.Context, conn *pgx.Conn, slot string) (bool, error) {
 	var n int
 	err := conn.QueryRow(ctx, `SELECT count(*) FROM walbox.slot_backfill WHERE slot_name = $1`, slot).Scan(&n)
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") {
+	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000" || pgErr.Code == "42501") {
 		return false, nil
 	}
 	if err != nil {
