@@ -40,8 +40,12 @@ type AdoptResult struct {
 	// ConfirmedFlushLSN is where walbox continues: the first transaction
 	// it publishes is the first one committed after it.
 	ConfirmedFlushLSN string
-	// SourceMoved: the source's confirmed position moved while it was
-	// copied (its client ran meanwhile); SourceLSN is where it ended up.
+	// CheckedLSN is the source's confirmed position when it was checked.
+	// The copy starting later means its client ran in between and took
+	// the transactions from CheckedLSN to ConfirmedFlushLSN for itself.
+	CheckedLSN string
+	// SourceMoved: the source's confirmed position moved after the copy
+	// (its client ran meanwhile); SourceLSN is where it ended up.
 	SourceMoved bool
 	SourceLSN   string
 	// SourceDropped: --drop-source dropped the source slot.
@@ -64,6 +68,10 @@ func (r AdoptResult) Print(w io.Writer) {
 	}
 	if r.MarkerCleared {
 		fmt.Fprintf(w, "deleted the stale backfill marker of slot %s (walbox.slot_backfill): it belonged to an earlier slot of that name\n", r.Slot)
+	}
+	if r.Copied && r.CheckedLSN != "" && r.CheckedLSN != r.ConfirmedFlushLSN {
+		fmt.Fprintf(w, "warning: slot %s moved from %s to %s between the check and the copy (its client is running?): the transactions in between went to that client only; walbox replay publishes those rows still in the table\n",
+			r.Source, r.CheckedLSN, r.ConfirmedFlushLSN)
 	}
 	if r.SourceMoved {
 		fmt.Fprintf(w, "warning: slot %s moved on to %s while it was copied (its client is running?): transactions up to there are published again (JetStream drops the duplicates by event id)\n", r.Source, r.SourceLSN)
@@ -165,7 +173,7 @@ func AdoptSlot(ctx context.Context, cfg config.Config, opts SlotAdoptOptions) (A
 	if err := checkAdoptSource(src, db, s, ok); err != nil {
 		return res, err
 	}
-	res.ConfirmedFlushLSN = s.Confirmed
+	res.ConfirmedFlushLSN, res.CheckedLSN = s.Confirmed, s.Confirmed
 	if err := checkAdoptPublication(ctx, conn, opts.Publication, table); err != nil {
 		return res, err
 	}

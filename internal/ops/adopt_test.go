@@ -448,3 +448,23 @@ func TestSlotAdoptRefuses(t *testing.T) {
 	res.Print(&out)
 	mustContain(t, "adopt output without --drop-source", out.String(), "stale backfill marker", "still exists and retains WAL", "SELECT pg_drop_replication_slot('debezium');")
 }
+
+// TestAdoptResultPrintsRaces: a client that ran during the adopt is named
+// either way (transactions it took, or ones published again), and so is
+// the failover property a copy lacks.
+func TestAdoptResultPrintsRaces(t *testing.T) {
+	var out strings.Builder
+	AdoptResult{Source: "debezium", Slot: "walbox", Publication: "dbz_publication", Copied: true,
+		CheckedLSN: "0/10", ConfirmedFlushLSN: "0/20", SourceMoved: true, SourceLSN: "0/30", FailoverNote: true}.Print(&out)
+	mustContain(t, "adopt output", out.String(),
+		"copied slot debezium to walbox at confirmed_flush_lsn 0/20",
+		"moved from 0/10 to 0/20 between the check and the copy", "went to that client only",
+		"moved on to 0/30 while it was copied", "published again",
+		`ALTER_REPLICATION_SLOT "walbox" (FAILOVER true)`,
+		"still exists and retains WAL from 0/20", "SELECT pg_drop_replication_slot('debezium');")
+	out.Reset()
+	AdoptResult{Source: "debezium", Slot: "walbox", Copied: true, CheckedLSN: "0/20", ConfirmedFlushLSN: "0/20", SourceDropped: true}.Print(&out)
+	if s := out.String(); strings.Contains(s, "warning") || !strings.Contains(s, "dropped slot debezium") {
+		t.Fatalf("a quiet adopt with --drop-source prints\n%s", s)
+	}
+}
