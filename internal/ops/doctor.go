@@ -468,15 +468,16 @@ func checkPublication(ctx context.Context, conn *pgx.Conn, cfg config.Config, f 
 		}
 	}
 	switch {
+	case !viaRoot && partitioned:
+		// (pg_publication_tables then lists the partitions, not the table.)
+		r.add("postgres.publication", Fail, fmt.Sprintf("publication %q has publish_via_partition_root off (pubviaroot): rows of a partitioned outbox would arrive under partition names", name),
+			fmt.Sprintf("ALTER PUBLICATION %s SET (publish_via_partition_root = true)", cdc.QuoteIdent(name)))
 	case !hasTable:
 		r.add("postgres.publication", Fail, fmt.Sprintf("publication %q does not include %s", name, f.table),
 			fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s", cdc.QuoteIdent(name), f.table.Quoted()))
 	case !ins:
 		r.add("postgres.publication", Fail, fmt.Sprintf("publication %q does not publish inserts (pubinsert is false)", name),
 			fmt.Sprintf("ALTER PUBLICATION %s SET (publish = 'insert', publish_via_partition_root = true)", cdc.QuoteIdent(name)))
-	case !viaRoot && partitioned:
-		r.add("postgres.publication", Fail, fmt.Sprintf("publication %q has publish_via_partition_root off (pubviaroot): rows of a partitioned outbox would arrive under partition names", name),
-			fmt.Sprintf("ALTER PUBLICATION %s SET (publish_via_partition_root = true)", cdc.QuoteIdent(name)))
 	case !viaRoot:
 		r.add("postgres.publication", OK, fmt.Sprintf("publication %q covers %s (inserts; the table is not partitioned)", name, f.table), "")
 	default:

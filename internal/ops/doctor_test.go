@@ -151,3 +151,23 @@ func TestFilterCovers(t *testing.T) {
 		}
 	}
 }
+
+// TestDoctorPublicationViaRoot: publish_via_partition_root off, as a
+// Debezium publication has it, is fine for an outbox that is not
+// partitioned and a failure for one that is.
+func TestDoctorPublicationViaRoot(t *testing.T) {
+	e := debeziumEnv(t)
+	ctx := testCtx(t)
+	cfg := e.cfg
+	cfg.Postgres.Publication = "dbz_publication"
+	if c := checkOf(t, Doctor(ctx, cfg), "postgres.publication"); c.Status != OK || !strings.Contains(c.Detail, "not partitioned") {
+		t.Errorf("publication without partition root, plain table: %+v", c)
+	}
+	e.exec(`CREATE PUBLICATION dbz_partitioned FOR TABLE public.outbox_events`)
+	cfg.Postgres.Publication = "dbz_partitioned"
+	cfg.Outbox.Table = "public.outbox_events"
+	cfg.Outbox.Columns = nil
+	if c := checkOf(t, Doctor(ctx, cfg), "postgres.publication"); c.Status != Fail || !strings.Contains(c.Fix, "publish_via_partition_root = true") {
+		t.Errorf("publication without partition root, partitioned table: %+v", c)
+	}
+}
