@@ -119,7 +119,8 @@ SELECT slot_type, coalesce(plugin, ''), coalesce(database, ''), active, coalesce
 // AdoptSlot makes walbox continue from another pgoutput client's slot
 // (Debezium's, with plugin.name=pgoutput) exactly where that client's
 // confirmed position is: no snapshot, no gap. It checks that the slot and
-// the publication fit, then copies the slot to postgres.slot with
+// the publication fit (it must publish the inserts of every configured
+// outbox table), then copies the slot to postgres.slot with
 // pg_copy_logical_replication_slot (restart_lsn, confirmed_flush_lsn and
 // catalog_xmin as they are), or, when postgres.slot names the slot itself,
 // copies nothing. walbox run finds its slot existing and streams from its
@@ -147,7 +148,7 @@ func AdoptSlot(ctx context.Context, cfg config.Config, opts SlotAdoptOptions) (A
 				"A publication created now would not exist for the transactions the slot still holds, so walbox must keep using %s",
 				cfg.Postgres.Publication, opts.Publication, opts.Publication, opts.Publication, opts.Publication)}
 	}
-	table, err := cfg.OutboxTable()
+	tables, err := cfg.Tables()
 	if err != nil {
 		return res, err
 	}
@@ -174,8 +175,10 @@ func AdoptSlot(ctx context.Context, cfg config.Config, opts SlotAdoptOptions) (A
 		return res, err
 	}
 	res.ConfirmedFlushLSN, res.CheckedLSN = s.Confirmed, s.Confirmed
-	if err := checkAdoptPublication(ctx, conn, opts.Publication, table); err != nil {
-		return res, err
+	for _, t := range tables {
+		if err := checkAdoptPublication(ctx, conn, opts.Publication, t.Name, t.Key); err != nil {
+			return res, err
+		}
 	}
 	if !same {
 		w, exists, err := readAdoptSlot(ctx, conn, dst)
@@ -281,12 +284,10 @@ func checkAdoptSource(slot, db string, s adoptSlotRow, ok bool) error {
 }
 
 // checkAdoptPublication checks that publication pub exists and publishes
-// the inserts of the outbox table.
-func checkAdoptPublication(ctx context.Context, conn *pgx.Conn, pub string, table cdc.TableName) error {
-	var ins, viaRoot, hasTable bool
-	err := conn.QueryRow(ctx, `SELECT pubinsert, pubviaroot,
-		EXISTS (SELECT 1 FROM pg_publication_tables t WHERE t.pubname = p.pubname AND t.schemaname = $2 AND t.tablename = $3)
-		FROM pg_publication p WHERE pubname = $1`, pub, table.Schema, table.Name).Scan(&ins, &viaRoot, &hasTable)
+// the inserts of the outbox table (of config key key: outbox, outboxes[i]).
+func checkAdoptPublication(ctx context.Context, conn *pgx.Conn, pub string, table cdc.TableName, key string) error {
+	var ins, viaRoot bool
+	err := conn.QueryRow(ctx, `SELECT pubinsert, pubviaroot FROM pg_publication WHERE pubname = $1`, pub).Scan(&ins, &viaRoot)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return &cdc.PreconditionError{What: fmt.Sprintf("publication %q does not exist", pub),
 			Fix: "pass the connector's publication.name (SELECT pubname FROM pg_publication lists them)"}
@@ -294,25 +295,29 @@ func checkAdoptPublication(ctx context.Context, conn *pgx.Conn, pub string, tabl
 	if err != nil {
 		return fmt.Errorf("look up publication %s: %w", pub, err)
 	}
-	var exists, partitioned bool
-	if err := conn.QueryRow(ctx, `SELECT c.oid IS NOT NULL, coalesce(c.relkind = 'p', false)
-		FROM (SELECT to_regclass($1) AS oid) r LEFT JOIN pg_class c ON c.oid = r.oid`, table.Quoted()).Scan(&exists, &partitioned); err != nil {
-		return fmt.Errorf("look up table %s: %w", table, err)
+	// Whether the table is published: pg_publication_tables lists a
+	// partitioned table under its own name with publish_via_partition_root,
+	// else under its partitions' names.
+	var exists, partitioned, member bool
+	if err := conn.QueryRow(ctx, `SELECT c.oid IS NOT NULL, coalesce(c.relkind = 'p', false),
+		EXISTS (SELECT 1 FROM pg_publication_tables t
+		         WHERE t.pubname = $2 AND format('%I.%I', t.schemaname, t.tablename)::regclass IN (SELECT r.oid UNION SELECT relid FROM pg_partition_tree(r.oid)))
+		FROM (SELECT to_regclass($1) AS oid) r LEFT JOIN pg_class c ON c.oid = r.oid`, table.Quoted(), pub).Scan(&exists, &partitioned, &member); err != nil {
+		return fmt.Errorf("look up table %s in publication %s: %w", table, pub, err)
 	}
 	switch {
 	case !exists:
 		return &cdc.PreconditionError{What: fmt.Sprintf("outbox table %s does not exist", table),
-			Fix: "set outbox.table to the table the connector's outbox event router reads (its table.include.list)"}
-	case partitioned && !viaRoot:
-		// (pg_publication_tables then lists the partitions, not the table.)
-		return &cdc.PreconditionError{What: fmt.Sprintf("the outbox table %s is partitioned and publication %q has publish_via_partition_root off: the slot's inserts arrive under the partitions' names, which walbox does not map", table, pub),
-			Fix: "such a slot cannot be continued; stop the connector and let walbox create its own slot (walbox run publishes the rows still in the outbox table)"}
-	case !hasTable:
+			Fix: fmt.Sprintf("set %s.table to the table the connector's outbox event router reads (its table.include.list)", key)}
+	case !member:
 		return &cdc.PreconditionError{What: fmt.Sprintf("publication %q does not include the outbox table %s, so the slot never carried its events", pub, table),
-			Fix: "check outbox.table (the connector's table.include.list) and --publication (its publication.name); adding the table now would not bring back the inserts the slot holds"}
+			Fix: fmt.Sprintf("check %s.table (the connector's table.include.list) and --publication (its publication.name); adding the table now would not bring back the inserts the slot holds", key)}
 	case !ins:
 		return &cdc.PreconditionError{What: fmt.Sprintf("publication %q does not publish inserts, so the slot never carried the outbox events", pub),
 			Fix: "check --publication (the connector's publication.name); changing publish now would not bring back the inserts the slot holds"}
+	case partitioned && !viaRoot:
+		return &cdc.PreconditionError{What: fmt.Sprintf("the outbox table %s is partitioned and publication %q has publish_via_partition_root off: the slot's inserts arrive under the partitions' names, which walbox does not map", table, pub),
+			Fix: "such a slot cannot be continued; stop the connector and let walbox create its own slot (walbox run publishes the rows still in the outbox table)"}
 	}
 	return nil
 }

@@ -157,16 +157,16 @@ func slotRow(t *testing.T, dbURL, slot string) (exists, active bool, confirmed s
 }
 
 // debeziumEnv is newEnv with Debezium's default outbox table (not
-// partitioned), its publication as the connector's
+// partitioned) read with outbox.layout: debezium, its subjects in stream
+// OUTBOX, and the publication as the connector's
 // publication.autocreate.mode=filtered makes it (all operations,
-// publish_via_partition_root off), and walbox's columns mapped onto it.
+// publish_via_partition_root off).
 func debeziumEnv(t *testing.T) *env {
 	t.Helper()
 	e := newEnv(t, func(c *config.Config) {
 		c.Outbox.Table = "public.outbox"
-		c.Outbox.Columns = map[string]string{"id": "id", "topic": "type", "payload": "payload",
-			"aggregate_type": "aggregatetype", "aggregate_id": "aggregateid",
-			"stream": "", "event_type": "", "partition_key": "", "headers": "", "created_at": ""}
+		c.Outbox.Layout = config.LayoutDebezium
+		c.NATS.Streams = append(c.NATS.Streams, config.Stream{Name: "OUTBOX", Subjects: []string{"outbox.event.>"}})
 	})
 	e.exec(`CREATE TABLE public.outbox (
 		id uuid PRIMARY KEY DEFAULT gen_random_uuid(),
@@ -179,7 +179,7 @@ func debeziumEnv(t *testing.T) *env {
 }
 
 // dbzInsert commits one row to Debezium's outbox table and returns its id.
-func dbzInsert(e *env, typ, payload string) string {
+func dbzInsert(e *env, payload string) string {
 	e.t.Helper()
 	ctx := testCtx(e.t)
 	conn, err := pgx.Connect(ctx, e.dbURL)
@@ -188,7 +188,7 @@ func dbzInsert(e *env, typ, payload string) string {
 	}
 	defer conn.Close(ctx)
 	var id string
-	if err := conn.QueryRow(ctx, `INSERT INTO public.outbox (aggregatetype, aggregateid, type, payload) VALUES ('order', '42', $1, $2) RETURNING id::text`, typ, payload).Scan(&id); err != nil {
+	if err := conn.QueryRow(ctx, `INSERT INTO public.outbox (aggregatetype, aggregateid, type, payload) VALUES ('order', '42', 'OrderCreated', $1) RETURNING id::text`, payload).Scan(&id); err != nil {
 		e.t.Fatal(err)
 	}
 	return id
@@ -197,7 +197,7 @@ func dbzInsert(e *env, typ, payload string) string {
 // dbzInsertDeleted inserts a row and deletes it in the same transaction, as
 // Debezium advises producers to keep the outbox table empty, and returns its
 // id: the insert is in the WAL all the same.
-func dbzInsertDeleted(e *env, typ, payload string) string {
+func dbzInsertDeleted(e *env, payload string) string {
 	e.t.Helper()
 	ctx := testCtx(e.t)
 	conn, err := pgx.Connect(ctx, e.dbURL)
@@ -207,7 +207,7 @@ func dbzInsertDeleted(e *env, typ, payload string) string {
 	defer conn.Close(ctx)
 	var id string
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		if err := tx.QueryRow(ctx, `INSERT INTO public.outbox (aggregatetype, aggregateid, type, payload) VALUES ('order', '42', $1, $2) RETURNING id::text`, typ, payload).Scan(&id); err != nil {
+		if err := tx.QueryRow(ctx, `INSERT INTO public.outbox (aggregatetype, aggregateid, type, payload) VALUES ('order', '42', 'OrderCreated', $1) RETURNING id::text`, payload).Scan(&id); err != nil {
 			return err
 		}
 		_, err := tx.Exec(ctx, `DELETE FROM public.outbox WHERE id = $1`, id)
@@ -233,7 +233,7 @@ func TestSlotAdoptContinuesAnotherClientsSlot(t *testing.T) {
 	const n, k, m = 10, 4, 5
 	var ids []string
 	for i := range n {
-		ids = append(ids, dbzInsert(e, "orders.created", fmt.Sprintf(`{"n":%d}`, i)))
+		ids = append(ids, dbzInsert(e, fmt.Sprintf(`{"n":%d}`, i)))
 	}
 	reader := startReader(t, e.dbURL, src, pub)
 	txns := reader.read(n)
@@ -264,7 +264,7 @@ func TestSlotAdoptContinuesAnotherClientsSlot(t *testing.T) {
 	})
 	// Written while nobody reads the slot; these ones deleted at once.
 	for i := range m {
-		ids = append(ids, dbzInsertDeleted(e, "orders.created", fmt.Sprintf(`{"n":%d}`, n+i)))
+		ids = append(ids, dbzInsertDeleted(e, fmt.Sprintf(`{"n":%d}`, n+i)))
 	}
 
 	// Asked, and answered no: nothing changes.
@@ -296,15 +296,28 @@ func TestSlotAdoptContinuesAnotherClientsSlot(t *testing.T) {
 
 	r := e.startRelay()
 	// Commit order: once this one is stored, so is everything before it.
-	sentinel := dbzInsert(e, "orders.created", `{"sentinel":true}`)
+	sentinel := dbzInsert(e, `{"sentinel":true}`)
 	want := append(slices.Clone(ids[k:]), sentinel)
-	e.waitMsgs("ORDERS", uint64(len(want)))
+	e.waitMsgs("OUTBOX", uint64(len(want)))
 	relaytest.Eventually(t, 60*time.Second, "the sentinel event to be stored", func() bool {
-		got := e.streamIDs("ORDERS")
+		got := e.streamIDs("OUTBOX")
 		return len(got) > 0 && got[len(got)-1] == sentinel
 	})
-	if got := e.streamIDs("ORDERS"); !slices.Equal(got, want) {
-		t.Fatalf("stream ORDERS holds (Nats-Msg-Id)\n%v\nwant events %d..%d and the sentinel, each once\n%v", got, k+1, n+m, want)
+	if got := e.streamIDs("OUTBOX"); !slices.Equal(got, want) {
+		t.Fatalf("stream OUTBOX holds (Nats-Msg-Id)\n%v\nwant events %d..%d and the sentinel, each once\n%v", got, k+1, n+m, want)
+	}
+	// Where Debezium's router put them: subject outbox.event.<aggregatetype>,
+	// the event id in header id.
+	st, err := e.connectJS().Stream(ctx, "OUTBOX")
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := st.GetMsg(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.Subject != "outbox.event.order" || first.Header.Get("id") != ids[k] {
+		t.Fatalf("first message: subject %s, header id %q; want outbox.event.order, %s", first.Subject, first.Header.Get("id"), ids[k])
 	}
 	log := r.log.String()
 	for _, bad := range []string{"backfill", "lost", "disappeared", "invalidated"} {
@@ -357,7 +370,8 @@ func TestSlotAdoptRefuses(t *testing.T) {
 		wantWhat     string
 		wantFix      string
 		wantCfgKey   string
-		table        string // "" keeps public.outbox
+		table        string               // "" keeps public.outbox
+		outboxes     []config.OutboxEntry // nil keeps outbox alone
 		prepare      func(t *testing.T)
 		wantOtherErr string
 	}{
@@ -373,6 +387,9 @@ func TestSlotAdoptRefuses(t *testing.T) {
 			wantWhat: `publication "other_pub" does not include the outbox table public.outbox`, wantFix: "check outbox.table"},
 		{name: "partitioned outbox, not published via its root", slot: "debezium", pub: "dbz_partitioned", cfgPub: "dbz_partitioned", table: "outbox_events",
 			wantWhat: "the outbox table public.outbox_events is partitioned and publication \"dbz_partitioned\" has publish_via_partition_root off", wantFix: "cannot be continued"},
+		{name: "a second outbox table the publication lacks", slot: "debezium", pub: "dbz_publication",
+			outboxes: []config.OutboxEntry{{Outbox: config.Outbox{Table: "public.outbox", Layout: config.LayoutDebezium}}, {Outbox: config.Outbox{Table: "public.outbox_events"}}},
+			wantWhat: `publication "dbz_publication" does not include the outbox table public.outbox_events`, wantFix: "check outboxes[1].table"},
 		{name: "postgres.publication is another", slot: "debezium", pub: "dbz_publication", cfgPub: "walbox_outbox",
 			wantCfgKey: "postgres.publication"},
 		{name: "walbox's slot exists", slot: "debezium", pub: "dbz_publication",
@@ -391,8 +408,11 @@ func TestSlotAdoptRefuses(t *testing.T) {
 			if c.walboxSlot != "" {
 				cfg.Postgres.Slot = c.walboxSlot
 			}
+			if c.outboxes != nil {
+				cfg.Outbox, cfg.Outboxes = config.Default().Outbox, c.outboxes
+			}
 			if c.table != "" {
-				cfg.Outbox.Table = c.table
+				cfg.Outbox.Table, cfg.Outbox.Layout = c.table, config.LayoutWalbox
 			}
 			if c.prepare != nil {
 				c.prepare(t)

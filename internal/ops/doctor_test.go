@@ -166,7 +166,7 @@ func TestDoctorPublicationViaRoot(t *testing.T) {
 	e.exec(`CREATE PUBLICATION dbz_partitioned FOR TABLE public.outbox_events`)
 	cfg.Postgres.Publication = "dbz_partitioned"
 	cfg.Outbox.Table = "public.outbox_events"
-	cfg.Outbox.Columns = nil
+	cfg.Outbox.Layout = config.LayoutWalbox
 	if c := checkOf(t, Doctor(ctx, cfg), "postgres.publication"); c.Status != Fail || !strings.Contains(c.Fix, "publish_via_partition_root = true") {
 		t.Errorf("publication without partition root, partitioned table: %+v", c)
 	}
