@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
 	"slices"
@@ -302,7 +303,19 @@ func (e *StaleTableError) Error() string {
 // does not list (a table removed from the configuration). A table with rows
 // not marked processed is refused with a *StaleTableError, unless force.
 // It returns the tables taken out.
+//
+// A FOR ALL TABLES publication (e.g. a Debezium connector's, adopted with
+// walbox slot adopt) has no table list to take tables out of: it is left
+// as it is.
 func PruneTables(ctx context.Context, conn *pgx.Conn, publication string, keep []cdc.TableName, force bool) ([]cdc.TableName, error) {
+	var allTables bool
+	err := conn.QueryRow(ctx, "SELECT puballtables FROM pg_publication WHERE pubname = $1", publication).Scan(&allTables)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("look up publication %s: %w", publication, err)
+	}
+	if allTables {
+		return nil, nil
+	}
 	rows, err := conn.Query(ctx, "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = $1 ORDER BY 1, 2", publication)
 	if err != nil {
 		return nil, fmt.Errorf("list the tables of publication %s: %w", publication, err)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/walbox/walbox/cdc"
 	"github.com/walbox/walbox/internal/pgtest"
 	walboxsql "github.com/walbox/walbox/sql"
 )
@@ -92,5 +93,31 @@ func TestMigrateBringsThePublicationToTheConfiguredTable(t *testing.T) {
 	}
 	if !covers("events_v2") {
 		t.Fatal("migrate did not put the table back into the publication")
+	}
+}
+
+// A FOR ALL TABLES publication (a Debezium connector's, adopted) lists every
+// table and has none to take out: pruning leaves it, where ALTER
+// PUBLICATION ... DROP TABLE would fail. A publication with a table list
+// loses the tables no longer configured.
+func TestPruneLeavesAnAllTablesPublication(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, pg.NewDB(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `CREATE TABLE outbox (id uuid PRIMARY KEY, payload jsonb); CREATE TABLE other (id int);
+		CREATE PUBLICATION dbz_all FOR ALL TABLES; CREATE PUBLICATION dbz_filtered FOR TABLE outbox, other`); err != nil {
+		t.Fatal(err)
+	}
+	keep := []cdc.TableName{{Schema: "public", Name: "outbox"}}
+	if dropped, err := walboxsql.PruneTables(ctx, conn, "dbz_all", keep, false); err != nil || len(dropped) != 0 {
+		t.Fatalf("prune of a FOR ALL TABLES publication: took out %v, %v", dropped, err)
+	}
+	dropped, err := walboxsql.PruneTables(ctx, conn, "dbz_filtered", keep, false)
+	if err != nil || len(dropped) != 1 || dropped[0] != (cdc.TableName{Schema: "public", Name: "other"}) {
+		t.Fatalf("prune of a table list: took out %v, %v; want public.other", dropped, err)
 	}
 }
