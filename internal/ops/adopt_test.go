@@ -108,6 +108,9 @@ func (r *pgReader) read(n int) []readTxn {
 			cur = &readTxn{}
 		case *pglogrepl.InsertMessage:
 			rel := r.rels[m.RelationID]
+			if rel.RelationName != "outbox" {
+				continue
+			}
 			for i, c := range rel.Columns {
 				if c.Name == "id" {
 					cur.ids = append(cur.ids, string(m.Tuple.Columns[i].Data))
@@ -196,8 +199,9 @@ func dbzInsert(e *env, payload string) string {
 
 // dbzInsertDeleted inserts a row and deletes it in the same transaction, as
 // Debezium advises producers to keep the outbox table empty, and returns its
-// id: the insert is in the WAL all the same.
-func dbzInsertDeleted(e *env, payload string) string {
+// id: the insert is in the WAL all the same. other also writes to table
+// orders in that transaction.
+func dbzInsertDeleted(e *env, payload string, other bool) string {
 	e.t.Helper()
 	ctx := testCtx(e.t)
 	conn, err := pgx.Connect(ctx, e.dbURL)
@@ -210,7 +214,14 @@ func dbzInsertDeleted(e *env, payload string) string {
 		if err := tx.QueryRow(ctx, `INSERT INTO public.outbox (aggregatetype, aggregateid, type, payload) VALUES ('order', '42', 'OrderCreated', $1) RETURNING id::text`, payload).Scan(&id); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, `DELETE FROM public.outbox WHERE id = $1`, id)
+		if _, err := tx.Exec(ctx, `DELETE FROM public.outbox WHERE id = $1`, id); err != nil {
+			return err
+		}
+		if !other {
+			return nil
+		}
+		// A business table's insert and update in the same transaction.
+		_, err := tx.Exec(ctx, `INSERT INTO orders VALUES (hashtext($1), 'new') ON CONFLICT (id) DO UPDATE SET status = 'paid'`, id)
 		return err
 	})
 	if err != nil {
@@ -225,9 +236,21 @@ func dbzInsertDeleted(e *env, payload string) string {
 // after the confirmed position reaches JetStream exactly once, none before
 // it, and walbox neither backfills nor takes the slot for a lost one.
 func TestSlotAdoptContinuesAnotherClientsSlot(t *testing.T) {
+	t.Run("publication of the outbox table", func(t *testing.T) { testAdopt(t, false) })
+	// Debezium's default publication.autocreate.mode=all_tables, with
+	// another table written in the same transactions.
+	t.Run("publication of all tables", func(t *testing.T) { testAdopt(t, true) })
+}
+
+func testAdopt(t *testing.T, allTables bool) {
 	e := debeziumEnv(t)
 	ctx := testCtx(t)
 	const src, pub = "debezium", "dbz_publication"
+	if allTables {
+		e.exec(`DROP PUBLICATION dbz_publication`)
+		e.exec(`CREATE PUBLICATION dbz_publication FOR ALL TABLES`)
+		e.exec(`CREATE TABLE orders (id int PRIMARY KEY, status text)`)
+	}
 	createPgoutputSlot(t, e.dbURL, src)
 
 	const n, k, m = 10, 4, 5
@@ -264,7 +287,7 @@ func TestSlotAdoptContinuesAnotherClientsSlot(t *testing.T) {
 	})
 	// Written while nobody reads the slot; these ones deleted at once.
 	for i := range m {
-		ids = append(ids, dbzInsertDeleted(e, fmt.Sprintf(`{"n":%d}`, n+i)))
+		ids = append(ids, dbzInsertDeleted(e, fmt.Sprintf(`{"n":%d}`, n+i), allTables))
 	}
 
 	// Asked, and answered no: nothing changes.
