@@ -9,8 +9,6 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kfake"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/kafkatest"
@@ -29,39 +27,25 @@ var kafkaTopics = []string{"orders.created", "orders.paid", "payments.settled"}
 // kafkaEnv is an env whose relay publishes to a kfake cluster.
 type kafkaEnv struct {
 	*env
-	kafka *kfake.Cluster
-	adm   *kadm.Client
+	kafka *kafkatest.Cluster
 }
 
 func newKafkaEnv(t *testing.T, mutate ...func(*config.Config)) *kafkaEnv {
 	t.Helper()
-	c, err := kfake.NewCluster(kfake.NumBrokers(3))
-	if err != nil {
-		t.Fatal(err)
+	k := kafkatest.NewCluster(t)
+	var topics []config.KafkaTopic
+	for _, name := range kafkaTopics {
+		topics = append(topics, config.KafkaTopic{Name: name, Partitions: 4, ReplicationFactor: 3})
 	}
-	t.Cleanup(c.Close)
-	e := newEnv(t, append([]func(*config.Config){func(cfg *config.Config) {
-		cfg.Sink = config.SinkKafka
-		cfg.Kafka.Brokers = c.ListenAddrs()
-		cfg.Kafka.AckTimeout = 10 * time.Second
-		cfg.Kafka.Topics = nil
-		for _, name := range kafkaTopics {
-			cfg.Kafka.Topics = append(cfg.Kafka.Topics, config.KafkaTopic{Name: name, Partitions: 4, ReplicationFactor: 3})
-		}
-	}}, mutate...)...)
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cl.Close)
-	return &kafkaEnv{env: e, kafka: c, adm: kadm.NewClient(cl)}
+	e := newEnv(t, append([]func(*config.Config){k.Sink(topics...)}, mutate...)...)
+	return &kafkaEnv{env: e, kafka: k}
 }
 
 // stored is how many records the topics (and the dead-letter topic) hold.
 func (e *kafkaEnv) stored() int64 {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	ends, err := e.adm.ListEndOffsets(ctx, append(kafkaTopics, e.cfg.Kafka.DLQTopic)...)
+	ends, err := e.kafka.Admin.ListEndOffsets(ctx, append(kafkaTopics, e.cfg.Kafka.DLQTopic)...)
 	if err != nil {
 		return 0
 	}
@@ -319,7 +303,7 @@ func TestKafkaStandbyTakesOverWhenLeaderIsKilled(t *testing.T) {
 // too few in-sync replicas does. It returns once n requests were failed.
 func (e *kafkaEnv) faultProduces(t *testing.T, cut bool, n int64) {
 	t.Helper()
-	hits := kafkatest.FailProduces(e.kafka, cut, func(failed int64) bool { return failed < n })
+	hits := kafkatest.FailProduces(e.kafka.Cluster, cut, func(failed int64) bool { return failed < n })
 	relaytest.Eventually(t, 60*time.Second, fmt.Sprintf("%d produce requests failed by the brokers", n), func() bool { return hits.Load() >= n })
 }
 

@@ -97,7 +97,7 @@ func TestDLQKafkaListAndRetry(t *testing.T) {
 	if left[0].ID != idB || left[0].Seq != 2 {
 		t.Fatalf("left in the DLQ: %+v", left[0])
 	}
-	offs, err := e.adm.FetchOffsets(testCtx(t), kafkaGroupDLQ)
+	offs, err := e.kafka.Admin.FetchOffsets(testCtx(t), kafkaGroupDLQ)
 	if err != nil {
 		t.Fatal(err)
 	}
