@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/walbox/walbox/consumer"
+	"github.com/walbox/walbox/internal/relaytest"
 	walboxsql "github.com/walbox/walbox/sql"
 )
 
@@ -99,15 +100,10 @@ func (e *env) consumerInfo(durable string) *jetstream.ConsumerInfo {
 // unacknowledged.
 func (e *env) waitSettled(durable string) {
 	e.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
+	relaytest.Eventually(e.t, 30*time.Second, "consumer "+durable+" settled", func() bool {
 		info := e.consumerInfo(durable)
-		if info.NumPending == 0 && info.NumAckPending == 0 {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	e.t.Fatalf("consumer %s not settled: %+v", durable, e.consumerInfo(durable))
+		return info.NumPending == 0 && info.NumAckPending == 0
+	})
 }
 
 // TestDuplicateSuppression forces duplicates both ways JetStream can
@@ -127,9 +123,9 @@ func TestDuplicateSuppression(t *testing.T) {
 	}
 	// The same ids again, once the duplicate window has let them through.
 	for i := range events {
-		for e.publish("user.created", fmt.Sprintf("evt-%02d", i), fmt.Sprintf(`{"user_id": "u-%02d"}`, i), nil).Duplicate {
-			time.Sleep(20 * time.Millisecond)
-		}
+		relaytest.Eventually(t, 10*time.Second, fmt.Sprintf("evt-%02d stored again", i), func() bool {
+			return !e.publish("user.created", fmt.Sprintf("evt-%02d", i), fmt.Sprintf(`{"user_id": "u-%02d"}`, i), nil).Duplicate
+		})
 	}
 	st, err := e.js.Stream(testCtx(t), "USERS")
 	if err != nil {
@@ -349,7 +345,7 @@ func TestRunChecksItsPrerequisites(t *testing.T) {
 		"wildcard dlq":        {consumer.Config{Stream: "USERS", Durable: "a", DB: e.db, DeadLetterSubject: "walbox.dlq.>"}, "plain subject"},
 		"negative max":        {consumer.Config{Stream: "USERS", Durable: "a", DB: e.db, MaxDeliver: -1}, "MaxDeliver"},
 		"negative backoff":    {consumer.Config{Stream: "USERS", Durable: "a", DB: e.db, Backoff: []time.Duration{-1}}, "Backoff"},
-		"missing idempotency": {consumer.Config{Stream: "USERS", Durable: "a", DB: poolFor(t, bare)}, "consumer.Migrate"},
+		"missing idempotency": {consumer.Config{Stream: "USERS", Durable: "a", DB: relaytest.Pool(t, bare)}, "consumer.Migrate"},
 	} {
 		err := consumer.Run(ctx, e.js, tc.cfg, h)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -396,7 +392,7 @@ func TestMigrateMatchesWalbox(t *testing.T) {
 	if err := consumer.Migrate(ctx, conn); err != nil { // after walbox migrate: a no-op
 		t.Fatal(err)
 	}
-	pool := poolFor(t, viaConsumer)
+	pool := relaytest.Pool(t, viaConsumer)
 	var wg sync.WaitGroup
 	for range 3 { // concurrent starts
 		wg.Add(1)
@@ -430,13 +426,9 @@ func TestRetentionPrunesOldIdempotencyRecords(t *testing.T) {
 	var runs atomic.Int64
 	stop := e.start(consumer.Config{Stream: "USERS", Durable: "accounts", DB: e.db, Retention: time.Hour}, accounts(&runs))
 	defer stop()
-	deadline := time.Now().Add(30 * time.Second)
-	for e.count("SELECT count(*) FROM walbox.processed_events WHERE consumer_group = 'accounts' AND event_id LIKE 'old-%'") != 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("old records of the group were not pruned")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	relaytest.Eventually(t, 30*time.Second, "the group's old records pruned", func() bool {
+		return e.count("SELECT count(*) FROM walbox.processed_events WHERE consumer_group = 'accounts' AND event_id LIKE 'old-%'") == 0
+	})
 	if n := e.count("SELECT count(*) FROM walbox.processed_events WHERE consumer_group = 'accounts' AND event_id = 'recent'"); n != 1 {
 		t.Fatal("a recent record was pruned")
 	}

@@ -103,6 +103,38 @@ func JetStream(t testing.TB, url string, opts ...nats.Option) (*nats.Conn, jetst
 	return nc, js
 }
 
+// Collect reads stream through an ordered consumer made with cfg until stop
+// returns true for a message (which is included), and returns what it read.
+// It fails the test if that has not happened within timeout.
+func Collect(t testing.TB, js jetstream.JetStream, stream string, cfg jetstream.OrderedConsumerConfig, timeout time.Duration, stop func(jetstream.Msg) bool) []jetstream.Msg {
+	t.Helper()
+	cons, err := js.OrderedConsumer(Ctx(t), stream, cfg)
+	if err != nil {
+		t.Fatalf("ordered consumer on %s: %v", stream, err)
+	}
+	var out []jetstream.Msg
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		m, err := cons.Next(jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			continue
+		}
+		out = append(out, m)
+		if stop(m) {
+			return out
+		}
+	}
+	t.Fatalf("stream %s %v: stop condition not met within %v (%d messages read)", stream, cfg.FilterSubjects, timeout, len(out))
+	return nil
+}
+
+// CollectN reads n messages of stream with Collect.
+func CollectN(t testing.TB, js jetstream.JetStream, stream string, cfg jetstream.OrderedConsumerConfig, timeout time.Duration, n int) []jetstream.Msg {
+	t.Helper()
+	count := 0
+	return Collect(t, js, stream, cfg, timeout, func(jetstream.Msg) bool { count++; return count == n })
+}
+
 // Option adjusts StartRelay.
 type Option func(*startOptions)
 
@@ -187,6 +219,42 @@ func StartRelay(t testing.TB, cfg config.Config, opts ...Option) *Relay {
 		t.Fatalf("relay did not start streaming within %v%s", o.startTimeout, dump)
 	}
 	return r
+}
+
+// UsersConfig is the config the producer and consumer libraries' tests and
+// the examples run the relay with: the (migrated) database at dbURL, its
+// slot named after the database (slot names are cluster-wide), NATS at
+// natsURL with stream USERS for user.>, retries from 100 ms to 1 s and no
+// metrics listener.
+func UsersConfig(t testing.TB, dbURL, natsURL string) config.Config {
+	t.Helper()
+	pc, err := pgx.ParseConfig(dbURL)
+	if err != nil {
+		t.Fatalf("parse the database URL: %v", err)
+	}
+	cfg := config.Default()
+	cfg.Postgres.URL = dbURL
+	cfg.Postgres.Slot = pc.Database
+	cfg.NATS.URL = natsURL
+	cfg.NATS.Streams = []config.Stream{{Name: "USERS", Subjects: []string{"user.>"}, DuplicateWindow: 2 * time.Minute}}
+	cfg.Retry.Initial, cfg.Retry.Max = 100*time.Millisecond, time.Second
+	cfg.Metrics.Listen = ""
+	return cfg
+}
+
+// StartUsersRelay migrates the database at dbURL and runs the relay with
+// UsersConfig, changed by mutate, until the test ends.
+func StartUsersRelay(t testing.TB, dbURL, natsURL string, mutate ...func(*config.Config)) *Relay {
+	t.Helper()
+	Migrate(t, dbURL, walboxsql.Params{})
+	cfg := UsersConfig(t, dbURL, natsURL)
+	for _, f := range mutate {
+		f(&cfg)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("relay config: %v", err)
+	}
+	return StartRelay(t, cfg)
 }
 
 // Done is closed once the relay has returned.
