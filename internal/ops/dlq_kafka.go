@@ -245,7 +245,7 @@ func retryOneKafka(ctx context.Context, cfg config.Config, cl *kgo.Client, sink 
 		return fmt.Errorf("republish dead letter %d to %s: %w (it stays in %s)", dl.Seq, m.Subject, err, name)
 	}
 	pctx, cancel := context.WithTimeout(ctx, cfg.Kafka.AckTimeout+connectTimeout)
-	ack, err := waitFuture(pctx, f)
+	ack, err := relay.Await(pctx, f)
 	cancel()
 	if err != nil {
 		return fmt.Errorf("republish dead letter %d to %s: %w (it stays in %s)", dl.Seq, m.Subject, err, name)
