@@ -21,10 +21,9 @@ func newOptRouter(t *testing.T, prefix string, routes []Route, o RouterOptions) 
 	return r
 }
 
-// wantOwnHeaders checks walbox's own headers are on m whatever the envelope.
-func wantOwnHeaders(t *testing.T, m *Msg, ev *cdc.Event) {
-	t.Helper()
-	want := map[string]string{
+// ownHeaders are walbox's own headers for goodEvent ev.
+func ownHeaders(ev *cdc.Event) map[string]string {
+	return map[string]string{
 		HeaderMsgID:         ev.ID,
 		HeaderCommitLSN:     "16/B374D848",
 		HeaderIndex:         "7",
@@ -35,7 +34,12 @@ func wantOwnHeaders(t *testing.T, m *Msg, ev *cdc.Event) {
 		HeaderAggregateID:   "o-42",
 		HeaderPartitionKey:  "customer-7",
 	}
-	for k, v := range want {
+}
+
+// wantOwnHeaders checks walbox's own headers are on m whatever the envelope.
+func wantOwnHeaders(t *testing.T, m *Msg, ev *cdc.Event) {
+	t.Helper()
+	for k, v := range ownHeaders(ev) {
 		if got := m.Header.Values(k); len(got) != 1 || got[0] != v {
 			t.Errorf("header %s = %q, want [%q]", k, got, v)
 		}

@@ -148,8 +148,7 @@ func TestPgHBAForLogicalReplicationIsTheDatabaseLine(t *testing.T) {
 // 1 not supported in non-clustered mode", and doctor called it OK. Now
 // doctor fails with the fix and walbox run exits 1 with it.
 func TestReplicasAboveOneOnASingleServerFailsFast(t *testing.T) {
-	e := newEnv(t)
-	e.migrate()
+	e := newMigratedEnv(t)
 	for i := range e.cfg.NATS.Streams {
 		e.cfg.NATS.Streams[i].Replicas = 3
 	}
@@ -173,8 +172,7 @@ func TestReplicasAboveOneOnASingleServerFailsFast(t *testing.T) {
 // stays not ready, and says why: the connection is refused (it used to
 // print "outbound buffer limit exceeded" forever).
 func TestWrongNATSAddressSaysConnectionRefused(t *testing.T) {
-	e := newEnv(t)
-	e.migrate()
+	e := newMigratedEnv(t)
 	addr := freeAddr(t)
 	e.cfg.NATS.URL = "nats://" + freeAddr(t) // nothing listens there
 	e.cfg.Metrics.Listen = addr

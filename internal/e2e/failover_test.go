@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/rs/zerolog"
 
@@ -78,12 +77,7 @@ func testPromotion(t *testing.T, sync bool) {
 	both := fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/app?sslmode=disable&target_session_attrs=read-write", primary.Port(), standby.Port())
 	e := newEnv(t)
 	e.cfg.Postgres.URL, e.dbURL = both, both
-	pool, err := pgxpool.New(ctx, both)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	e.pool = pool
+	e.pool = relaytest.Pool(t, both)
 	e.startRelay()
 	stop := e.loadInBackground(outboxtest.Load{Producers: 8, MaxRows: 10, Rollback: 0.1, Rate: 20})
 	time.Sleep(3 * time.Second) // pacing: the failover lands mid-load
@@ -292,12 +286,7 @@ func TestFailoverSlotFollowsPromotion(t *testing.T) {
 	if c := standbyChecks()["standby.slot"]; c.Status != ops.Fail || c.Fix == "" {
 		t.Fatalf("doctor --standby before walbox made its slot: %+v, want a failure with the fix", c)
 	}
-	pool, err := pgxpool.New(ctx, both)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	e.pool = pool
+	e.pool = relaytest.Pool(t, both)
 	e.startRelay()
 	stop := e.loadInBackground(outboxtest.Load{Producers: 8, MaxRows: 10, Rollback: 0.1, Rate: 20})
 	// A synced slot is usable after a failover only once it is persisted

@@ -112,6 +112,14 @@ func newEnv(t *testing.T, mutate ...func(*config.Config)) *env {
 	return e
 }
 
+// newMigratedEnv is newEnv with walbox's migrations applied.
+func newMigratedEnv(t *testing.T, mutate ...func(*config.Config)) *env {
+	t.Helper()
+	e := newEnv(t, mutate...)
+	e.migrate()
+	return e
+}
+
 // migrate applies walbox's migrations for the default table.
 func (e *env) migrate() {
 	e.t.Helper()
@@ -132,13 +140,7 @@ func (e *env) conn() *pgx.Conn {
 // witness creates the independent commit-order witness slot.
 func (e *env) witness(table string) *outboxtest.Witness {
 	e.t.Helper()
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, e.dbURL)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	w, err := outboxtest.CreateWitness(ctx, conn, "witness", table)
+	w, err := outboxtest.CreateWitness(context.Background(), e.conn(), "witness", table)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -376,11 +378,7 @@ func settleSubject(p string) string {
 func (e *env) check(w *outboxtest.Witness, res *outboxtest.Result) outboxtest.Report {
 	e.t.Helper()
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, e.dbURL)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	conn := e.conn()
 	committed, err := w.Committed(ctx, conn)
 	if err != nil {
 		e.t.Fatal(err)

@@ -41,6 +41,14 @@ func newKafkaEnv(t *testing.T, mutate ...func(*config.Config)) *kafkaEnv {
 	return &kafkaEnv{env: e, kafka: k}
 }
 
+// newMigratedKafkaEnv is newKafkaEnv with walbox's migrations applied.
+func newMigratedKafkaEnv(t *testing.T, mutate ...func(*config.Config)) *kafkaEnv {
+	t.Helper()
+	e := newKafkaEnv(t, mutate...)
+	e.migrate()
+	return e
+}
+
 // stored is how many records the topics (and the dead-letter topic) hold.
 func (e *kafkaEnv) stored() int64 {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -114,8 +122,7 @@ func (e *kafkaEnv) checkKafka(w *outboxtest.Witness, res *outboxtest.Result) (ou
 }
 
 func TestKafkaEventsArriveExactlyOnceInKeyOrder(t *testing.T) {
-	e := newKafkaEnv(t)
-	e.migrate()
+	e := newMigratedKafkaEnv(t)
 	w := e.witness("outbox_events")
 	e.startRelay()
 	res := outboxtest.Load{Producers: 8, MaxRows: 20, Txns: 25, Keys: 16}.Run(context.Background(), e.pool)
@@ -140,8 +147,7 @@ func TestKafkaEventsArriveExactlyOnceInKeyOrder(t *testing.T) {
 }
 
 func TestKafkaKeylessEventsKeepCommitOrder(t *testing.T) {
-	e := newKafkaEnv(t)
-	e.migrate()
+	e := newMigratedKafkaEnv(t)
 	w := e.witness("outbox_events")
 	e.startRelay()
 	res := outboxtest.Load{Producers: 4, MaxRows: 10, Txns: 20}.Run(context.Background(), e.pool)
@@ -159,8 +165,7 @@ func TestKafkaKeylessEventsKeepCommitOrder(t *testing.T) {
 // acked events, and the restarted relay's resume check skips what the
 // partitions already hold, so nothing is stored twice without Nats-Msg-Id.
 func TestKafkaRelayKilledMidStreamLosesNothing(t *testing.T) {
-	e := newKafkaEnv(t)
-	e.migrate()
+	e := newMigratedKafkaEnv(t)
 	w := e.witness("outbox_events")
 	var stop func() *outboxtest.Result
 	for round, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGTERM, syscall.SIGKILL} {
@@ -187,8 +192,7 @@ func TestKafkaRelayKilledMidStreamLosesNothing(t *testing.T) {
 // produces with NOT_ENOUGH_REPLICAS, each for a stretch of produce
 // requests, while producers write.
 func TestKafkaBrokerConnectionLossAndRefusedProducesLoseNothing(t *testing.T) {
-	e := newKafkaEnv(t)
-	e.migrate()
+	e := newMigratedKafkaEnv(t)
 	w := e.witness("outbox_events")
 	e.startRelay()
 	stop := e.loadInBackground(outboxtest.Load{Producers: 4, MaxRows: 20, Rollback: 0.1, Rate: 40, Keys: 8})
@@ -207,8 +211,7 @@ func TestKafkaBrokerConnectionLossAndRefusedProducesLoseNothing(t *testing.T) {
 // kafka.max_message_bytes (without its payload); the rows around them are
 // published in order.
 func TestKafkaPoisonRowsGoToTheDeadLetterTopic(t *testing.T) {
-	e := newKafkaEnv(t, func(cfg *config.Config) { cfg.Kafka.MaxMessageBytes = 4096 })
-	e.migrate()
+	e := newMigratedKafkaEnv(t, func(cfg *config.Config) { cfg.Kafka.MaxMessageBytes = 4096 })
 	e.startRelay()
 	ctx := context.Background()
 	conn := e.conn()
@@ -275,8 +278,7 @@ func (e *kafkaEnv) waitProcessed(t *testing.T, id string) {
 }
 
 func TestKafkaStandbyTakesOverWhenLeaderIsKilled(t *testing.T) {
-	e := newKafkaEnv(t)
-	e.migrate()
+	e := newMigratedKafkaEnv(t)
 	w := e.witness("outbox_events")
 	addrA, addrB := freeAddr(t), freeAddr(t)
 	a := e.startProc("WALBOX_METRICS_LISTEN=" + addrA)
@@ -315,8 +317,7 @@ func (e *kafkaEnv) faultProduces(t *testing.T, cut bool, n int64) {
 // connections (and leader moves) later, the same relay process still
 // streams.
 func TestRelayProcessRidesOutBrokenBrokerConnections(t *testing.T) {
-	e := newKafkaEnv(t)
-	e.migrate()
+	e := newMigratedKafkaEnv(t)
 	p := e.spawnRelay()
 	stop := e.loadInBackground(outboxtest.Load{Producers: 4, MaxRows: 20, Rollback: 0.1, Rate: 25, Keys: 16})
 	defer stop()

@@ -72,8 +72,7 @@ func insertEvents(t *testing.T, dbURL, prefix string, n int) []string {
 // than everything the stream holds of "this" source; none may be taken for
 // already stored.
 func TestMovedClusterEventsAreNotSkipped(t *testing.T) {
-	e := newEnv(t)
-	e.migrate()
+	e := newMigratedEnv(t)
 	_, bURL := e.secondCluster()
 
 	ctx := context.Background()

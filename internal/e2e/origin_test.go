@@ -24,8 +24,7 @@ func TestOriginNoneSkipsRowsASubscriptionApplied(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := newEnv(t, func(c *config.Config) { c.Postgres.Origin = "none" })
-	e.migrate()
+	e := newMigratedEnv(t, func(c *config.Config) { c.Postgres.Origin = "none" })
 	if v < 16 {
 		e.runExits(e.dbURL, "postgres.origin: none needs PostgreSQL 16", "postgres.origin: any")
 		return

@@ -69,8 +69,7 @@ func vmHWM(pid int) int64 {
 func TestLargeTransactionStreamsWithBoundedHeap(t *testing.T) {
 	const rows = 200_000
 	addr := freeAddr(t)
-	e := newEnv(t, func(c *config.Config) { c.Metrics.Listen = addr })
-	e.migrate()
+	e := newMigratedEnv(t, func(c *config.Config) { c.Metrics.Listen = addr })
 	p := e.spawnRelay()
 
 	// Sample the relay's heap while one transaction of 200,000 rows goes
@@ -130,8 +129,7 @@ func TestLargeTransactionStreamsWithBoundedHeap(t *testing.T) {
 }
 
 func TestIdleOutboxInBusyDatabaseDoesNotHoldWAL(t *testing.T) {
-	e := newEnv(t)
-	e.migrate()
+	e := newMigratedEnv(t)
 	e.startRelay()
 	ctx := context.Background()
 	if _, err := e.pool.Exec(ctx, "CREATE TABLE busy (id bigserial primary key, pad text)"); err != nil {
@@ -244,8 +242,7 @@ func TestWrongWALLevelNamesTheFix(t *testing.T) {
 }
 
 func TestMissingReplicationPrivilegeNamesTheFix(t *testing.T) {
-	e := newEnv(t)
-	e.migrate()
+	e := newMigratedEnv(t)
 	ctx := context.Background()
 	if _, err := e.pool.Exec(ctx, "DROP ROLE IF EXISTS app_noreplication; CREATE ROLE app_noreplication LOGIN"); err != nil {
 		t.Fatal(err)
@@ -269,11 +266,10 @@ func TestMissingReplicationPrivilegeNamesTheFix(t *testing.T) {
 func TestEnvelopesAsAConsumerReceivesThem(t *testing.T) {
 	for _, mode := range []string{"cloudevents", "envelope"} {
 		t.Run(mode, func(t *testing.T) {
-			e := newEnv(t, func(c *config.Config) {
+			e := newMigratedEnv(t, func(c *config.Config) {
 				c.NATS.Envelope = mode
 				c.NATS.SubjectTemplate = "{topic}.{bucket}"
 			})
-			e.migrate()
 			e.startRelay()
 			ctx := context.Background()
 			if _, err := e.pool.Exec(ctx, `INSERT INTO outbox_events (id, topic, event_type, aggregate_type, aggregate_id, payload, headers)
@@ -360,8 +356,7 @@ func TestDebeziumLayoutRoutedByAggregateType(t *testing.T) {
 }
 
 func TestTableLessEventsFromEmitMessage(t *testing.T) {
-	e := newEnv(t)
-	e.migrate()
+	e := newMigratedEnv(t)
 	e.startRelay()
 	ctx := context.Background()
 	// Committed: published. Rolled back: never.

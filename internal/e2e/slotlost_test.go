@@ -37,8 +37,7 @@ func (e *env) checkNoLoss(w *outboxtest.Witness, res *outboxtest.Result) outboxt
 }
 
 func TestSlotDroppedMidStreamIsRecreatedAndNothingIsLost(t *testing.T) {
-	e := newEnv(t)
-	e.migrate()
+	e := newMigratedEnv(t)
 	w := e.witness("outbox_events")
 	e.startRelay()
 	stop := e.loadInBackground(outboxtest.Load{Producers: 3, MaxRows: 10, Rollback: 0.1, Rate: 30})

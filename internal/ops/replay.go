@@ -579,26 +579,35 @@ func (q *rowQuery) scan(rows pgx.Rows) (cdc.Event, time.Time, []string, error) {
 // copies them into walbox_replay_stored in batches: memory stays flat
 // however many the stream holds.
 func storeIDs(ctx context.Context, conn *pgx.Conn, js jetstream.JetStream, stream, filter string, from time.Time) error {
-	var batch [][]any
-	flush := func() error {
-		if len(batch) == 0 {
-			return nil
-		}
-		_, err := conn.CopyFrom(ctx, pgx.Identifier{"walbox_replay_stored"}, []string{"stream", "id"}, pgx.CopyFromRows(batch))
-		batch = batch[:0]
-		return err
-	}
-	err := storedIDs(ctx, js, stream, filter, from, func(id string) error {
-		batch = append(batch, []any{stream, id})
-		if len(batch) >= 10000 {
-			return flush()
-		}
-		return nil
-	})
+	c := idCopier{conn: conn}
+	err := storedIDs(ctx, js, stream, filter, from, func(id string) error { return c.add(ctx, stream, id) })
 	if err != nil {
 		return err
 	}
-	return flush()
+	return c.flush(ctx)
+}
+
+// idCopier copies (stream, id) rows into walbox_replay_stored in batches.
+type idCopier struct {
+	conn  *pgx.Conn
+	batch [][]any
+}
+
+func (c *idCopier) add(ctx context.Context, stream, id string) error {
+	c.batch = append(c.batch, []any{stream, id})
+	if len(c.batch) >= 10000 {
+		return c.flush(ctx)
+	}
+	return nil
+}
+
+func (c *idCopier) flush(ctx context.Context) error {
+	if len(c.batch) == 0 {
+		return nil
+	}
+	_, err := c.conn.CopyFrom(ctx, pgx.Identifier{"walbox_replay_stored"}, []string{"stream", "id"}, pgx.CopyFromRows(c.batch))
+	c.batch = c.batch[:0]
+	return err
 }
 
 // storedIDs calls fn with the Nats-Msg-Id of every message of stream

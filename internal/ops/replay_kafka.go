@@ -92,31 +92,19 @@ func (b *kafkaReplay) storeTopicIDs(ctx context.Context, conn *pgx.Conn, topic s
 	if err != nil || !exists {
 		return err
 	}
-	var batch [][]any
-	flush := func() error {
-		if len(batch) == 0 {
-			return nil
-		}
-		_, err := conn.CopyFrom(ctx, pgx.Identifier{"walbox_replay_stored"}, []string{"stream", "id"}, pgx.CopyFromRows(batch))
-		batch = batch[:0]
-		return err
-	}
+	c := idCopier{conn: conn}
 	err = readKafka(ctx, b.cfg, topic, spans, func(r *kgo.Record) error {
 		for _, h := range r.Headers {
 			if h.Key == kafkasink.HeaderEventID {
-				batch = append(batch, []any{topic, string(h.Value)})
-				break
+				return c.add(ctx, topic, string(h.Value))
 			}
-		}
-		if len(batch) >= 10000 {
-			return flush()
 		}
 		return nil
 	})
 	if err != nil {
 		return err
 	}
-	return flush()
+	return c.flush(ctx)
 }
 
 func (b *kafkaReplay) wait(ctx context.Context, fl kafkaFlight) error {
