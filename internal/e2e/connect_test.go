@@ -26,23 +26,13 @@ func hbaCluster(t *testing.T, hba string) *pgtest.Cluster {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cl, err := pgtest.Start(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cl.Close() })
-	url, err := cl.CreateDB(ctx, "app")
-	if err != nil {
-		t.Fatal(err)
-	}
+	cl, url := pgtest.OwnDB(ctx, t)
+	relaytest.Migrate(t, url, walboxsql.Params{})
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	if _, err := walboxsql.Apply(ctx, conn, walboxsql.Params{}); err != nil {
-		t.Fatal(err)
-	}
 	for _, q := range []string{
 		"SET password_encryption = 'scram-sha-256'",
 		"CREATE ROLE walbox LOGIN REPLICATION PASSWORD 'pw'",

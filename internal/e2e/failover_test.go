@@ -188,24 +188,9 @@ func (e *env) checkPromotion(ctx context.Context, newPrimaryURL string, res *out
 // republished backfill can keep commit order.
 func startPrimary(ctx context.Context, t *testing.T) (*pgtest.Cluster, string) {
 	t.Helper()
-	primary, err := pgtest.Start(ctx, pgtest.WithSetting("synchronous_commit", "on"),
+	primary, pURL := pgtest.OwnDB(ctx, t, pgtest.WithSetting("synchronous_commit", "on"),
 		pgtest.WithSetting("wal_sender_timeout", "5s"), pgtest.WithSetting("track_commit_timestamp", "on"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { primary.Close() })
-	pURL, err := primary.CreateDB(ctx, "app")
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := pgx.Connect(ctx, pURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	if _, err := walboxsql.Apply(ctx, conn, walboxsql.Params{Publication: "walbox"}); err != nil {
-		t.Fatal(err)
-	}
+	relaytest.Migrate(t, pURL, walboxsql.Params{Publication: "walbox"})
 	return primary, pURL
 }
 

@@ -22,11 +22,7 @@ import (
 func TestIdleSlotTimeoutInvalidationIsRecovered(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cl, err := pgtest.Start(ctx, pgtest.WithSetting("synchronous_commit", "on"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	cl := pgtest.StartOwn(ctx, t, pgtest.WithSetting("synchronous_commit", "on"))
 	v, err := cl.Version()
 	if err != nil {
 		t.Fatal(err)

@@ -22,11 +22,7 @@ func (e *env) secondCluster() (*pgtest.Cluster, string) {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	b, err := pgtest.Start(ctx, pgtest.WithSetting("synchronous_commit", "on"), pgtest.WithSetting("wal_sender_timeout", "5s"))
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	e.t.Cleanup(func() { b.Close() })
+	b := pgtest.StartOwn(ctx, e.t, pgtest.WithSetting("synchronous_commit", "on"), pgtest.WithSetting("wal_sender_timeout", "5s"))
 	u, err := url.Parse(e.dbURL)
 	if err != nil {
 		e.t.Fatal(err)

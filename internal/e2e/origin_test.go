@@ -33,14 +33,12 @@ func TestOriginNoneSkipsRowsASubscriptionApplied(t *testing.T) {
 	defer cancel()
 	// Database b writes its own outbox, replicated into e's by a subscription.
 	bURL := s.pg.NewDB(t)
+	relaytest.Migrate(t, bURL, walboxsql.Params{Publication: "b_walbox"})
 	bc, err := pgx.Connect(ctx, bURL)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer bc.Close(ctx)
-	if _, err := walboxsql.Apply(ctx, bc, walboxsql.Params{Publication: "b_walbox"}); err != nil {
-		t.Fatal(err)
-	}
 	for _, q := range []string{
 		"CREATE PUBLICATION to_a FOR TABLE outbox_events WITH (publish = 'insert', publish_via_partition_root = true)",
 		"SELECT pg_create_logical_replication_slot('to_a', 'pgoutput')",

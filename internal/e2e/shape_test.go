@@ -220,11 +220,7 @@ func TestDAARIONLayoutWorksThroughColumnMappingAlone(t *testing.T) {
 
 func TestWrongWALLevelNamesTheFix(t *testing.T) {
 	ctx := context.Background()
-	cl, err := pgtest.Start(ctx, pgtest.WithSetting("wal_level", "replica"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	cl := pgtest.StartOwn(ctx, t, pgtest.WithSetting("wal_level", "replica"))
 	src, err := cdc.NewSource(cdc.Config{ConnString: cl.URL("postgres"), Slot: "walbox", Publication: "walbox_outbox",
 		Table: cdc.TableName{Schema: "public", Name: "outbox_events"}, Columns: cdc.DefaultColumns()})
 	if err != nil {

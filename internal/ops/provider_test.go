@@ -21,15 +21,7 @@ import (
 func TestDoctorRecognisesRDS(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cl, err := pgtest.Start(ctx, pgtest.WithSetting("rds.logical_replication", "0"), pgtest.WithSetting("wal_level", "replica"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cl.Close() })
-	dbURL, err := cl.CreateDB(ctx, "app")
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, dbURL := pgtest.OwnDB(ctx, t, pgtest.WithSetting("rds.logical_replication", "0"), pgtest.WithSetting("wal_level", "replica"))
 	conn, err := pgx.Connect(ctx, dbURL)
 	if err != nil {
 		t.Fatal(err)
