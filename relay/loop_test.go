@@ -223,6 +223,17 @@ func startLoop(t *testing.T, sc *loopScript, cfg Config, setup func(st, dlq *fak
 	return rig
 }
 
+// loopCase runs body as subtest name in a synctest bubble, with the relay
+// started by startLoop on a script of transactions of sizes.
+func loopCase(t *testing.T, name string, sizes []int, cfg Config, setup func(st, dlq *fakeStream), body func(t *testing.T, rig *loopRig, sc *loopScript, ids []string)) {
+	t.Run(name, func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			sc := buildScript(sizes...)
+			body(t, startLoop(t, sc, cfg, setup), sc, sc.ids)
+		})
+	})
+}
+
 // feed hands the relay transactions from..to-1 as one batch.
 func (rig *loopRig) feed(from, to int) { rig.src.feed <- rig.sc.batch(from, to) }
 
@@ -627,76 +638,66 @@ func TestLoopLateAckAfterADeadLetter(t *testing.T) {
 // delivered or confirmed past the oldest unresolved publish. A failure
 // resolved before earlier acks takes effect only when its turn comes.
 func TestLoopOutOfOrderAcks(t *testing.T) {
-	t.Run("all acked", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
-			// e00 | e01 e02 | e03 | e04 e05
-			sc := buildScript(1, 2, 1, 2)
-			ids := sc.ids
-			rig := startLoop(t, sc, Config{Window: 8}, func(st, _ *fakeStream) { st.hold = true })
-			rig.feed(0, 4)
+	loopCase(t, "all acked", []int{1, 2, 1, 2}, Config{Window: 8}, func(st, _ *fakeStream) { st.hold = true }, func(t *testing.T, rig *loopRig, sc *loopScript, ids []string) {
+		// e00 | e01 e02 | e03 | e04 e05
+		rig.feed(0, 4)
+		synctest.Wait()
+		rig.wantPublished(rig.st, ids, "all published")
+		for _, n := range []int{6, 4, 5, 3} {
+			rig.resolve(rig.st, n, nil)
 			synctest.Wait()
-			rig.wantPublished(rig.st, ids, "all published")
-			for _, n := range []int{6, 4, 5, 3} {
-				rig.resolve(rig.st, n, nil)
-				synctest.Wait()
-				rig.wantConfirmed(0, fmt.Sprintf("publish %d acked, e00 not", n))
-				rig.wantDelivered(nil, fmt.Sprintf("publish %d acked, e00 not", n))
-				rig.wantInFlight(6, fmt.Sprintf("publish %d acked, e00 not", n))
+			rig.wantConfirmed(0, fmt.Sprintf("publish %d acked, e00 not", n))
+			rig.wantDelivered(nil, fmt.Sprintf("publish %d acked, e00 not", n))
+			rig.wantInFlight(6, fmt.Sprintf("publish %d acked, e00 not", n))
+		}
+		rig.resolve(rig.st, 1, nil)
+		synctest.Wait()
+		rig.wantConfirmed(sc.ends[0], "e00 acked, e01 not")
+		rig.wantDelivered(ids[:1], "e00 acked, e01 not")
+		rig.resolve(rig.st, 2, nil)
+		rig.waitConfirmed(sc.last())
+		rig.wantDelivered(ids, "all acked")
+		rig.wantInFlight(0, "all acked")
+		rig.stop()
+		rig.mu.Lock()
+		for i, d := range rig.delivered {
+			if d.Stream != "ORDERS" || d.Seq != uint64(i+1) {
+				t.Errorf("%s delivered at %s/%d, want ORDERS/%d", d.ID, d.Stream, d.Seq, i+1)
 			}
-			rig.resolve(rig.st, 1, nil)
-			synctest.Wait()
-			rig.wantConfirmed(sc.ends[0], "e00 acked, e01 not")
-			rig.wantDelivered(ids[:1], "e00 acked, e01 not")
-			rig.resolve(rig.st, 2, nil)
-			rig.waitConfirmed(sc.last())
-			rig.wantDelivered(ids, "all acked")
-			rig.wantInFlight(0, "all acked")
-			rig.stop()
-			rig.mu.Lock()
-			for i, d := range rig.delivered {
-				if d.Stream != "ORDERS" || d.Seq != uint64(i+1) {
-					t.Errorf("%s delivered at %s/%d, want ORDERS/%d", d.ID, d.Stream, d.Seq, i+1)
-				}
-			}
-			rig.mu.Unlock()
-			rig.checkStored(rig.st, ids)
-		})
+		}
+		rig.mu.Unlock()
+		rig.checkStored(rig.st, ids)
 	})
-	t.Run("a failure resolved before earlier acks", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
-			// e00 | e01 e02 | e03 | e04 e05
-			sc := buildScript(1, 2, 1, 2)
-			ids := sc.ids
-			rig := startLoop(t, sc, Config{Window: 8}, func(st, _ *fakeStream) {
-				st.hold = true
-				st.lose[4], st.lose[5], st.lose[6] = true, true, true // e03 on are never stored
-			})
-			rig.feed(0, 4)
-			synctest.Wait()
-			for _, n := range []int{6, 4, 2, 5, 3} {
-				err := errAckTimeout
-				if n <= 3 {
-					err = nil
-				}
-				rig.resolve(rig.st, n, err)
-				synctest.Wait()
-				rig.wantConfirmed(0, fmt.Sprintf("publish %d resolved, e00 not", n))
-				if got := testutil.ToFloat64(rig.m.PublishErrors.WithLabelValues("transient")); got != 0 {
-					t.Fatalf("a failure behind an unresolved publish was taken: walbox_publish_errors_total{transient} = %v", got)
-				}
+	loopCase(t, "a failure resolved before earlier acks", []int{1, 2, 1, 2}, Config{Window: 8}, func(st, _ *fakeStream) {
+		st.hold = true
+		st.lose[4], st.lose[5], st.lose[6] = true, true, true // e03 on are never stored
+	}, func(t *testing.T, rig *loopRig, sc *loopScript, ids []string) {
+		// e00 | e01 e02 | e03 | e04 e05
+		rig.feed(0, 4)
+		synctest.Wait()
+		for _, n := range []int{6, 4, 2, 5, 3} {
+			err := errAckTimeout
+			if n <= 3 {
+				err = nil
 			}
-			rig.resolve(rig.st, 1, nil)
+			rig.resolve(rig.st, n, err)
 			synctest.Wait()
-			rig.wantConfirmed(sc.ends[1], "e00 to e02 acked, e03 failed")
-			rig.wantDelivered(ids[:3], "e00 to e02 acked, e03 failed")
-			rig.wantPublished(rig.st, ids, "backing off")
-			rig.st.release()
-			rig.waitConfirmed(sc.last())
-			rig.stop()
-			rig.wantPublished(rig.st, append(slices.Clone(ids), ids[3:]...), "end")
-			rig.checkStored(rig.st, ids)
-			rig.wantDelivered(ids, "end")
-		})
+			rig.wantConfirmed(0, fmt.Sprintf("publish %d resolved, e00 not", n))
+			if got := testutil.ToFloat64(rig.m.PublishErrors.WithLabelValues("transient")); got != 0 {
+				t.Fatalf("a failure behind an unresolved publish was taken: walbox_publish_errors_total{transient} = %v", got)
+			}
+		}
+		rig.resolve(rig.st, 1, nil)
+		synctest.Wait()
+		rig.wantConfirmed(sc.ends[1], "e00 to e02 acked, e03 failed")
+		rig.wantDelivered(ids[:3], "e00 to e02 acked, e03 failed")
+		rig.wantPublished(rig.st, ids, "backing off")
+		rig.st.release()
+		rig.waitConfirmed(sc.last())
+		rig.stop()
+		rig.wantPublished(rig.st, append(slices.Clone(ids), ids[3:]...), "end")
+		rig.checkStored(rig.st, ids)
+		rig.wantDelivered(ids, "end")
 	})
 }
 
@@ -705,136 +706,111 @@ func TestLoopOutOfOrderAcks(t *testing.T) {
 // follows them), and confirms nothing past the first publish that failed or
 // never resolved.
 func TestLoopDrainOnShutdown(t *testing.T) {
-	t.Run("acks during the drain are confirmed", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
-			// e00 e01 | e02 e03 | e04 e05 | e06 e07, the window holds four
-			sc := buildScript(2, 2, 2, 2)
-			ids := sc.ids
-			rig := startLoop(t, sc, Config{Window: 4}, func(st, _ *fakeStream) { st.hold = true })
-			rig.feed(0, 4)
-			synctest.Wait()
-			rig.wantPublished(rig.st, ids[:4], "window full")
-			rig.wantConfirmed(0, "window full")
+	loopCase(t, "acks during the drain are confirmed", []int{2, 2, 2, 2}, Config{Window: 4}, func(st, _ *fakeStream) { st.hold = true }, func(t *testing.T, rig *loopRig, sc *loopScript, ids []string) {
+		// e00 e01 | e02 e03 | e04 e05 | e06 e07, the window holds four
+		rig.feed(0, 4)
+		synctest.Wait()
+		rig.wantPublished(rig.st, ids[:4], "window full")
+		rig.wantConfirmed(0, "window full")
 
-			rig.cancel()
-			synctest.Wait()
-			select {
-			case err := <-rig.done:
-				rig.stopped = true
-				t.Fatalf("relay returned (%v) with four acks outstanding", err)
-			default:
-			}
-			for _, n := range []int{4, 2, 3, 1} {
-				rig.resolve(rig.st, n, nil)
-			}
-			rig.returned()
-			// The commit of e02 e03 was still in the batch behind the full
-			// window: the drain takes it once its events are acked.
-			rig.wantConfirmed(sc.ends[1], "drained")
-			rig.wantPublished(rig.st, ids[:4], "drained: nothing new is published")
-			rig.wantDelivered(ids[:4], "drained")
-			rig.wantInFlight(0, "drained")
-			rig.checkStored(rig.st, ids[:4])
-		})
-	})
-	t.Run("bookkeeping handed over is confirmed, events are not", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
-			// e00 e01 | e02 e03 | (empty) | e04
-			sc := buildScript(2, 2, 0, 1)
-			ids := sc.ids
-			rig := startLoop(t, sc, Config{Window: 4}, func(st, _ *fakeStream) { st.hold = true })
-			rig.feed(0, 2)
-			keepalive := sc.ends[2] + 0x8 // WAL end past the empty transaction
-			rig.src.feed <- append(sc.batch(2, 3), cdc.Change{Kind: cdc.KindWALEnd, LSN: keepalive})
-			rig.feed(3, 4)
-			synctest.Wait()
-			rig.wantPublished(rig.st, ids[:4], "window full")
-
-			rig.cancel()
-			synctest.Wait()
-			rig.resolve(rig.st, 1, nil)
-			rig.resolve(rig.st, 2, nil)
-			rig.resolve(rig.st, 3, nil)
-			synctest.Wait()
-			rig.wantConfirmed(sc.ends[0], "e00 e01 acked in the drain")
-			rig.resolve(rig.st, 4, nil)
-			rig.returned()
-			// The empty transaction was read in the drain and is confirmed
-			// with the acks; the keepalive came while events were in flight,
-			// and e04 was never published.
-			rig.wantConfirmed(sc.ends[2], "drained")
-			rig.wantPublished(rig.st, ids[:4], "drained")
-			rig.wantDelivered(ids[:4], "drained")
-		})
-	})
-	t.Run("a failed ack stops the confirmation", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
-			// e00 | e01 e02 | e03
-			sc := buildScript(1, 2, 1)
-			ids := sc.ids
-			rig := startLoop(t, sc, Config{Window: 4}, func(st, _ *fakeStream) { st.hold = true })
-			rig.feed(0, 3)
-			synctest.Wait()
-			rig.cancel()
-			synctest.Wait()
-			rig.resolve(rig.st, 4, nil)
-			rig.resolve(rig.st, 3, errAckTimeout)
-			rig.resolve(rig.st, 2, nil)
-			rig.resolve(rig.st, 1, nil)
-			rig.returned()
-			// e01 is acked but its transaction is not (e02 failed); e03 is
-			// stored and acked behind the failure: it is left to the next
-			// start, whose resume check skips it.
-			rig.wantConfirmed(sc.ends[0], "drained")
-			rig.wantDelivered(ids[:2], "drained")
-			rig.wantPublished(rig.st, ids, "drained: nothing is resent")
-			if got := testutil.ToFloat64(rig.m.Published.WithLabelValues("ORDERS")); got != 2 {
-				t.Fatalf("walbox_published_total{ORDERS} = %v, want 2", got)
-			}
-		})
-	})
-	t.Run("the source failing drains too", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
-			// e00 | e01 e02
-			sc := buildScript(1, 2)
-			ids := sc.ids
-			rig := startLoop(t, sc, Config{Window: 4}, func(st, _ *fakeStream) { st.hold = true })
-			rig.feed(0, 2)
-			synctest.Wait()
-			failure := errors.New("replication connection lost for good")
-			rig.src.fail <- failure
-			synctest.Wait()
-			for n := 3; n >= 1; n-- {
-				rig.resolve(rig.st, n, nil)
-			}
+		rig.cancel()
+		synctest.Wait()
+		select {
+		case err := <-rig.done:
 			rig.stopped = true
-			if err := <-rig.done; !errors.Is(err, failure) {
-				t.Fatalf("Serve returned %v, want the source's error", err)
-			}
-			rig.wantConfirmed(sc.ends[1], "drained")
-			rig.wantDelivered(ids, "drained")
-		})
+			t.Fatalf("relay returned (%v) with four acks outstanding", err)
+		default:
+		}
+		for _, n := range []int{4, 2, 3, 1} {
+			rig.resolve(rig.st, n, nil)
+		}
+		rig.returned()
+		// The commit of e02 e03 was still in the batch behind the full
+		// window: the drain takes it once its events are acked.
+		rig.wantConfirmed(sc.ends[1], "drained")
+		rig.wantPublished(rig.st, ids[:4], "drained: nothing new is published")
+		rig.wantDelivered(ids[:4], "drained")
+		rig.wantInFlight(0, "drained")
+		rig.checkStored(rig.st, ids[:4])
 	})
-	t.Run("acks that never come are given up after the drain timeout", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
-			// e00 | e01 e02 | e03
-			sc := buildScript(1, 2, 1)
-			ids := sc.ids
-			rig := startLoop(t, sc, Config{Window: 4, DrainTimeout: 3 * time.Second}, func(st, _ *fakeStream) { st.hold = true })
-			rig.feed(0, 3)
-			synctest.Wait()
-			rig.resolve(rig.st, 1, nil)
-			rig.resolve(rig.st, 3, nil)
-			synctest.Wait()
-			start := time.Now()
-			rig.cancel()
-			rig.returned()
-			if d := time.Since(start); d != 3*time.Second {
-				t.Fatalf("the drain gave up after %v, want the drain timeout, 3s", d)
-			}
-			rig.wantConfirmed(sc.ends[0], "gave up")
-			rig.wantDelivered(ids[:1], "gave up")
-		})
+	loopCase(t, "bookkeeping handed over is confirmed, events are not", []int{2, 2, 0, 1}, Config{Window: 4}, func(st, _ *fakeStream) { st.hold = true }, func(t *testing.T, rig *loopRig, sc *loopScript, ids []string) {
+		// e00 e01 | e02 e03 | (empty) | e04
+		rig.feed(0, 2)
+		keepalive := sc.ends[2] + 0x8 // WAL end past the empty transaction
+		rig.src.feed <- append(sc.batch(2, 3), cdc.Change{Kind: cdc.KindWALEnd, LSN: keepalive})
+		rig.feed(3, 4)
+		synctest.Wait()
+		rig.wantPublished(rig.st, ids[:4], "window full")
+
+		rig.cancel()
+		synctest.Wait()
+		rig.resolve(rig.st, 1, nil)
+		rig.resolve(rig.st, 2, nil)
+		rig.resolve(rig.st, 3, nil)
+		synctest.Wait()
+		rig.wantConfirmed(sc.ends[0], "e00 e01 acked in the drain")
+		rig.resolve(rig.st, 4, nil)
+		rig.returned()
+		// The empty transaction was read in the drain and is confirmed
+		// with the acks; the keepalive came while events were in flight,
+		// and e04 was never published.
+		rig.wantConfirmed(sc.ends[2], "drained")
+		rig.wantPublished(rig.st, ids[:4], "drained")
+		rig.wantDelivered(ids[:4], "drained")
+	})
+	loopCase(t, "a failed ack stops the confirmation", []int{1, 2, 1}, Config{Window: 4}, func(st, _ *fakeStream) { st.hold = true }, func(t *testing.T, rig *loopRig, sc *loopScript, ids []string) {
+		// e00 | e01 e02 | e03
+		rig.feed(0, 3)
+		synctest.Wait()
+		rig.cancel()
+		synctest.Wait()
+		rig.resolve(rig.st, 4, nil)
+		rig.resolve(rig.st, 3, errAckTimeout)
+		rig.resolve(rig.st, 2, nil)
+		rig.resolve(rig.st, 1, nil)
+		rig.returned()
+		// e01 is acked but its transaction is not (e02 failed); e03 is
+		// stored and acked behind the failure: it is left to the next
+		// start, whose resume check skips it.
+		rig.wantConfirmed(sc.ends[0], "drained")
+		rig.wantDelivered(ids[:2], "drained")
+		rig.wantPublished(rig.st, ids, "drained: nothing is resent")
+		if got := testutil.ToFloat64(rig.m.Published.WithLabelValues("ORDERS")); got != 2 {
+			t.Fatalf("walbox_published_total{ORDERS} = %v, want 2", got)
+		}
+	})
+	loopCase(t, "the source failing drains too", []int{1, 2}, Config{Window: 4}, func(st, _ *fakeStream) { st.hold = true }, func(t *testing.T, rig *loopRig, sc *loopScript, ids []string) {
+		// e00 | e01 e02
+		rig.feed(0, 2)
+		synctest.Wait()
+		failure := errors.New("replication connection lost for good")
+		rig.src.fail <- failure
+		synctest.Wait()
+		for n := 3; n >= 1; n-- {
+			rig.resolve(rig.st, n, nil)
+		}
+		rig.stopped = true
+		if err := <-rig.done; !errors.Is(err, failure) {
+			t.Fatalf("Serve returned %v, want the source's error", err)
+		}
+		rig.wantConfirmed(sc.ends[1], "drained")
+		rig.wantDelivered(ids, "drained")
+	})
+	loopCase(t, "acks that never come are given up after the drain timeout", []int{1, 2, 1}, Config{Window: 4, DrainTimeout: 3 * time.Second}, func(st, _ *fakeStream) { st.hold = true }, func(t *testing.T, rig *loopRig, sc *loopScript, ids []string) {
+		// e00 | e01 e02 | e03
+		rig.feed(0, 3)
+		synctest.Wait()
+		rig.resolve(rig.st, 1, nil)
+		rig.resolve(rig.st, 3, nil)
+		synctest.Wait()
+		start := time.Now()
+		rig.cancel()
+		rig.returned()
+		if d := time.Since(start); d != 3*time.Second {
+			t.Fatalf("the drain gave up after %v, want the drain timeout, 3s", d)
+		}
+		rig.wantConfirmed(sc.ends[0], "gave up")
+		rig.wantDelivered(ids[:1], "gave up")
 	})
 }
 

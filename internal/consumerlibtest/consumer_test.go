@@ -85,11 +85,11 @@ func TestProcess(t *testing.T) {
 
 func (e *env) consumerInfo(durable string) *jetstream.ConsumerInfo {
 	e.t.Helper()
-	c, err := e.js.Consumer(testCtx(e.t), "USERS", durable)
+	c, err := e.js.Consumer(relaytest.Ctx(e.t), "USERS", durable)
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	info, err := c.Info(testCtx(e.t))
+	info, err := c.Info(relaytest.Ctx(e.t))
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -127,11 +127,11 @@ func TestDuplicateSuppression(t *testing.T) {
 			return !e.publish("user.created", fmt.Sprintf("evt-%02d", i), fmt.Sprintf(`{"user_id": "u-%02d"}`, i), nil).Duplicate
 		})
 	}
-	st, err := e.js.Stream(testCtx(t), "USERS")
+	st, err := e.js.Stream(relaytest.Ctx(t), "USERS")
 	if err != nil {
 		t.Fatal(err)
 	}
-	info, err := st.Info(testCtx(t))
+	info, err := st.Info(relaytest.Ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,7 +168,7 @@ func TestDuplicateSuppression(t *testing.T) {
 	}
 
 	// Replay: recreate the durable consumer from the start of the stream.
-	if err := e.js.DeleteConsumer(testCtx(t), "USERS", "accounts"); err != nil {
+	if err := e.js.DeleteConsumer(relaytest.Ctx(t), "USERS", "accounts"); err != nil {
 		t.Fatal(err)
 	}
 	replay := newOutcomes()
@@ -326,7 +326,7 @@ func TestUnprocessableMessages(t *testing.T) {
 
 func TestRunChecksItsPrerequisites(t *testing.T) {
 	e := newEnv(t, jetstream.StreamConfig{})
-	ctx := testCtx(t)
+	ctx := relaytest.Ctx(t)
 	h := func(context.Context, pgx.Tx, consumer.Message) error { return nil }
 	bare := pg.NewDB(t)
 	bareDB, err := pgx.Connect(ctx, bare)
@@ -364,7 +364,7 @@ func TestRunChecksItsPrerequisites(t *testing.T) {
 // walbox.processed_events as `walbox migrate`, and both can run in any
 // order, again and again.
 func TestMigrateMatchesWalbox(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := relaytest.Ctx(t)
 	describe := func(url string) string {
 		conn, err := pgx.Connect(ctx, url)
 		if err != nil {
@@ -415,7 +415,7 @@ func TestMigrateMatchesWalbox(t *testing.T) {
 // and only the old ones.
 func TestRetentionPrunesOldIdempotencyRecords(t *testing.T) {
 	e := newEnv(t, jetstream.StreamConfig{})
-	ctx := testCtx(t)
+	ctx := relaytest.Ctx(t)
 	if _, err := e.db.Exec(ctx, `INSERT INTO walbox.processed_events (consumer_group, event_id, processed_at)
 		SELECT g, 'old-' || n, now() - interval '3 hours' FROM unnest(ARRAY['accounts', 'billing']) g, generate_series(1, 20005) n`); err != nil {
 		t.Fatal(err)

@@ -21,8 +21,6 @@ var pg *pgtest.Cluster // set once by TestMain
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m, &pg)) }
 
-func testCtx(t *testing.T) context.Context { return relaytest.Ctx(t) }
-
 // env: the consumer's own database (idempotency table and an accounts
 // table) and a JetStream server with stream USERS and walbox's dead-letter
 // stream.
@@ -37,7 +35,7 @@ type env struct {
 
 func newEnv(t *testing.T, users jetstream.StreamConfig) *env {
 	t.Helper()
-	ctx := testCtx(t)
+	ctx := relaytest.Ctx(t)
 	e := &env{t: t, url: pg.NewDB(t)}
 	e.db = relaytest.Pool(t, e.url)
 	if err := consumer.Migrate(ctx, e.db); err != nil {
@@ -74,7 +72,7 @@ func (e *env) publish(subject, id, data string, extra map[string]string) *jetstr
 	for k, v := range extra {
 		m.Header[k] = []string{v}
 	}
-	ack, err := e.js.PublishMsg(testCtx(e.t), m)
+	ack, err := e.js.PublishMsg(relaytest.Ctx(e.t), m)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -84,7 +82,7 @@ func (e *env) publish(subject, id, data string, extra map[string]string) *jetstr
 func (e *env) count(query string, args ...any) int {
 	e.t.Helper()
 	var n int
-	if err := e.db.QueryRow(testCtx(e.t), query, args...).Scan(&n); err != nil {
+	if err := e.db.QueryRow(relaytest.Ctx(e.t), query, args...).Scan(&n); err != nil {
 		e.t.Fatalf("%s: %v", query, err)
 	}
 	return n

@@ -59,7 +59,6 @@ func TestDoctorRecognisesRDS(t *testing.T) {
 // would be) shows as a port that differs from the server's own.
 func TestDoctorSeesSomethingInBetween(t *testing.T) {
 	e := newEnv(t)
-	ctx := testCtx(t)
 	u, _ := url.Parse(e.dbURL)
 	target := u.Host
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -82,13 +81,13 @@ func TestDoctorSeesSomethingInBetween(t *testing.T) {
 			go func() { io.Copy(c, s); c.Close() }()
 		}
 	}()
-	if c := checkOf(t, Doctor(ctx, e.cfg), "postgres.direct"); c.Status != OK {
+	if c := checkOf(t, Doctor(e.ctx, e.cfg), "postgres.direct"); c.Status != OK {
 		t.Errorf("direct connection: %+v", c)
 	}
 	u.Host = ln.Addr().String()
 	cfg := e.cfg
 	cfg.Postgres.URL = u.String()
-	if c := checkOf(t, Doctor(ctx, cfg), "postgres.direct"); c.Status != Warn || !strings.Contains(c.Fix, "pooler") {
+	if c := checkOf(t, Doctor(e.ctx, cfg), "postgres.direct"); c.Status != Warn || !strings.Contains(c.Fix, "pooler") {
 		t.Errorf("through a proxy: %+v", c)
 	}
 }

@@ -5,7 +5,6 @@ package outboxlibtest
 // in-process, all from internal/relaytest.
 
 import (
-	"context"
 	"os"
 	"testing"
 	"time"
@@ -22,8 +21,6 @@ import (
 var pg *pgtest.Cluster // set once by TestMain
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m, &pg)) }
-
-func testCtx(t *testing.T) context.Context { return relaytest.Ctx(t) }
 
 // env is one test's world: a fresh database with walbox's migrations.
 type env struct {

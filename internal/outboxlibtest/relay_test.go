@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/walbox/walbox/internal/relaytest"
 	"github.com/walbox/walbox/outbox"
 )
 
@@ -66,12 +67,12 @@ func isV7(t *testing.T, id string) {
 // subject.
 func TestWriteThroughRelay(t *testing.T) {
 	r := newRelayed(t)
-	if _, err := r.pool.Exec(testCtx(t), "CREATE TABLE users (id text PRIMARY KEY, email text NOT NULL UNIQUE)"); err != nil {
+	if _, err := r.pool.Exec(relaytest.Ctx(t), "CREATE TABLE users (id text PRIMARY KEY, email text NOT NULL UNIQUE)"); err != nil {
 		t.Fatal(err)
 	}
 
 	t.Run("single insert", func(t *testing.T) {
-		ctx := testCtx(t)
+		ctx := relaytest.Ctx(t)
 		tx, err := r.pool.Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -111,7 +112,7 @@ func TestWriteThroughRelay(t *testing.T) {
 	})
 
 	t.Run("many with COPY keep insert order", func(t *testing.T) {
-		ctx := testCtx(t)
+		ctx := relaytest.Ctx(t)
 		tx, err := r.pool.Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -154,7 +155,7 @@ func TestWriteThroughRelay(t *testing.T) {
 	})
 
 	t.Run("rollback publishes nothing", func(t *testing.T) {
-		ctx := testCtx(t)
+		ctx := relaytest.Ctx(t)
 		var rolledBack []string
 		for _, n := range []int{1, 5} { // INSERT path and COPY path
 			tx, err := r.pool.Begin(ctx)
@@ -197,7 +198,7 @@ func TestWriteThroughRelay(t *testing.T) {
 	})
 
 	t.Run("trace context carried to the message", func(t *testing.T) {
-		ctx := testCtx(t)
+		ctx := relaytest.Ctx(t)
 		traceID, _ := trace.TraceIDFromHex("4bf92f3577b34da6a3ce929d0e0e4736")
 		spanID, _ := trace.SpanIDFromHex("00f067aa0ba902b7")
 		ts, _ := trace.ParseTraceState("vendor=opaque")
@@ -224,7 +225,7 @@ func TestWriteThroughRelay(t *testing.T) {
 	})
 
 	t.Run("database/sql", func(t *testing.T) {
-		ctx := testCtx(t)
+		ctx := relaytest.Ctx(t)
 		db, err := sql.Open("pgx", r.dbURL)
 		if err != nil {
 			t.Fatal(err)
@@ -264,7 +265,7 @@ func TestWriteThroughRelay(t *testing.T) {
 	})
 
 	t.Run("walbox.emit", func(t *testing.T) {
-		ctx := testCtx(t)
+		ctx := relaytest.Ctx(t)
 		// Rolled back first, then committed: only the second is published.
 		tx, err := r.pool.Begin(ctx)
 		if err != nil {
