@@ -376,91 +376,86 @@ func TestLoopTransientFailureWithTheWindowFull(t *testing.T) {
 		{name: "resume check skips the stored one, strict order", strict: true},
 		{name: "stream drops the stored one as a duplicate", tailBroken: true},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				// e00 | e01 e02 | e03 e04 | e05 e06 e07
-				sc := buildScript(1, 2, 2, 3)
-				rig := startLoop(t, sc, Config{Window: 4, StrictOrder: tc.strict}, func(st, _ *fakeStream) {
-					st.hold = true
-					// The connection drops after e01 is stored: e02 on never
-					// arrive, and e01's ack is lost with them.
-					st.lose[3], st.lose[4], st.lose[5] = true, true, true
-				})
-				ids := sc.ids
-				rig.feed(0, 4)
-				synctest.Wait()
-				rig.wantPublished(rig.st, ids[:4], "window full")
-				rig.wantInFlight(4, "window full")
+		loopCase(t, tc.name, []int{1, 2, 2, 3}, Config{Window: 4, StrictOrder: tc.strict}, func(st, _ *fakeStream) {
+			st.hold = true
+			// The connection drops after e01 is stored: e02 on never
+			// arrive, and e01's ack is lost with them.
+			st.lose[3], st.lose[4], st.lose[5] = true, true, true
+		}, func(t *testing.T, rig *loopRig, sc *loopScript, ids []string) {
+			// e00 | e01 e02 | e03 e04 | e05 e06 e07
+			rig.feed(0, 4)
+			synctest.Wait()
+			rig.wantPublished(rig.st, ids[:4], "window full")
+			rig.wantInFlight(4, "window full")
 
-				// A failure behind the head changes nothing yet: acks count in order.
-				rig.resolve(rig.st, 3, errNoResponders)
-				synctest.Wait()
-				rig.wantConfirmed(0, "e02 failed, e00 not acked")
-				rig.wantPublished(rig.st, ids[:4], "e02 failed, e00 not acked")
-				rig.wantInFlight(4, "e02 failed, e00 not acked")
+			// A failure behind the head changes nothing yet: acks count in order.
+			rig.resolve(rig.st, 3, errNoResponders)
+			synctest.Wait()
+			rig.wantConfirmed(0, "e02 failed, e00 not acked")
+			rig.wantPublished(rig.st, ids[:4], "e02 failed, e00 not acked")
+			rig.wantInFlight(4, "e02 failed, e00 not acked")
 
-				// e00's ack makes room for one more.
-				rig.resolve(rig.st, 1, nil)
-				synctest.Wait()
-				rig.wantConfirmed(sc.ends[0], "e00 acked")
-				rig.wantPublished(rig.st, ids[:5], "e00 acked")
+			// e00's ack makes room for one more.
+			rig.resolve(rig.st, 1, nil)
+			synctest.Wait()
+			rig.wantConfirmed(sc.ends[0], "e00 acked")
+			rig.wantPublished(rig.st, ids[:5], "e00 acked")
 
-				rig.resolve(rig.st, 2, errAckTimeout)
-				synctest.Wait()
-				// Failing: the window has room for two, yet nothing goes out
-				// while e03 and e04 are in flight.
-				rig.wantPublished(rig.st, ids[:5], "failing, e03 and e04 in flight")
-				rig.wantInFlight(2, "failing, e03 and e04 in flight")
-				if got := testutil.ToFloat64(rig.m.Backoffs); got != 1 {
-					t.Fatalf("walbox_publish_backoffs_total = %v, want 1", got)
-				}
+			rig.resolve(rig.st, 2, errAckTimeout)
+			synctest.Wait()
+			// Failing: the window has room for two, yet nothing goes out
+			// while e03 and e04 are in flight.
+			rig.wantPublished(rig.st, ids[:5], "failing, e03 and e04 in flight")
+			rig.wantInFlight(2, "failing, e03 and e04 in flight")
+			if got := testutil.ToFloat64(rig.m.Backoffs); got != 1 {
+				t.Fatalf("walbox_publish_backoffs_total = %v, want 1", got)
+			}
 
-				if tc.tailBroken {
-					rig.st.mu.Lock()
-					rig.sink.tailFails = rig.sink.tailReads + 1 // the read after the back-off fails
-					rig.st.mu.Unlock()
-				}
-				rig.resolve(rig.st, 5, errAckTimeout)
-				rig.resolve(rig.st, 4, errAckTimeout)
-				synctest.Wait()
-				settled := time.Now()
-				rig.wantPublished(rig.st, ids[:5], "window settled, backing off")
-				rig.wantInFlight(0, "window settled")
-				rig.wantConfirmed(sc.ends[0], "window settled")
+			if tc.tailBroken {
+				rig.st.mu.Lock()
+				rig.sink.tailFails = rig.sink.tailReads + 1 // the read after the back-off fails
+				rig.st.mu.Unlock()
+			}
+			rig.resolve(rig.st, 5, errAckTimeout)
+			rig.resolve(rig.st, 4, errAckTimeout)
+			synctest.Wait()
+			settled := time.Now()
+			rig.wantPublished(rig.st, ids[:5], "window settled, backing off")
+			rig.wantInFlight(0, "window settled")
+			rig.wantConfirmed(sc.ends[0], "window settled")
 
-				rig.st.release() // from now on the stream acks at once
-				rig.waitConfirmed(sc.last())
-				rig.stop()
+			rig.st.release() // from now on the stream acks at once
+			rig.waitConfirmed(sc.last())
+			rig.stop()
 
-				resent := ids[2:]
-				if tc.tailBroken {
-					resent = ids[1:]
+			resent := ids[2:]
+			if tc.tailBroken {
+				resent = ids[1:]
+			}
+			rig.wantPublished(rig.st, append(slices.Clone(ids[:5]), resent...), "after the resend")
+			for _, p := range publishesAfter(rig.st, 6) {
+				if d := p.at.Sub(settled); d < 80*time.Millisecond {
+					t.Fatalf("publish %d (%s) went out %v after the window settled, before the back-off (100 ms, jitter 20%%)", p.n, p.id, d)
 				}
-				rig.wantPublished(rig.st, append(slices.Clone(ids[:5]), resent...), "after the resend")
-				for _, p := range publishesAfter(rig.st, 6) {
-					if d := p.at.Sub(settled); d < 80*time.Millisecond {
-						t.Fatalf("publish %d (%s) went out %v after the window settled, before the back-off (100 ms, jitter 20%%)", p.n, p.id, d)
-					}
+			}
+			rig.checkStored(rig.st, ids)
+			rig.wantDelivered(ids, "end")
+			rig.wantConfirmed(sc.last(), "end")
+			wantSkipped := 1.0
+			if tc.tailBroken {
+				wantSkipped = 0
+			}
+			for name, c := range map[string]struct{ got, want float64 }{
+				"walbox_published_total{ORDERS}":         {testutil.ToFloat64(rig.m.Published.WithLabelValues("ORDERS")), 8},
+				"walbox_publish_errors_total{transient}": {testutil.ToFloat64(rig.m.PublishErrors.WithLabelValues("transient")), 4},
+				"walbox_publish_backoffs_total":          {testutil.ToFloat64(rig.m.Backoffs), 1},
+				"walbox_resume_skipped_total":            {testutil.ToFloat64(rig.m.Skipped), wantSkipped},
+				"walbox_inflight":                        {testutil.ToFloat64(rig.m.InFlight), 0},
+			} {
+				if c.got != c.want {
+					t.Errorf("%s = %v, want %v", name, c.got, c.want)
 				}
-				rig.checkStored(rig.st, ids)
-				rig.wantDelivered(ids, "end")
-				rig.wantConfirmed(sc.last(), "end")
-				wantSkipped := 1.0
-				if tc.tailBroken {
-					wantSkipped = 0
-				}
-				for name, c := range map[string]struct{ got, want float64 }{
-					"walbox_published_total{ORDERS}":         {testutil.ToFloat64(rig.m.Published.WithLabelValues("ORDERS")), 8},
-					"walbox_publish_errors_total{transient}": {testutil.ToFloat64(rig.m.PublishErrors.WithLabelValues("transient")), 4},
-					"walbox_publish_backoffs_total":          {testutil.ToFloat64(rig.m.Backoffs), 1},
-					"walbox_resume_skipped_total":            {testutil.ToFloat64(rig.m.Skipped), wantSkipped},
-					"walbox_inflight":                        {testutil.ToFloat64(rig.m.InFlight), 0},
-				} {
-					if c.got != c.want {
-						t.Errorf("%s = %v, want %v", name, c.got, c.want)
-					}
-				}
-			})
+			}
 		})
 	}
 }
@@ -477,56 +472,51 @@ func TestLoopConnectionChangeMidWindow(t *testing.T) {
 		{name: "between publishes"},
 		{name: "during a publish", during: true},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				sc := buildScript(2, 2, 2)
-				ids := sc.ids
-				rig := startLoop(t, sc, Config{Window: 8}, func(st, _ *fakeStream) {
-					st.hold = true
-					st.lose[2] = true // e01 dies with the old connection
-					if tc.during {
-						st.reconnectDuring[2] = true
-					}
-				})
-				if tc.during {
-					rig.feed(0, 2)
-				} else {
-					rig.feed(0, 1)
-					synctest.Wait()
-					rig.wantPublished(rig.st, ids[:2], "first transaction")
-					rig.sink.epoch.Add(1) // reconnected: e01 is lost, the new connection is fine
-					rig.feed(1, 2)
-				}
+		loopCase(t, tc.name, []int{2, 2, 2}, Config{Window: 8}, func(st, _ *fakeStream) {
+			st.hold = true
+			st.lose[2] = true // e01 dies with the old connection
+			if tc.during {
+				st.reconnectDuring[2] = true
+			}
+		}, func(t *testing.T, rig *loopRig, sc *loopScript, ids []string) {
+			if tc.during {
+				rig.feed(0, 2)
+			} else {
+				rig.feed(0, 1)
 				synctest.Wait()
-				rig.wantPublished(rig.st, ids[:2], "after the reconnect")
-				if got := testutil.ToFloat64(rig.m.PublishErrors.WithLabelValues("transient")); got != 1 {
-					t.Fatalf("walbox_publish_errors_total{transient} = %v, want 1 (the connection change)", got)
-				}
-				rig.wantInFlight(2, "after the reconnect")
+				rig.wantPublished(rig.st, ids[:2], "first transaction")
+				rig.sink.epoch.Add(1) // reconnected: e01 is lost, the new connection is fine
+				rig.feed(1, 2)
+			}
+			synctest.Wait()
+			rig.wantPublished(rig.st, ids[:2], "after the reconnect")
+			if got := testutil.ToFloat64(rig.m.PublishErrors.WithLabelValues("transient")); got != 1 {
+				t.Fatalf("walbox_publish_errors_total{transient} = %v, want 1 (the connection change)", got)
+			}
+			rig.wantInFlight(2, "after the reconnect")
 
-				rig.resolve(rig.st, 1, nil)
-				rig.resolve(rig.st, 2, errAckTimeout)
-				synctest.Wait()
-				rig.wantConfirmed(0, "e01 lost") // e00 alone does not finish its transaction
-				rig.wantPublished(rig.st, ids[:2], "backing off")
+			rig.resolve(rig.st, 1, nil)
+			rig.resolve(rig.st, 2, errAckTimeout)
+			synctest.Wait()
+			rig.wantConfirmed(0, "e01 lost") // e00 alone does not finish its transaction
+			rig.wantPublished(rig.st, ids[:2], "backing off")
 
-				rig.st.release()
-				rig.feed(2, 3)
-				rig.waitConfirmed(sc.last())
-				rig.stop()
+			rig.st.release()
+			rig.feed(2, 3)
+			rig.waitConfirmed(sc.last())
+			rig.stop()
 
-				rig.wantPublished(rig.st, append(slices.Clone(ids[:2]), ids[1:]...), "end")
-				for _, p := range publishesAfter(rig.st, 3) {
-					if p.epoch != 2 {
-						t.Fatalf("resend %d (%s) went out on connection %d, want 2", p.n, p.id, p.epoch)
-					}
+			rig.wantPublished(rig.st, append(slices.Clone(ids[:2]), ids[1:]...), "end")
+			for _, p := range publishesAfter(rig.st, 3) {
+				if p.epoch != 2 {
+					t.Fatalf("resend %d (%s) went out on connection %d, want 2", p.n, p.id, p.epoch)
 				}
-				rig.checkStored(rig.st, ids)
-				rig.wantDelivered(ids, "end")
-				if got := testutil.ToFloat64(rig.m.Backoffs); got != 1 {
-					t.Fatalf("walbox_publish_backoffs_total = %v, want 1", got)
-				}
-			})
+			}
+			rig.checkStored(rig.st, ids)
+			rig.wantDelivered(ids, "end")
+			if got := testutil.ToFloat64(rig.m.Backoffs); got != 1 {
+				t.Fatalf("walbox_publish_backoffs_total = %v, want 1", got)
+			}
 		})
 	}
 }
@@ -536,6 +526,7 @@ func TestLoopConnectionChangeMidWindow(t *testing.T) {
 // Its successors are acked first, and the confirmed LSN waits at the
 // transaction before it until the dead-letter stream has stored it.
 func TestLoopLateAckAfterADeadLetter(t *testing.T) {
+	e02 := buildScript(2, 2, 2).ids[2] // the script each case runs
 	for _, tc := range []struct {
 		name     string
 		shutdown bool // the dead letter's ack arrives during the shutdown drain
@@ -545,91 +536,86 @@ func TestLoopLateAckAfterADeadLetter(t *testing.T) {
 		{name: "during shutdown", shutdown: true},
 		{name: "refused by the dead-letter stream first", refused: true},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				// e00 e01 | e02 e03 | e04 e05
-				sc := buildScript(2, 2, 2)
-				ids := sc.ids
-				rig := startLoop(t, sc, Config{Window: 8}, func(st, dlq *fakeStream) {
-					st.hold, dlq.hold = true, true
-					st.reject[ids[2]] = 10054 // too large for the stream, say
-					if tc.refused {
-						dlq.lose[1] = true // refused: not stored
-						dlq.notify = make(chan int, 4)
-					}
-				})
-				rig.feed(0, 3)
-				synctest.Wait()
-				rig.wantPublished(rig.st, ids, "all published")
+		loopCase(t, tc.name, []int{2, 2, 2}, Config{Window: 8}, func(st, dlq *fakeStream) {
+			st.hold, dlq.hold = true, true
+			st.reject[e02] = 10054 // too large for the stream, say
+			if tc.refused {
+				dlq.lose[1] = true // refused: not stored
+				dlq.notify = make(chan int, 4)
+			}
+		}, func(t *testing.T, rig *loopRig, sc *loopScript, ids []string) {
+			// e00 e01 | e02 e03 | e04 e05
+			rig.feed(0, 3)
+			synctest.Wait()
+			rig.wantPublished(rig.st, ids, "all published")
 
-				rig.resolve(rig.st, 1, nil)
-				rig.resolve(rig.st, 2, nil)
-				synctest.Wait()
-				rig.wantConfirmed(sc.ends[0], "e00 e01 acked")
-				rig.wantPublished(rig.dlq, ids[2:3], "e02 refused")
-				if got := testutil.ToFloat64(rig.m.PublishErrors.WithLabelValues("permanent")); got != 1 {
-					t.Fatalf("walbox_publish_errors_total{permanent} = %v, want 1", got)
-				}
+			rig.resolve(rig.st, 1, nil)
+			rig.resolve(rig.st, 2, nil)
+			synctest.Wait()
+			rig.wantConfirmed(sc.ends[0], "e00 e01 acked")
+			rig.wantPublished(rig.dlq, ids[2:3], "e02 refused")
+			if got := testutil.ToFloat64(rig.m.PublishErrors.WithLabelValues("permanent")); got != 1 {
+				t.Fatalf("walbox_publish_errors_total{permanent} = %v, want 1", got)
+			}
 
-				for n := 4; n <= 6; n++ {
-					rig.resolve(rig.st, n, nil)
-				}
-				synctest.Wait()
-				rig.wantDelivered([]string{ids[0], ids[1], ids[3], ids[4], ids[5]}, "successors acked")
-				rig.wantConfirmed(sc.ends[0], "successors acked, the dead letter not")
-				rig.wantInFlight(1, "the dead letter in flight")
-				if got := testutil.ToFloat64(rig.m.DeadLettered); got != 0 {
-					t.Fatalf("walbox_dead_lettered_total = %v before the dead-letter stream acked", got)
-				}
+			for n := 4; n <= 6; n++ {
+				rig.resolve(rig.st, n, nil)
+			}
+			synctest.Wait()
+			rig.wantDelivered([]string{ids[0], ids[1], ids[3], ids[4], ids[5]}, "successors acked")
+			rig.wantConfirmed(sc.ends[0], "successors acked, the dead letter not")
+			rig.wantInFlight(1, "the dead letter in flight")
+			if got := testutil.ToFloat64(rig.m.DeadLettered); got != 0 {
+				t.Fatalf("walbox_dead_lettered_total = %v before the dead-letter stream acked", got)
+			}
 
-				if tc.shutdown {
-					rig.cancel()
-					synctest.Wait()
-					select {
-					case err := <-rig.done:
-						rig.stopped = true
-						t.Fatalf("relay returned (%v) with the dead letter in flight", err)
-					default:
-					}
+			if tc.shutdown {
+				rig.cancel()
+				synctest.Wait()
+				select {
+				case err := <-rig.done:
+					rig.stopped = true
+					t.Fatalf("relay returned (%v) with the dead letter in flight", err)
+				default:
 				}
-				dlqAcked := 1
-				if tc.refused {
-					// A dead letter is the event's only record: a refusal of it
-					// is waited out and resent, never confirmed.
-					rig.resolve(rig.dlq, 1, &refusedError{code: 10077})
-					synctest.Wait()
-					rig.wantConfirmed(sc.ends[0], "the dead letter refused")
-					dlqAcked = 2
-					rig.wantPublished(rig.dlq, ids[2:3], "the dead letter refused, backing off")
-					rig.waitPublish(rig.dlq, 2)
-					synctest.Wait()
-					rig.wantPublished(rig.dlq, []string{ids[2], ids[2]}, "the dead letter resent")
-					rig.wantConfirmed(sc.ends[0], "the dead letter resent")
-				}
-				rig.resolve(rig.dlq, dlqAcked, nil)
-				if tc.shutdown {
-					rig.returned()
-				} else {
-					rig.waitConfirmed(sc.last())
-					rig.stop()
-				}
-				rig.wantConfirmed(sc.last(), "the dead letter acked")
-				rig.wantDelivered([]string{ids[0], ids[1], ids[3], ids[4], ids[5], ids[2]}, "end")
-				rig.mu.Lock()
-				d := rig.delivered[5]
-				rig.mu.Unlock()
-				if !d.DeadLetter || !strings.Contains(d.Reason, "code 10054") {
-					t.Fatalf("delivered %+v, want e02 dead-lettered for the refusal", d)
-				}
-				rig.checkStored(rig.st, []string{ids[0], ids[1], ids[3], ids[4], ids[5]})
-				rig.checkStored(rig.dlq, ids[2:3])
-				if got := testutil.ToFloat64(rig.m.DeadLettered); got != 1 {
-					t.Fatalf("walbox_dead_lettered_total = %v, want 1", got)
-				}
-				if got := testutil.ToFloat64(rig.m.Published.WithLabelValues("ORDERS")); got != 5 {
-					t.Fatalf("walbox_published_total{ORDERS} = %v, want 5", got)
-				}
-			})
+			}
+			dlqAcked := 1
+			if tc.refused {
+				// A dead letter is the event's only record: a refusal of it
+				// is waited out and resent, never confirmed.
+				rig.resolve(rig.dlq, 1, &refusedError{code: 10077})
+				synctest.Wait()
+				rig.wantConfirmed(sc.ends[0], "the dead letter refused")
+				dlqAcked = 2
+				rig.wantPublished(rig.dlq, ids[2:3], "the dead letter refused, backing off")
+				rig.waitPublish(rig.dlq, 2)
+				synctest.Wait()
+				rig.wantPublished(rig.dlq, []string{ids[2], ids[2]}, "the dead letter resent")
+				rig.wantConfirmed(sc.ends[0], "the dead letter resent")
+			}
+			rig.resolve(rig.dlq, dlqAcked, nil)
+			if tc.shutdown {
+				rig.returned()
+			} else {
+				rig.waitConfirmed(sc.last())
+				rig.stop()
+			}
+			rig.wantConfirmed(sc.last(), "the dead letter acked")
+			rig.wantDelivered([]string{ids[0], ids[1], ids[3], ids[4], ids[5], ids[2]}, "end")
+			rig.mu.Lock()
+			d := rig.delivered[5]
+			rig.mu.Unlock()
+			if !d.DeadLetter || !strings.Contains(d.Reason, "code 10054") {
+				t.Fatalf("delivered %+v, want e02 dead-lettered for the refusal", d)
+			}
+			rig.checkStored(rig.st, []string{ids[0], ids[1], ids[3], ids[4], ids[5]})
+			rig.checkStored(rig.dlq, ids[2:3])
+			if got := testutil.ToFloat64(rig.m.DeadLettered); got != 1 {
+				t.Fatalf("walbox_dead_lettered_total = %v, want 1", got)
+			}
+			if got := testutil.ToFloat64(rig.m.Published.WithLabelValues("ORDERS")); got != 5 {
+				t.Fatalf("walbox_published_total{ORDERS} = %v, want 5", got)
+			}
 		})
 	}
 }
