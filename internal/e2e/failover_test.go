@@ -81,17 +81,24 @@ func testPromotion(t *testing.T, sync bool) {
 	e.startRelay()
 	stop := e.loadInBackground(outboxtest.Load{Producers: 8, MaxRows: 10, Rollback: 0.1, Rate: 20})
 	time.Sleep(3 * time.Second) // pacing: the failover lands mid-load
-	resumed := failOver(ctx, t, primary, standby)
-	time.Sleep(3 * time.Second) // pacing: load goes on against the new primary
-	res := stop()
-
-	st := e.checkPromotion(ctx, standby.URL("app"), res)
-	t.Logf("promotion: %d events checked on the new primary, lost %d, duplicated %d, out of order per producer %d, republished from the snapshot %d; "+
-		"in the stream but lost by the new primary %d; walbox streamed from the promoted standby %.1f s after pg_ctl promote returned",
-		st.checked, st.lost, st.dup, st.outOfOrder, st.republished, st.lostByNewPrimary, resumed.Seconds())
+	st := e.failOverUnderLoad(ctx, "promotion", primary, standby, stop)
 	if st.lost+st.dup+st.outOfOrder+st.fromRolledBack != 0 || st.checked == 0 {
 		t.Fatalf("guarantees broken: lost %d, duplicated %d, out of order %d, from rolled-back transactions %d", st.lost, st.dup, st.outOfOrder, st.fromRolledBack)
 	}
+}
+
+// failOverUnderLoad fails over from primary to standby while the load
+// goes on, stops the load, and checks what the promoted standby holds.
+func (e *env) failOverUnderLoad(ctx context.Context, what string, primary *pgtest.Cluster, standby *pgcluster.Cluster, stop func() *outboxtest.Result) promotionStats {
+	e.t.Helper()
+	resumed := failOver(ctx, e.t, primary, standby)
+	time.Sleep(3 * time.Second) // pacing: load goes on against the new primary
+	res := stop()
+	st := e.checkPromotion(ctx, standby.URL("app"), res)
+	e.t.Logf("%s: %d events checked on the new primary, lost %d, duplicated %d, out of order per producer %d, republished from a snapshot %d; "+
+		"in the stream but lost by the new primary %d; walbox streamed from the promoted standby %.1f s after pg_ctl promote returned",
+		what, st.checked, st.lost, st.dup, st.outOfOrder, st.republished, st.lostByNewPrimary, resumed.Seconds())
+	return st
 }
 
 type promotionStats struct {
@@ -296,13 +303,7 @@ func TestFailoverSlotFollowsPromotion(t *testing.T) {
 			t.Fatalf("doctor --standby with the slot synced and persisted: %s is %v: %s", name, c.Status, c.Detail)
 		}
 	}
-	resumed := failOver(ctx, t, primary, standby)
-	time.Sleep(3 * time.Second) // pacing: load goes on against the new primary
-	res := stop()
-	st := e.checkPromotion(ctx, standby.URL("app"), res)
-	t.Logf("failover slot: %d events checked on the new primary, lost %d, duplicated %d, out of order per producer %d, republished from a snapshot %d; "+
-		"in the stream but lost by the new primary %d; walbox streamed from the promoted standby %.1f s after pg_ctl promote returned",
-		st.checked, st.lost, st.dup, st.outOfOrder, st.republished, st.lostByNewPrimary, resumed.Seconds())
+	st := e.failOverUnderLoad(ctx, "failover slot", primary, standby, stop)
 	if st.lost+st.dup+st.outOfOrder+st.fromRolledBack+st.republished != 0 || st.checked == 0 {
 		t.Fatalf("guarantees broken (or the slot did not follow: %d republished)", st.republished)
 	}

@@ -310,6 +310,20 @@ func (e *env) streamNames() []string {
 }
 
 // waitDelivered waits until the streams hold at least n messages in all.
+// firstMsg returns the message at sequence 1 of stream.
+func (e *env) firstMsg(ctx context.Context, stream string) *jetstream.RawStreamMsg {
+	e.t.Helper()
+	st, err := e.js.Stream(ctx, stream)
+	if err != nil {
+		e.t.Fatalf("stream %s: %v", stream, err)
+	}
+	m, err := st.GetMsg(ctx, 1)
+	if err != nil {
+		e.t.Fatalf("message 1 of %s: %v", stream, err)
+	}
+	return m
+}
+
 func (e *env) waitDelivered(n int, timeout time.Duration) {
 	e.t.Helper()
 	var total uint64

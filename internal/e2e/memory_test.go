@@ -72,6 +72,31 @@ func slowProxy(t *testing.T, target string, rate int) string {
 	return "nats://" + ln.Addr().String()
 }
 
+// samplePeak reads gauge name from the metrics at addr every interval until
+// the returned func is called; that returns the highest value read (0: none).
+func samplePeak(addr, name string, every time.Duration) (stop func() float64) {
+	var peak float64
+	done, sampled := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for {
+			if v, ok := metric(addr, name); ok && v > peak {
+				peak = v
+			}
+			select {
+			case <-done:
+				return
+			case <-time.After(every):
+			}
+		}
+	}()
+	return func() float64 {
+		close(done)
+		<-sampled
+		return peak
+	}
+}
+
 // TestLargeRowsWithSlowNATSStayWithinTheByteBudget: 80 rows of 512 KiB
 // (40 MiB) wait, and NATS takes 8 MiB/s. The relay's heap must stay within
 // nats.window_bytes (8 MiB here) plus a constant; with the window bounded
@@ -86,29 +111,14 @@ func TestLargeRowsWithSlowNATSStayWithinTheByteBudget(t *testing.T) {
 	e.cfg.NATS.URL = slowProxy(t, e.nats.URL()[len("nats://"):], 8<<20)
 	e.migrate()
 	p := e.spawnRelay()
-	var peak float64
-	stop, sampled := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(sampled)
-		for {
-			if v, ok := metric(addr, "go_memstats_heap_inuse_bytes"); ok && v > peak {
-				peak = v
-			}
-			select {
-			case <-stop:
-				return
-			case <-time.After(20 * time.Millisecond):
-			}
-		}
-	}()
+	peakHeap := samplePeak(addr, "go_memstats_heap_inuse_bytes", 20*time.Millisecond)
 	if _, err := e.pool.Exec(context.Background(), fmt.Sprintf(`INSERT INTO outbox_events (topic, payload)
 		SELECT 'orders.big', jsonb_build_object('n', g, 'pad', repeat('x', 512 * 1024)) FROM generate_series(1, %d) g`, rows)); err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
 	e.waitDelivered(rows, 2*time.Minute)
-	close(stop)
-	<-sampled
+	peak := peakHeap()
 	t.Logf("%d rows of 512 KiB through an 8 MiB/s link in %v; relay heap in use peaked at %.1f MB with window_bytes %d MiB; peak RSS %.1f MB",
 		rows, time.Since(start).Round(time.Millisecond), peak/1e6, budget>>20, float64(vmHWM(p.cmd.Process.Pid))/1e6)
 	if peak == 0 {

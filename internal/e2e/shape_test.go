@@ -74,22 +74,7 @@ func TestLargeTransactionStreamsWithBoundedHeap(t *testing.T) {
 
 	// Sample the relay's heap while one transaction of 200,000 rows goes
 	// through: it must stay bounded by the window, not the transaction.
-	var peakHeap float64
-	stopSampling := make(chan struct{})
-	sampled := make(chan struct{})
-	go func() {
-		defer close(sampled)
-		for {
-			if v, ok := metric(addr, "go_memstats_heap_inuse_bytes"); ok && v > peakHeap {
-				peakHeap = v
-			}
-			select {
-			case <-stopSampling:
-				return
-			case <-time.After(50 * time.Millisecond):
-			}
-		}
-	}()
+	stopSampling := samplePeak(addr, "go_memstats_heap_inuse_bytes", 50*time.Millisecond)
 	start := time.Now()
 	_, err := e.pool.Exec(context.Background(), fmt.Sprintf(`INSERT INTO outbox_events (topic, payload)
 		SELECT 'orders.bulk', jsonb_build_object('n', g, 'pad', repeat('x', 200)) FROM generate_series(1, %d) g`, rows))
@@ -98,8 +83,7 @@ func TestLargeTransactionStreamsWithBoundedHeap(t *testing.T) {
 	}
 	e.waitDelivered(rows, 3*time.Minute)
 	elapsed := time.Since(start)
-	close(stopSampling)
-	<-sampled
+	peakHeap := stopSampling()
 	rss := vmHWM(p.cmd.Process.Pid)
 	t.Logf("200,000-row transaction: delivered in %v (%.0f events/s incl. commit); relay heap in use peak %.1f MB, peak RSS %.1f MB",
 		elapsed.Round(time.Millisecond), rows/elapsed.Seconds(), peakHeap/1e6, float64(rss)/1e6)
@@ -197,11 +181,7 @@ func TestDAARIONLayoutWorksThroughColumnMappingAlone(t *testing.T) {
 		}
 	}
 	e.waitDelivered(50, 30*time.Second)
-	st, _ := e.js.Stream(ctx, "STREAM_PAYOUT")
-	msg, err := st.GetMsg(ctx, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	msg := e.firstMsg(ctx, "STREAM_PAYOUT")
 	if got := msg.Header.Get("Nats-Msg-Id"); got != "1790000000000000000" {
 		t.Fatalf("Nats-Msg-Id = %q, want the text id", got)
 	}
@@ -274,11 +254,7 @@ func TestEnvelopesAsAConsumerReceivesThem(t *testing.T) {
 				t.Fatal(err)
 			}
 			e.waitDelivered(1, 30*time.Second)
-			st, _ := e.js.Stream(ctx, "ORDERS")
-			m, err := st.GetMsg(ctx, 1)
-			if err != nil {
-				t.Fatal(err)
-			}
+			m := e.firstMsg(ctx, "ORDERS")
 			if !strings.HasPrefix(m.Subject, "orders.created.") {
 				t.Fatalf("subject %q, want orders.created.<bucket>", m.Subject)
 			}
