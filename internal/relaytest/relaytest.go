@@ -9,7 +9,6 @@
 package relaytest
 
 import (
-	"bytes"
 	"context"
 	"sync"
 	"testing"
@@ -24,6 +23,7 @@ import (
 
 	"github.com/walbox/walbox/internal/app"
 	"github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/internal/syncbuf"
 	"github.com/walbox/walbox/relay"
 	walboxsql "github.com/walbox/walbox/sql"
 )
@@ -310,19 +310,4 @@ func Metric(t testing.TB, g prometheus.Gatherer, name string, labels map[string]
 
 // Buffer is a bytes.Buffer safe for concurrent writers, e.g. a relay's log
 // read while it runs.
-type Buffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *Buffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *Buffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
+type Buffer = syncbuf.Buffer
