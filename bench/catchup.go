@@ -233,20 +233,12 @@ func (b *bench) relayCatchup(ctx context.Context, phase string, res *catchupResu
 				wsPID = pid
 			}
 		}
-		n, err := b.streamMsgs(wctx, benchStream)
-		if err == nil {
-			acked.Store(int64(n - base))
-			if n >= target {
-				break
-			}
+		reached, err := b.pollAcked(wctx, benchStream, base, target, &acked, r, "relay exited during "+phase)
+		if err != nil {
+			return err
 		}
-		if r.exited() {
-			return fmt.Errorf("relay exited during %s (%s):\n%s", phase, r.cmd.ProcessState, r.logs)
-		}
-		select {
-		case <-wctx.Done():
-			return cause(wctx, wctx.Err())
-		case <-time.After(20 * time.Millisecond):
+		if reached {
+			break
 		}
 	}
 	res.CPU, err = r.cpu()

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -533,6 +534,29 @@ func (b *bench) waitSlot(ctx context.Context, slot string, wantActive bool, p *r
 }
 
 // streamMsgs returns the number of messages in a stream.
+// pollAcked reads once how many messages stream holds, stores how many of
+// them are past base in acked and says whether target is reached. A process
+// that exited fails with exitedErr and its log; otherwise it waits 20 ms
+// (or for ctx) before returning false.
+func (b *bench) pollAcked(ctx context.Context, stream string, base, target uint64, acked *atomic.Int64, p *relayProc, exitedErr string) (bool, error) {
+	n, err := b.streamMsgs(ctx, stream)
+	if err == nil {
+		acked.Store(int64(n - base))
+		if n >= target {
+			return true, nil
+		}
+	}
+	if p.exited() {
+		return false, fmt.Errorf("%s (%s):\n%s", exitedErr, p.cmd.ProcessState, p.logs)
+	}
+	select {
+	case <-ctx.Done():
+		return false, cause(ctx, ctx.Err())
+	case <-time.After(20 * time.Millisecond):
+	}
+	return false, nil
+}
+
 func (b *bench) streamMsgs(ctx context.Context, name string) (uint64, error) {
 	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()

@@ -465,20 +465,12 @@ func (b *bench) bigTxn(ctx context.Context) error {
 		if c, err := procCPU(wsPID); err == nil {
 			wsCPU.Store(int64(c))
 		}
-		n, err := b.streamMsgs(wctx, benchStream)
-		if err == nil {
-			acked.Store(int64(n - base))
-			if n >= target {
-				break
-			}
+		reached, err := b.pollAcked(wctx, benchStream, base, target, &acked, r, "relay exited")
+		if err != nil {
+			return err
 		}
-		if r.exited() {
-			return fmt.Errorf("relay exited (%s):\n%s", r.cmd.ProcessState, r.logs)
-		}
-		select {
-		case <-wctx.Done():
-			return cause(wctx, wctx.Err())
-		case <-time.After(20 * time.Millisecond):
+		if reached {
+			break
 		}
 	}
 	cpu1, err := r.cpu()

@@ -158,20 +158,12 @@ func (b *bench) peerCatchup(ctx context.Context, pr peer, res *catchupResult) er
 	wctx, done := b.watch(ctx, pr.system+" catch-up", acked.Load, func(v int64) string { return fmt.Sprintf("%d/%d acked", v, n) })
 	defer done()
 	for {
-		got, err := b.streamMsgs(wctx, peerStream)
-		if err == nil {
-			acked.Store(int64(got - base))
-			if got >= target {
-				break
-			}
+		reached, err := b.pollAcked(wctx, peerStream, base, target, &acked, proc, pr.system+" exited")
+		if err != nil {
+			return err
 		}
-		if proc.exited() {
-			return fmt.Errorf("%s exited (%s):\n%s", pr.system, proc.cmd.ProcessState, proc.logs)
-		}
-		select {
-		case <-wctx.Done():
-			return cause(wctx, wctx.Err())
-		case <-time.After(20 * time.Millisecond):
+		if reached {
+			break
 		}
 	}
 	if res.CPU, err = proc.cpu(); err != nil {
