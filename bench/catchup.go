@@ -233,7 +233,7 @@ func (b *bench) relayCatchup(ctx context.Context, phase string, res *catchupResu
 				wsPID = pid
 			}
 		}
-		reached, err := b.pollAcked(wctx, benchStream, base, target, &acked, r, "relay exited during "+phase)
+		reached, err := b.pollAcked(wctx, benchStream, base, target, acked.Store, r, "relay exited during "+phase)
 		if err != nil {
 			return err
 		}

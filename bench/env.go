@@ -15,7 +15,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -533,15 +532,14 @@ func (b *bench) waitSlot(ctx context.Context, slot string, wantActive bool, p *r
 	}
 }
 
-// streamMsgs returns the number of messages in a stream.
 // pollAcked reads once how many messages stream holds, stores how many of
-// them are past base in acked and says whether target is reached. A process
+// them are past base with store and says whether target is reached. A process
 // that exited fails with exitedErr and its log; otherwise it waits 20 ms
 // (or for ctx) before returning false.
-func (b *bench) pollAcked(ctx context.Context, stream string, base, target uint64, acked *atomic.Int64, p *relayProc, exitedErr string) (bool, error) {
+func (b *bench) pollAcked(ctx context.Context, stream string, base, target uint64, store func(int64), p *relayProc, exitedErr string) (bool, error) {
 	n, err := b.streamMsgs(ctx, stream)
 	if err == nil {
-		acked.Store(int64(n - base))
+		store(int64(n - base))
 		if n >= target {
 			return true, nil
 		}
@@ -557,6 +555,7 @@ func (b *bench) pollAcked(ctx context.Context, stream string, base, target uint6
 	return false, nil
 }
 
+// streamMsgs returns the number of messages in a stream.
 func (b *bench) streamMsgs(ctx context.Context, name string) (uint64, error) {
 	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()

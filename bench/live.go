@@ -465,7 +465,7 @@ func (b *bench) bigTxn(ctx context.Context) error {
 		if c, err := procCPU(wsPID); err == nil {
 			wsCPU.Store(int64(c))
 		}
-		reached, err := b.pollAcked(wctx, benchStream, base, target, &acked, r, "relay exited")
+		reached, err := b.pollAcked(wctx, benchStream, base, target, acked.Store, r, "relay exited")
 		if err != nil {
 			return err
 		}

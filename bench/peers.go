@@ -158,7 +158,7 @@ func (b *bench) peerCatchup(ctx context.Context, pr peer, res *catchupResult) er
 	wctx, done := b.watch(ctx, pr.system+" catch-up", acked.Load, func(v int64) string { return fmt.Sprintf("%d/%d acked", v, n) })
 	defer done()
 	for {
-		reached, err := b.pollAcked(wctx, peerStream, base, target, &acked, proc, pr.system+" exited")
+		reached, err := b.pollAcked(wctx, peerStream, base, target, acked.Store, proc, pr.system+" exited")
 		if err != nil {
 			return err
 		}
