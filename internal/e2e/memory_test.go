@@ -4,12 +4,11 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/internal/relaytest"
 )
 
 // slowProxy forwards TCP connections from a loopback port to target,
@@ -17,23 +16,7 @@ import (
 // It stops with the test.
 func slowProxy(t *testing.T, target string, rate int) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var conns []net.Conn
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	throttled := func(dst io.Writer, src io.Reader) {
+	return "nats://" + relaytest.Proxy(t, target, func(dst io.Writer, src io.Reader) {
 		buf := make([]byte, 16<<10)
 		for {
 			n, err := src.Read(buf)
@@ -47,29 +30,7 @@ func slowProxy(t *testing.T, target string, rate int) string {
 				return
 			}
 		}
-	}
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			u, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			mu.Lock()
-			conns = append(conns, c, u)
-			mu.Unlock()
-			wg.Add(2)
-			go func() { defer wg.Done(); throttled(u, c); u.Close() }()
-			go func() { defer wg.Done(); throttled(c, u); c.Close() }()
-		}
-	}()
-	return "nats://" + ln.Addr().String()
+	})
 }
 
 // samplePeak reads gauge name from the metrics at addr every interval until

@@ -2,8 +2,6 @@ package ops
 
 import (
 	"context"
-	"io"
-	"net"
 	"net/url"
 	"strings"
 	"testing"
@@ -12,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/walbox/walbox/internal/pgtest"
+	"github.com/walbox/walbox/internal/relaytest"
 )
 
 // A server that carries Amazon RDS's setting is recognised: the wal_level
@@ -60,31 +59,11 @@ func TestDoctorRecognisesRDS(t *testing.T) {
 func TestDoctorSeesSomethingInBetween(t *testing.T) {
 	e := newEnv(t)
 	u, _ := url.Parse(e.dbURL)
-	target := u.Host
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			go func() { io.Copy(s, c); s.Close() }()
-			go func() { io.Copy(c, s); c.Close() }()
-		}
-	}()
+	proxy := relaytest.Proxy(t, u.Host, nil)
 	if c := checkOf(t, Doctor(e.ctx, e.cfg), "postgres.direct"); c.Status != OK {
 		t.Errorf("direct connection: %+v", c)
 	}
-	u.Host = ln.Addr().String()
+	u.Host = proxy
 	cfg := e.cfg
 	cfg.Postgres.URL = u.String()
 	if c := checkOf(t, Doctor(e.ctx, cfg), "postgres.direct"); c.Status != Warn || !strings.Contains(c.Fix, "pooler") {

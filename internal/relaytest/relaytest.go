@@ -10,6 +10,8 @@ package relaytest
 
 import (
 	"context"
+	"io"
+	"net"
 	"sync"
 	"testing"
 	"time"
@@ -133,6 +135,55 @@ func CollectN(t testing.TB, js jetstream.JetStream, stream string, cfg jetstream
 	t.Helper()
 	count := 0
 	return Collect(t, js, stream, cfg, timeout, func(jetstream.Msg) bool { count++; return count == n })
+}
+
+// Proxy listens on a loopback port and forwards every connection to
+// target, copying each way with pipe (io.Copy's when nil). It returns its
+// address; when the test ends it closes the listener and every connection
+// and waits for its goroutines.
+func Proxy(t testing.TB, target string, pipe func(dst io.Writer, src io.Reader)) string {
+	t.Helper()
+	if pipe == nil {
+		pipe = func(dst io.Writer, src io.Reader) { _, _ = io.Copy(dst, src) }
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("proxy: listen: %v", err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var conns []net.Conn
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			mu.Lock()
+			conns = append(conns, c, u)
+			mu.Unlock()
+			wg.Add(2)
+			go func() { defer wg.Done(); pipe(u, c); u.Close() }()
+			go func() { defer wg.Done(); pipe(c, u); c.Close() }()
+		}
+	}()
+	return ln.Addr().String()
 }
 
 // Option adjusts StartRelay.
