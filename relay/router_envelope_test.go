@@ -2,7 +2,6 @@ package relay
 
 import (
 	"encoding/json"
-	"errors"
 	"hash/fnv"
 	"strconv"
 	"strings"
@@ -225,24 +224,24 @@ func TestRoutingRuleMismatchIsPoison(t *testing.T) {
 	ev := goodEvent()
 	ev.Topic = "agent.tool.called"
 	_, _, err := r.Message(ev)
-	var pe *PoisonError
-	if !errors.As(err, &pe) {
-		t.Fatalf("err = %v, want a *PoisonError", err)
-	}
+	reason := poisonReason(t, err)
 	for _, want := range []string{"agent.tool.called", `"agent.tool."`, "nats.routes", `"AGENT_RUN"`, `"AGENT"`} {
-		if !strings.Contains(pe.Reason, want) {
-			t.Errorf("reason %q does not mention %s", pe.Reason, want)
+		if !strings.Contains(reason, want) {
+			t.Errorf("reason %q does not mention %s", reason, want)
 		}
 	}
 	// The rule is met: published.
-	ev.Topic = "agent.run.started"
-	if _, stream, err := r.Message(ev); err != nil || stream != "AGENT_RUN" {
-		t.Fatalf("agent.run.started: stream %q, err %v", stream, err)
-	}
+	wantStream(t, r, ev, "agent.run.started", "AGENT_RUN")
 	// No rule applies: the stream that captures it.
-	ev.Topic = "agent.other"
-	if _, stream, err := r.Message(ev); err != nil || stream != "AGENT" {
-		t.Fatalf("agent.other: stream %q, err %v", stream, err)
+	wantStream(t, r, ev, "agent.other", "AGENT")
+}
+
+// wantStream routes ev with topic and wants it published to stream.
+func wantStream(t *testing.T, r *Router, ev *cdc.Event, topic, stream string) {
+	t.Helper()
+	ev.Topic = topic
+	if _, got, err := r.Message(ev); err != nil || got != stream {
+		t.Fatalf("%s: stream %q, err %v; want %s", topic, got, err, stream)
 	}
 }
 
@@ -253,14 +252,8 @@ func TestRoutingRuleLongestPrefixWinsAndAppliesToTheTopic(t *testing.T) {
 		{TopicPrefix: "agent.run.", Stream: "RUN"},
 	}})
 	ev := goodEvent()
-	ev.Topic = "agent.run.x"
-	if _, stream, err := r.Message(ev); err != nil || stream != "RUN" {
-		t.Fatalf("stream %q, err %v; want RUN", stream, err)
-	}
-	ev.Topic = "agent.y"
-	if _, stream, err := r.Message(ev); err != nil || stream != "AGENT" {
-		t.Fatalf("stream %q, err %v; want AGENT", stream, err)
-	}
+	wantStream(t, r, ev, "agent.run.x", "RUN")
+	wantStream(t, r, ev, "agent.y", "AGENT")
 }
 
 func TestCloudEventsBinary(t *testing.T) {
@@ -477,8 +470,7 @@ func TestEnvelopeCountsTowardsMaxPayload(t *testing.T) {
 	// Room for the raw message but not for the envelope around it.
 	r.SetMaxPayload(len(raw.Data) + headerSize(raw.Header) + 10)
 	_, _, err = r.Message(ev)
-	var pe *PoisonError
-	if !errors.As(err, &pe) || !strings.Contains(pe.Reason, "max_payload") {
-		t.Fatalf("err = %v, want a max_payload PoisonError", err)
+	if reason := poisonReason(t, err); !strings.Contains(reason, "max_payload") {
+		t.Fatalf("reason %q, want one about max_payload", reason)
 	}
 }

@@ -358,6 +358,17 @@ func isPoison(err error) bool {
 	return errors.As(err, &pe) && pe.Reason != ""
 }
 
+// poisonReason is err's reason, failing the test unless err is a
+// *PoisonError.
+func poisonReason(t *testing.T, err error) string {
+	t.Helper()
+	var pe *PoisonError
+	if !errors.As(err, &pe) {
+		t.Fatalf("err = %T %v, want a *PoisonError", err, err)
+	}
+	return pe.Reason
+}
+
 func TestMessagePoison(t *testing.T) {
 	tests := []struct {
 		name   string
@@ -403,12 +414,8 @@ func TestMessagePoison(t *testing.T) {
 			if err == nil {
 				t.Fatalf("Message = %v (stream %q), want a PoisonError about %q", m.Subject, stream, tt.reason)
 			}
-			var pe *PoisonError
-			if !errors.As(err, &pe) {
-				t.Fatalf("err = %T %v, want a *PoisonError", err, err)
-			}
-			if !strings.Contains(pe.Reason, tt.reason) {
-				t.Fatalf("reason = %q, want it to contain %q", pe.Reason, tt.reason)
+			if reason := poisonReason(t, err); !strings.Contains(reason, tt.reason) {
+				t.Fatalf("reason = %q, want it to contain %q", reason, tt.reason)
 			}
 			if m != nil || stream != "" {
 				t.Fatalf("poison returned a message (%v) or stream (%q)", m, stream)
@@ -571,13 +578,10 @@ func TestDeadLetterCarriesThePoisonReason(t *testing.T) {
 	ev := goodEvent()
 	ev.Stream = "PAYMENTS"
 	_, _, err := r.Message(ev)
-	var pe *PoisonError
-	if !errors.As(err, &pe) {
-		t.Fatalf("err = %v, want a PoisonError", err)
-	}
-	m := r.DeadLetter(ev, "walbox.dlq.", pe.Reason)
-	if got := m.Header.Get(HeaderDLQReason); got != pe.Reason {
-		t.Fatalf("reason header = %q, want %q", got, pe.Reason)
+	reason := poisonReason(t, err)
+	m := r.DeadLetter(ev, "walbox.dlq.", reason)
+	if got := m.Header.Get(HeaderDLQReason); got != reason {
+		t.Fatalf("reason header = %q, want %q", got, reason)
 	}
 	// It keeps what a retry needs to build the event's message again: the
 	// topic and the event's own headers (walbox dlq retry).
