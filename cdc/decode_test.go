@@ -54,14 +54,17 @@ func feed(t *testing.T, st *stream, walEnd LSN, msgs ...[]byte) {
 }
 
 // handedOver returns every batch the stream has handed over so far.
-func handedOver(out chan []Change) [][]Change {
-	var bs [][]Change
+func handedOver(out chan []Change) [][]Change { return pending(out) }
+
+// pending returns what ch holds now, without waiting.
+func pending[T any](ch <-chan T) []T {
+	var vs []T
 	for {
 		select {
-		case b := <-out:
-			bs = append(bs, b)
+		case v := <-ch:
+			vs = append(vs, v)
 		default:
-			return bs
+			return vs
 		}
 	}
 }

@@ -234,6 +234,18 @@ func loopCase(t *testing.T, name string, sizes []int, cfg Config, setup func(st,
 	})
 }
 
+// wantRunning fails the test if the relay has returned: it should not
+// have, when (say) acks are outstanding.
+func (rig *loopRig) wantRunning(when string) {
+	rig.t.Helper()
+	select {
+	case err := <-rig.done:
+		rig.stopped = true
+		rig.t.Fatalf("relay returned (%v) with %s", err, when)
+	default:
+	}
+}
+
 // feed hands the relay transactions from..to-1 as one batch.
 func (rig *loopRig) feed(from, to int) { rig.src.feed <- rig.sc.batch(from, to) }
 
@@ -572,12 +584,7 @@ func TestLoopLateAckAfterADeadLetter(t *testing.T) {
 			if tc.shutdown {
 				rig.cancel()
 				synctest.Wait()
-				select {
-				case err := <-rig.done:
-					rig.stopped = true
-					t.Fatalf("relay returned (%v) with the dead letter in flight", err)
-				default:
-				}
+				rig.wantRunning("the dead letter in flight")
 			}
 			dlqAcked := 1
 			if tc.refused {
@@ -701,12 +708,7 @@ func TestLoopDrainOnShutdown(t *testing.T) {
 
 		rig.cancel()
 		synctest.Wait()
-		select {
-		case err := <-rig.done:
-			rig.stopped = true
-			t.Fatalf("relay returned (%v) with four acks outstanding", err)
-		default:
-		}
+		rig.wantRunning("four acks outstanding")
 		for _, n := range []int{4, 2, 3, 1} {
 			rig.resolve(rig.st, n, nil)
 		}

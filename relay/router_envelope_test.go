@@ -236,6 +236,18 @@ func TestRoutingRuleMismatchIsPoison(t *testing.T) {
 	wantStream(t, r, ev, "agent.other", "AGENT")
 }
 
+// wantJSONStrings checks that each key of want is a JSON string in got
+// with want's value.
+func wantJSONStrings(t *testing.T, got map[string]json.RawMessage, want map[string]string) {
+	t.Helper()
+	for k, v := range want {
+		var s string
+		if err := json.Unmarshal(got[k], &s); err != nil || s != v {
+			t.Errorf("%s = %s, want %q", k, got[k], v)
+		}
+	}
+}
+
 // wantStream routes ev with topic and wants it published to stream.
 func wantStream(t *testing.T, r *Router, ev *cdc.Event, topic, stream string) {
 	t.Helper()
@@ -336,12 +348,7 @@ func TestCloudEventsStructured(t *testing.T) {
 		"subject":         "o-42",
 		"datacontenttype": "application/json",
 	}
-	for k, v := range wantStr {
-		var s string
-		if err := json.Unmarshal(got[k], &s); err != nil || s != v {
-			t.Errorf("%s = %s, want %q", k, got[k], v)
-		}
-	}
+	wantJSONStrings(t, got, wantStr)
 	if len(got) != len(wantStr)+1 {
 		t.Errorf("fields %v, want exactly %v and data", got, wantStr)
 	}
@@ -392,12 +399,7 @@ func TestWalboxEnvelope(t *testing.T) {
 		"aggregate_id":   "o-42",
 		"timestamp":      "2025-03-04T04:06:07.890123456Z",
 	}
-	for k, v := range wantStr {
-		var s string
-		if err := json.Unmarshal(got[k], &s); err != nil || s != v {
-			t.Errorf("%s = %s, want %q", k, got[k], v)
-		}
-	}
+	wantJSONStrings(t, got, wantStr)
 	if len(got) != len(wantStr)+2 {
 		t.Errorf("fields %s, want exactly %v, payload and metadata", m.Data, wantStr)
 	}

@@ -198,17 +198,24 @@ func TestDAARIONLayoutWorksThroughColumnMappingAlone(t *testing.T) {
 	_ = jetstream.ErrMsgNotFound
 }
 
-func TestWrongWALLevelNamesTheFix(t *testing.T) {
-	ctx := context.Background()
-	cl := pgtest.StartOwn(ctx, t, pgtest.WithSetting("wal_level", "replica"))
-	src, err := cdc.NewSource(cdc.Config{ConnString: cl.URL("postgres"), Slot: "walbox", Publication: "walbox_outbox",
+// runSourceOnce runs a cdc source for the default outbox table on the
+// database at url and returns why it stopped (30 s at most).
+func runSourceOnce(ctx context.Context, t *testing.T, url string) error {
+	t.Helper()
+	src, err := cdc.NewSource(cdc.Config{ConnString: url, Slot: "walbox", Publication: "walbox_outbox",
 		Table: cdc.TableName{Schema: "public", Name: "outbox_events"}, Columns: cdc.DefaultColumns()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	runCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	err = src.Run(runCtx, make(chan []cdc.Change, 1))
+	return src.Run(runCtx, make(chan []cdc.Change, 1))
+}
+
+func TestWrongWALLevelNamesTheFix(t *testing.T) {
+	ctx := context.Background()
+	cl := pgtest.StartOwn(ctx, t, pgtest.WithSetting("wal_level", "replica"))
+	err := runSourceOnce(ctx, t, cl.URL("postgres"))
 	if err == nil || !strings.Contains(err.Error(), "wal_level = logical") || !strings.Contains(err.Error(), "restart") {
 		t.Fatalf("error %v does not name the fix (set wal_level = logical and restart)", err)
 	}
@@ -226,14 +233,7 @@ func TestMissingReplicationPrivilegeNamesTheFix(t *testing.T) {
 	t.Cleanup(func() { e.pool.Exec(context.Background(), "DROP ROLE IF EXISTS app_noreplication") })
 	cfg, _ := pgx.ParseConfig(e.dbURL)
 	url := fmt.Sprintf("postgres://app_noreplication@127.0.0.1:%d/%s?sslmode=disable", cfg.Port, cfg.Database)
-	src, err := cdc.NewSource(cdc.Config{ConnString: url, Slot: "walbox", Publication: "walbox_outbox",
-		Table: cdc.TableName{Schema: "public", Name: "outbox_events"}, Columns: cdc.DefaultColumns()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	err = src.Run(runCtx, make(chan []cdc.Change, 1))
+	err := runSourceOnce(ctx, t, url)
 	if err == nil || !strings.Contains(err.Error(), "REPLICATION") {
 		t.Fatalf("error %v does not name the fix (ALTER ROLE ... WITH REPLICATION)", err)
 	}

@@ -5,10 +5,12 @@ package outboxlibtest
 // in-process, all from internal/relaytest.
 
 import (
+	"context"
 	"os"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -34,6 +36,16 @@ func newEnv(t *testing.T) *env {
 	e := &env{t: t, dbURL: pg.NewDB(t)}
 	e.pool = relaytest.MigratedPool(t, e.dbURL)
 	return e
+}
+
+// begin starts a transaction on the pool.
+func (e *env) begin(ctx context.Context) pgx.Tx {
+	e.t.Helper()
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		e.t.Fatalf("begin: %v", err)
+	}
+	return tx
 }
 
 // relayed adds JetStream and a running relay to an env.
