@@ -169,10 +169,10 @@ func TestStatusWhileTheRelayTakesNothing(t *testing.T) {
 		go func() {
 			done <- st.handleCopyData(t.Context(), xlogData(0x100, 0x300, serverClock, commitMsg(0x200, 0x230, commitTime)))
 		}()
-		time.Sleep(15 * time.Second)
+		time.Sleep(15 * time.Second) // fake time: the bubble's clock
 		src.Confirm(0x180)
 		time.Sleep(10 * time.Second)
-		synctest.Wait()
+		synctest.Wait() // every goroutine is blocked: what has not happened will not
 		select {
 		case err := <-done:
 			t.Fatalf("the hand-over returned (%v) before the relay took it", err)
@@ -258,7 +258,7 @@ func TestRun(t *testing.T) {
 				}
 
 				// Idle: a status update every StatusInterval all the same.
-				time.Sleep(25 * time.Second)
+				time.Sleep(25 * time.Second) // fake time: the bubble's clock
 				synctest.Wait()
 				wantStatuses(t, ws, "idle for 25 s", statusAt{0x230, start.Add(10 * time.Second)}, statusAt{0x230, start.Add(20 * time.Second)})
 
@@ -332,7 +332,7 @@ func TestRunReconnects(t *testing.T) {
 			done := make(chan error, 1)
 			start := time.Now()
 			go func() { done <- src.Run(ctx, make(chan []Change)) }()
-			time.Sleep(20 * time.Second)
+			time.Sleep(20 * time.Second) // fake time: 20 s of reconnect attempts
 			cancel()
 			if err := <-done; err != nil {
 				t.Fatalf("Run returned %v after cancellation, want nil", err)
