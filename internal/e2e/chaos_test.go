@@ -92,7 +92,7 @@ func TestChaosKafka(t *testing.T) {
 	for time.Since(start) < duration {
 		// Faults are paced, not waited for: the pause between them is the
 		// chaos's own randomness.
-		time.Sleep(time.Duration(1500+rng.IntN(2500)) * time.Millisecond) // fault timing: random gap between faults
+		time.Sleep(time.Duration(1500+rng.IntN(2500)) * time.Millisecond)
 		kind := []string{"relay_kill9", "produce_cut", "produce_refused", "leader_move", "postgres_restart", "slot_drop"}[rng.IntN(6)]
 		t.Logf("%s fault: %s", time.Now().UTC().Format("15:04:05.000"), kind)
 		switch kind {
