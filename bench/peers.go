@@ -172,14 +172,9 @@ func (b *bench) peerCatchup(ctx context.Context, pr peer, res *catchupResult) er
 	if res.HWM, err = proc.hwm(); err != nil {
 		return err
 	}
-	res.DriverCPU = selfCPU() - self0
-	res.Busy, res.Where, res.Span = meter.stop()
-	done()
-	first, last, err := b.firstLast(ctx, peerStream, base+1, target)
-	if err != nil {
+	if err := b.endCatchup(ctx, res, meter, self0, done, peerStream, base, target, proc.started); err != nil {
 		return err
 	}
-	res.FirstAck, res.Took = first.Time.Sub(proc.started), last.Time.Sub(proc.started)
 	if err := proc.stop(); err != nil {
 		return err
 	}
