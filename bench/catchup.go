@@ -96,11 +96,8 @@ func (b *bench) catchUp(ctx context.Context) error {
 	p := b.p
 	b.logf("catch-up: first relay start creates slot %q, then SIGTERM", slotName)
 	t0 := time.Now()
-	r, err := b.startRelay("create-slot")
+	r, _, err := b.startStreaming(ctx, "create-slot")
 	if err != nil {
-		return err
-	}
-	if _, err := b.waitSlot(ctx, slotName, true, r); err != nil {
 		return err
 	}
 	// A relay stopped before its first backfill is confirmed redoes it at

@@ -509,6 +509,20 @@ func (b *bench) slotState(ctx context.Context, slot string) (active bool, pid in
 	return active, pid, err
 }
 
+// startStreaming spawns the relay and waits until it streams from the
+// slot; it returns the relay and its walsender's pid.
+func (b *bench) startStreaming(ctx context.Context, phase string) (*relayProc, int, error) {
+	r, err := b.startRelay(phase)
+	if err != nil {
+		return nil, 0, err
+	}
+	wsPID, err := b.waitSlot(ctx, slotName, true, r)
+	if err != nil {
+		return nil, 0, err
+	}
+	return r, wsPID, nil
+}
+
 // waitSlot waits until the slot is active (returning the walsender pid) or
 // inactive. A relay that exits meanwhile is an error.
 func (b *bench) waitSlot(ctx context.Context, slot string, wantActive bool, p *relayProc) (int, error) {

@@ -114,11 +114,7 @@ func (b *bench) live(ctx context.Context) error {
 		return fmt.Errorf("vacuum before the live phase: %w", err)
 	}
 	b.logf("live: starting the relay (a fresh process)")
-	r, err := b.startRelay("live")
-	if err != nil {
-		return err
-	}
-	wsPID, err := b.waitSlot(ctx, slotName, true, r)
+	r, wsPID, err := b.startStreaming(ctx, "live")
 	if err != nil {
 		return err
 	}
@@ -425,11 +421,7 @@ func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d)/float
 func (b *bench) bigTxn(ctx context.Context) error {
 	rows := b.p.BigRows
 	b.logf("large transaction: starting the relay (a fresh process, so its peak RSS is this phase's)")
-	r, err := b.startRelay("large-txn")
-	if err != nil {
-		return err
-	}
-	wsPID, err := b.waitSlot(ctx, slotName, true, r)
+	r, wsPID, err := b.startStreaming(ctx, "large-txn")
 	if err != nil {
 		return err
 	}
