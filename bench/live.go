@@ -48,6 +48,11 @@ type liveTarget struct {
 	proc    *relayProc
 	wsPID   int  // walbox's walsender (0: none)
 	header  bool // messages carry Walbox-Commit-Time
+	producers
+}
+
+// producers is how a live load writes its events.
+type producers struct {
 	// produce commits single-event transactions at rate until end.
 	produce func(ctx context.Context, subject string, rate int, start, end time.Time) (produced, error)
 	// probe, if set, commits one event on subject (the first one is not
@@ -119,8 +124,7 @@ func (b *bench) live(ctx context.Context) error {
 		return err
 	}
 	t := liveTarget{system: "walbox", stream: benchStream, subject: "bench.live", proc: r, wsPID: wsPID, header: true,
-		produce: b.sqlProducers(pool),
-		probe:   func(ctx context.Context, subject string) error { return b.insertOne(ctx, pool, subject) }}
+		producers: b.sqlLoad(pool)}
 	if err := b.warmUp(ctx, t); err != nil {
 		return err
 	}
@@ -188,6 +192,15 @@ func producersFor(rate int) int { return max(4, (rate+124)/125) }
 func (b *bench) insertOne(ctx context.Context, pool *pgxpool.Pool, subject string) error {
 	_, err := pool.Exec(ctx, "INSERT INTO outbox_events (topic, payload) VALUES ($1, $2::jsonb)", subject, payloadFor(0, b.p.PayloadBytes, 0))
 	return err
+}
+
+// sqlLoad is the live load of walbox and the polling baseline: paced
+// producers and a probe that insert into outbox_events.
+func (b *bench) sqlLoad(pool *pgxpool.Pool) producers {
+	return producers{
+		produce: b.sqlProducers(pool),
+		probe:   func(ctx context.Context, subject string) error { return b.insertOne(ctx, pool, subject) },
+	}
 }
 
 // sqlProducers returns paced producers that commit single-event
