@@ -25,8 +25,7 @@ const traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 // user.created event. The table has no unique constraint on user_id on
 // purpose: only the idempotency record keeps it to one row per user.
 func accounts(runs *atomic.Int64) consumer.Handler {
-	return func(ctx context.Context, tx pgx.Tx, msg consumer.Message) error {
-		runs.Add(1)
+	return counted(runs, func(ctx context.Context, tx pgx.Tx, msg consumer.Message) error {
 		var ev struct {
 			UserID string `json:"user_id"`
 		}
@@ -35,6 +34,14 @@ func accounts(runs *atomic.Int64) consumer.Handler {
 		}
 		_, err := tx.Exec(ctx, "INSERT INTO accounts (user_id, event_id) VALUES ($1, $2)", ev.UserID, msg.ID)
 		return err
+	})
+}
+
+// counted is h, counting its runs in runs.
+func counted(runs *atomic.Int64, h consumer.Handler) consumer.Handler {
+	return func(ctx context.Context, tx pgx.Tx, msg consumer.Message) error {
+		runs.Add(1)
+		return h(ctx, tx, msg)
 	}
 }
 
@@ -228,13 +235,12 @@ func TestRetryWithBackoffThenSuccess(t *testing.T) {
 func TestPermanentErrorDeadLetters(t *testing.T) {
 	e := newEnv(t, jetstream.StreamConfig{})
 	var runs atomic.Int64
-	h := func(ctx context.Context, tx pgx.Tx, msg consumer.Message) error {
-		runs.Add(1)
+	h := counted(&runs, func(ctx context.Context, tx pgx.Tx, msg consumer.Message) error {
 		if _, err := tx.Exec(ctx, "INSERT INTO accounts (user_id, event_id) VALUES ('x', $1)", msg.ID); err != nil {
 			return err
 		}
 		return consumer.Permanent(fmt.Errorf("user %s: email is not valid", msg.AggregateID))
-	}
+	})
 	e.publish("user.created", "evt-bad", `{"user_id": "u-1"}`, map[string]string{"traceparent": traceparent, "Walbox-Aggregate-Id": "u-1"})
 	out := newOutcomes()
 	e.start(consumer.Config{Stream: "USERS", Durable: "accounts", DB: e.db, OnOutcome: out.record}, h)
@@ -274,10 +280,9 @@ func TestPermanentErrorDeadLetters(t *testing.T) {
 func TestMaxDeliverDeadLetters(t *testing.T) {
 	e := newEnv(t, jetstream.StreamConfig{})
 	var runs atomic.Int64
-	h := func(ctx context.Context, tx pgx.Tx, msg consumer.Message) error {
-		runs.Add(1)
+	h := counted(&runs, func(ctx context.Context, tx pgx.Tx, msg consumer.Message) error {
 		return errors.New("partner API timed out")
-	}
+	})
 	e.publish("user.created", "evt-flaky", `{"user_id": "u-1"}`, nil)
 	out := newOutcomes()
 	e.start(consumer.Config{Stream: "USERS", Durable: "accounts", DB: e.db, OnOutcome: out.record,
@@ -303,10 +308,9 @@ func TestMaxDeliverDeadLetters(t *testing.T) {
 func TestUnprocessableMessages(t *testing.T) {
 	e := newEnv(t, jetstream.StreamConfig{})
 	var runs atomic.Int64
-	h := func(ctx context.Context, tx pgx.Tx, msg consumer.Message) error {
-		runs.Add(1)
+	h := counted(&runs, func(ctx context.Context, tx pgx.Tx, msg consumer.Message) error {
 		panic("nil map")
-	}
+	})
 	e.publish("user.created", "", `{}`, nil)
 	e.publish("user.created", "evt-panic", `{}`, nil)
 	out := newOutcomes()

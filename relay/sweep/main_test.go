@@ -74,6 +74,20 @@ func testLogger(t *testing.T) zerolog.Logger {
 	return zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel)
 }
 
+// sweeperOn builds a sweeper on d for table public.name, whose default
+// columns lack the roles unmapped.
+func (d *db) sweeperOn(name string, unmapped ...cdc.Role) *sweep.Sweeper {
+	d.t.Helper()
+	cols := cdc.DefaultColumns()
+	for _, r := range unmapped {
+		cols[r] = ""
+	}
+	return d.sweeper(func(c *sweep.Config) {
+		c.Table = cdc.TableName{Schema: "public", Name: name}
+		c.Columns = cols
+	})
+}
+
 // newSweeper builds a sweeper on d for the default table.
 func (d *db) sweeper(mutate ...func(*sweep.Config)) *sweep.Sweeper {
 	d.t.Helper()

@@ -195,14 +195,7 @@ func TestMarksDAARIONLayoutByID(t *testing.T) {
 	d.exec(`CREATE TABLE daarion_outbox (id text PRIMARY KEY, stream text, topic text, payload jsonb,
 		created_at timestamptz NOT NULL DEFAULT now(), processed boolean NOT NULL DEFAULT false, processed_at timestamptz, error text)`)
 	d.exec(`INSERT INTO daarion_outbox (id, topic, payload) VALUES ('a', 'orders.a', '{}'), ('b', 'orders.b', '{}'), ('c', 'orders.c', '{}'), ('d', 'orders.d', '{}')`)
-	cols := cdc.DefaultColumns()
-	for _, r := range []cdc.Role{cdc.RoleEventType, cdc.RoleAggregateType, cdc.RoleAggregateID, cdc.RolePartitionKey, cdc.RoleHeaders, cdc.RoleCreatedAt} {
-		cols[r] = ""
-	}
-	sw := d.sweeper(func(c *sweep.Config) {
-		c.Table = cdc.TableName{Schema: "public", Name: "daarion_outbox"}
-		c.Columns = cols
-	})
+	sw := d.sweeperOn("daarion_outbox", cdc.RoleEventType, cdc.RoleAggregateType, cdc.RoleAggregateID, cdc.RolePartitionKey, cdc.RoleHeaders, cdc.RoleCreatedAt)
 	stop := sw.Start(context.Background())
 	at := time.Date(2030, 1, 2, 3, 4, 5, 6000, time.UTC)
 	sw.OnDelivered(relay.Delivered{ID: "a", AckedAt: at, Stream: "ORDERS", Seq: 1})
@@ -310,14 +303,7 @@ func TestNullProcessedIsUnprocessed(t *testing.T) {
 	d.exec(`CREATE TABLE nullable_outbox (id text PRIMARY KEY, topic text, payload jsonb,
 		created_at timestamptz NOT NULL DEFAULT now(), processed boolean, processed_at timestamptz)`)
 	d.exec(`INSERT INTO nullable_outbox (id, topic, payload) VALUES ('a', 'orders.a', '{}'), ('b', 'orders.b', '{}')`)
-	cols := cdc.DefaultColumns()
-	for _, r := range []cdc.Role{cdc.RoleStream, cdc.RoleEventType, cdc.RoleAggregateType, cdc.RoleAggregateID, cdc.RolePartitionKey, cdc.RoleHeaders} {
-		cols[r] = ""
-	}
-	sw := d.sweeper(func(c *sweep.Config) {
-		c.Table = cdc.TableName{Schema: "public", Name: "nullable_outbox"}
-		c.Columns = cols
-	})
+	sw := d.sweeperOn("nullable_outbox", cdc.RoleStream, cdc.RoleEventType, cdc.RoleAggregateType, cdc.RoleAggregateID, cdc.RolePartitionKey, cdc.RoleHeaders)
 	st, err := sw.Status(context.Background())
 	if err != nil {
 		t.Fatal(err)
