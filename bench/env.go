@@ -28,6 +28,7 @@ import (
 	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/natstest"
 	"github.com/walbox/walbox/internal/pgtest"
+	"github.com/walbox/walbox/internal/vcs"
 	walboxsql "github.com/walbox/walbox/sql"
 )
 
@@ -198,18 +199,9 @@ func (b *bench) setup(ctx context.Context) (*environment, error) {
 	env.info.Walbox = "unknown revision"
 	if bi, err := buildinfo.ReadFile(env.binary); err == nil {
 		env.info.GoVersion = bi.GoVersion
-		var rev, modified string
-		for _, st := range bi.Settings {
-			switch st.Key {
-			case "vcs.revision":
-				rev = st.Value
-			case "vcs.modified":
-				modified = st.Value
-			}
-		}
-		if rev != "" {
-			env.info.Walbox = rev[:min(12, len(rev))]
-			if modified == "true" {
+		if rev, modified := vcs.Revision(bi.Settings); rev != "" {
+			env.info.Walbox = rev
+			if modified {
 				env.info.Walbox += " + uncommitted changes"
 			}
 		}
