@@ -28,30 +28,19 @@ func hbaCluster(t *testing.T, hba string) *pgtest.Cluster {
 	defer cancel()
 	cl, url := pgtest.OwnDB(ctx, t)
 	relaytest.Migrate(t, url, walboxsql.Params{})
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	for _, q := range []string{
+	relaytest.Exec(t, url,
 		"SET password_encryption = 'scram-sha-256'",
 		"CREATE ROLE walbox LOGIN REPLICATION PASSWORD 'pw'",
 		"GRANT SELECT, UPDATE ON ALL TABLES IN SCHEMA public TO walbox",
 		"GRANT USAGE, CREATE ON SCHEMA walbox TO walbox",
 		"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA walbox TO walbox",
 		"ALTER PUBLICATION walbox_outbox OWNER TO walbox",
-	} {
-		if _, err := conn.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+	)
 	full := "# written by the test\nhost all postgres 127.0.0.1/32 trust\nhost replication postgres 127.0.0.1/32 trust\n" + hba
 	if err := os.WriteFile(filepath.Join(cl.DataDir(), "pg_hba.conf"), []byte(full), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := conn.Exec(ctx, "SELECT pg_reload_conf()"); err != nil {
-		t.Fatal(err)
-	}
+	relaytest.Exec(t, url, "SELECT pg_reload_conf()")
 	return cl
 }
 

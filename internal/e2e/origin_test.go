@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/relaytest"
 	walboxsql "github.com/walbox/walbox/sql"
@@ -34,19 +32,10 @@ func TestOriginNoneSkipsRowsASubscriptionApplied(t *testing.T) {
 	// Database b writes its own outbox, replicated into e's by a subscription.
 	bURL := s.pg.NewDB(t)
 	relaytest.Migrate(t, bURL, walboxsql.Params{Publication: "b_walbox"})
-	bc, err := pgx.Connect(ctx, bURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer bc.Close(ctx)
-	for _, q := range []string{
+	relaytest.Exec(t, bURL,
 		"CREATE PUBLICATION to_a FOR TABLE outbox_events WITH (publish = 'insert', publish_via_partition_root = true)",
 		"SELECT pg_create_logical_replication_slot('to_a', 'pgoutput')",
-	} {
-		if _, err := bc.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+	)
 	bu, _ := url.Parse(bURL)
 	if _, err := e.pool.Exec(ctx, fmt.Sprintf(`CREATE SUBSCRIPTION from_b CONNECTION 'host=127.0.0.1 port=%d dbname=%s user=postgres'
 		PUBLICATION to_a WITH (create_slot = false, slot_name = 'to_a', copy_data = false)`, s.pg.Port(), bu.Path[1:])); err != nil {

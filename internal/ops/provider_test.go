@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/walbox/walbox/internal/pgtest"
 	"github.com/walbox/walbox/internal/relaytest"
 )
@@ -21,16 +19,7 @@ func TestDoctorRecognisesRDS(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	_, dbURL := pgtest.OwnDB(ctx, t, pgtest.WithSetting("rds.logical_replication", "0"), pgtest.WithSetting("wal_level", "replica"))
-	conn, err := pgx.Connect(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, q := range []string{"CREATE ROLE rds_replication", "CREATE ROLE app_walbox LOGIN", "GRANT rds_replication TO app_walbox", "CREATE ROLE app_plain LOGIN"} {
-		if _, err := conn.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
-	conn.Close(ctx)
+	relaytest.Exec(t, dbURL, "CREATE ROLE rds_replication", "CREATE ROLE app_walbox LOGIN", "GRANT rds_replication TO app_walbox", "CREATE ROLE app_plain LOGIN")
 	e := newEnv(t)
 	as := func(role string) *DoctorReport {
 		u, _ := url.Parse(dbURL)

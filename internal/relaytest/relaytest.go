@@ -70,6 +70,23 @@ func Migrate(t testing.TB, url string, p walboxsql.Params) {
 	}
 }
 
+// Exec runs stmts in order on one connection to the database at url (so a
+// SET holds for the statements after it).
+func Exec(t testing.TB, url string, stmts ...string) {
+	t.Helper()
+	ctx := Ctx(t)
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	defer conn.Close(context.Background())
+	for _, q := range stmts {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+}
+
 // Pool opens a pool on url, closed when the test ends.
 func Pool(t testing.TB, url string) *pgxpool.Pool {
 	t.Helper()
