@@ -96,11 +96,8 @@ func (b *bench) catchUp(ctx context.Context) error {
 	p := b.p
 	b.logf("catch-up: first relay start creates slot %q, then SIGTERM", slotName)
 	t0 := time.Now()
-	r, err := b.startRelay("create-slot")
+	r, _, err := b.startStreaming(ctx, "create-slot")
 	if err != nil {
-		return err
-	}
-	if _, err := b.waitSlot(ctx, slotName, true, r); err != nil {
 		return err
 	}
 	// A relay stopped before its first backfill is confirmed redoes it at
@@ -233,20 +230,12 @@ func (b *bench) relayCatchup(ctx context.Context, phase string, res *catchupResu
 				wsPID = pid
 			}
 		}
-		n, err := b.streamMsgs(wctx, benchStream)
-		if err == nil {
-			acked.Store(int64(n - base))
-			if n >= target {
-				break
-			}
+		reached, err := b.pollAcked(wctx, benchStream, base, target, acked.Store, r, "relay exited during "+phase)
+		if err != nil {
+			return err
 		}
-		if r.exited() {
-			return fmt.Errorf("relay exited during %s (%s):\n%s", phase, r.cmd.ProcessState, r.logs)
-		}
-		select {
-		case <-wctx.Done():
-			return cause(wctx, wctx.Err())
-		case <-time.After(20 * time.Millisecond):
+		if reached {
+			break
 		}
 	}
 	res.CPU, err = r.cpu()
@@ -268,14 +257,9 @@ func (b *bench) relayCatchup(ctx context.Context, phase string, res *catchupResu
 	if firstWS != wsPID {
 		b.logf("  the relay's walsender changed during catch-up (pid %d, then %d): the relay reconnected", firstWS, wsPID)
 	}
-	res.DriverCPU = selfCPU() - self0
-	res.Busy, res.Where, res.Span = meter.stop()
-	done()
-	first, last, err := b.firstLast(ctx, benchStream, base+1, target)
-	if err != nil {
+	if err := b.endCatchup(ctx, res, meter, self0, done, benchStream, base, target, r.started); err != nil {
 		return err
 	}
-	res.FirstAck, res.Took = first.Time.Sub(r.started), last.Time.Sub(r.started)
 	if err := b.settle(ctx, r, res, len(env) == 0 && !slices.Contains(b.p.Sets, "sweeper.mark_processed=false")); err != nil {
 		return err
 	}
@@ -284,6 +268,21 @@ func (b *bench) relayCatchup(ctx context.Context, phase string, res *catchupResu
 	}
 	b.logf("%s: %d events relayed in %.2fs: %.0f events/s; relay CPU %.2fs, peak RSS %.1f MB",
 		phase, p.Events, res.Took.Seconds(), rate(p.Events, res.Took), res.CPU.Seconds(), mb(res.HWM))
+	return nil
+}
+
+// endCatchup ends a catch-up phase: the driver's CPU since self0, the
+// meter's shares, the progress watch stopped (done), and the first and last
+// acks of messages base+1..target of stream, timed from started.
+func (b *bench) endCatchup(ctx context.Context, res *catchupResult, meter *phaseMeter, self0 time.Duration, done func(), stream string, base, target uint64, started time.Time) error {
+	res.DriverCPU = selfCPU() - self0
+	res.Busy, res.Where, res.Span = meter.stop()
+	done()
+	first, last, err := b.firstLast(ctx, stream, base+1, target)
+	if err != nil {
+		return err
+	}
+	res.FirstAck, res.Took = first.Time.Sub(started), last.Time.Sub(started)
 	return nil
 }
 

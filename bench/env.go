@@ -28,6 +28,7 @@ import (
 	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/natstest"
 	"github.com/walbox/walbox/internal/pgtest"
+	"github.com/walbox/walbox/internal/vcs"
 	walboxsql "github.com/walbox/walbox/sql"
 )
 
@@ -198,18 +199,9 @@ func (b *bench) setup(ctx context.Context) (*environment, error) {
 	env.info.Walbox = "unknown revision"
 	if bi, err := buildinfo.ReadFile(env.binary); err == nil {
 		env.info.GoVersion = bi.GoVersion
-		var rev, modified string
-		for _, st := range bi.Settings {
-			switch st.Key {
-			case "vcs.revision":
-				rev = st.Value
-			case "vcs.modified":
-				modified = st.Value
-			}
-		}
-		if rev != "" {
-			env.info.Walbox = rev[:min(12, len(rev))]
-			if modified == "true" {
+		if rev, modified := vcs.Revision(bi.Settings); rev != "" {
+			env.info.Walbox = rev
+			if modified {
 				env.info.Walbox += " + uncommitted changes"
 			}
 		}
@@ -509,6 +501,20 @@ func (b *bench) slotState(ctx context.Context, slot string) (active bool, pid in
 	return active, pid, err
 }
 
+// startStreaming spawns the relay and waits until it streams from the
+// slot; it returns the relay and its walsender's pid.
+func (b *bench) startStreaming(ctx context.Context, phase string) (*relayProc, int, error) {
+	r, err := b.startRelay(phase)
+	if err != nil {
+		return nil, 0, err
+	}
+	wsPID, err := b.waitSlot(ctx, slotName, true, r)
+	if err != nil {
+		return nil, 0, err
+	}
+	return r, wsPID, nil
+}
+
 // waitSlot waits until the slot is active (returning the walsender pid) or
 // inactive. A relay that exits meanwhile is an error.
 func (b *bench) waitSlot(ctx context.Context, slot string, wantActive bool, p *relayProc) (int, error) {
@@ -530,6 +536,29 @@ func (b *bench) waitSlot(ctx context.Context, slot string, wantActive bool, p *r
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
+}
+
+// pollAcked reads once how many messages stream holds, stores how many of
+// them are past base with store and says whether target is reached. A process
+// that exited fails with exitedErr and its log; otherwise it waits 20 ms
+// (or for ctx) before returning false.
+func (b *bench) pollAcked(ctx context.Context, stream string, base, target uint64, store func(int64), p *relayProc, exitedErr string) (bool, error) {
+	n, err := b.streamMsgs(ctx, stream)
+	if err == nil {
+		store(int64(n - base))
+		if n >= target {
+			return true, nil
+		}
+	}
+	if p.exited() {
+		return false, fmt.Errorf("%s (%s):\n%s", exitedErr, p.cmd.ProcessState, p.logs)
+	}
+	select {
+	case <-ctx.Done():
+		return false, cause(ctx, ctx.Err())
+	case <-time.After(20 * time.Millisecond):
+	}
+	return false, nil
 }
 
 // streamMsgs returns the number of messages in a stream.

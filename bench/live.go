@@ -48,6 +48,11 @@ type liveTarget struct {
 	proc    *relayProc
 	wsPID   int  // walbox's walsender (0: none)
 	header  bool // messages carry Walbox-Commit-Time
+	producers
+}
+
+// producers is how a live load writes its events.
+type producers struct {
 	// produce commits single-event transactions at rate until end.
 	produce func(ctx context.Context, subject string, rate int, start, end time.Time) (produced, error)
 	// probe, if set, commits one event on subject (the first one is not
@@ -114,17 +119,12 @@ func (b *bench) live(ctx context.Context) error {
 		return fmt.Errorf("vacuum before the live phase: %w", err)
 	}
 	b.logf("live: starting the relay (a fresh process)")
-	r, err := b.startRelay("live")
-	if err != nil {
-		return err
-	}
-	wsPID, err := b.waitSlot(ctx, slotName, true, r)
+	r, wsPID, err := b.startStreaming(ctx, "live")
 	if err != nil {
 		return err
 	}
 	t := liveTarget{system: "walbox", stream: benchStream, subject: "bench.live", proc: r, wsPID: wsPID, header: true,
-		produce: b.sqlProducers(pool),
-		probe:   func(ctx context.Context, subject string) error { return b.insertOne(ctx, pool, subject) }}
+		producers: b.sqlLoad(pool)}
 	if err := b.warmUp(ctx, t); err != nil {
 		return err
 	}
@@ -192,6 +192,15 @@ func producersFor(rate int) int { return max(4, (rate+124)/125) }
 func (b *bench) insertOne(ctx context.Context, pool *pgxpool.Pool, subject string) error {
 	_, err := pool.Exec(ctx, "INSERT INTO outbox_events (topic, payload) VALUES ($1, $2::jsonb)", subject, payloadFor(0, b.p.PayloadBytes, 0))
 	return err
+}
+
+// sqlLoad is the live load of walbox and the polling baseline: paced
+// producers and a probe that insert into outbox_events.
+func (b *bench) sqlLoad(pool *pgxpool.Pool) producers {
+	return producers{
+		produce: b.sqlProducers(pool),
+		probe:   func(ctx context.Context, subject string) error { return b.insertOne(ctx, pool, subject) },
+	}
 }
 
 // sqlProducers returns paced producers that commit single-event
@@ -425,11 +434,7 @@ func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d)/float
 func (b *bench) bigTxn(ctx context.Context) error {
 	rows := b.p.BigRows
 	b.logf("large transaction: starting the relay (a fresh process, so its peak RSS is this phase's)")
-	r, err := b.startRelay("large-txn")
-	if err != nil {
-		return err
-	}
-	wsPID, err := b.waitSlot(ctx, slotName, true, r)
+	r, wsPID, err := b.startStreaming(ctx, "large-txn")
 	if err != nil {
 		return err
 	}
@@ -465,20 +470,12 @@ func (b *bench) bigTxn(ctx context.Context) error {
 		if c, err := procCPU(wsPID); err == nil {
 			wsCPU.Store(int64(c))
 		}
-		n, err := b.streamMsgs(wctx, benchStream)
-		if err == nil {
-			acked.Store(int64(n - base))
-			if n >= target {
-				break
-			}
+		reached, err := b.pollAcked(wctx, benchStream, base, target, acked.Store, r, "relay exited")
+		if err != nil {
+			return err
 		}
-		if r.exited() {
-			return fmt.Errorf("relay exited (%s):\n%s", r.cmd.ProcessState, r.logs)
-		}
-		select {
-		case <-wctx.Done():
-			return cause(wctx, wctx.Err())
-		case <-time.After(20 * time.Millisecond):
+		if reached {
+			break
 		}
 	}
 	cpu1, err := r.cpu()

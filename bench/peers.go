@@ -30,8 +30,7 @@ type peer struct {
 	// load commits a backlog of n events for subject.
 	load func(ctx context.Context, subject string, n int) (time.Duration, error)
 	// live producers and probe, as in liveTarget.
-	produce func(ctx context.Context, subject string, rate int, start, end time.Time) (produced, error)
-	probe   func(ctx context.Context, subject string) error
+	producers
 }
 
 // peerResult is one peer's catch-up and live rates.
@@ -79,8 +78,7 @@ func (b *bench) peers(ctx context.Context) error {
 			load: func(ctx context.Context, subject string, n int) (time.Duration, error) {
 				return b.loadBacklog(ctx, subject, n)
 			},
-			produce: b.sqlProducers(pool),
-			probe:   func(ctx context.Context, subject string) error { return b.insertOne(ctx, pool, subject) },
+			producers: b.sqlLoad(pool),
 		}
 		if mode == pollTuned {
 			pr.system, pr.live = "polling-tuned", false
@@ -112,7 +110,7 @@ func (b *bench) peers(ctx context.Context) error {
 			}
 		}
 		t := liveTarget{system: pr.system, stream: peerStream, subject: "peer." + pr.system + ".live", proc: proc,
-			produce: pr.produce, probe: pr.probe}
+			producers: pr.producers}
 		if err := b.warmUp(ctx, t); err != nil {
 			return fmt.Errorf("%s: %w", pr.system, err)
 		}
@@ -158,20 +156,12 @@ func (b *bench) peerCatchup(ctx context.Context, pr peer, res *catchupResult) er
 	wctx, done := b.watch(ctx, pr.system+" catch-up", acked.Load, func(v int64) string { return fmt.Sprintf("%d/%d acked", v, n) })
 	defer done()
 	for {
-		got, err := b.streamMsgs(wctx, peerStream)
-		if err == nil {
-			acked.Store(int64(got - base))
-			if got >= target {
-				break
-			}
+		reached, err := b.pollAcked(wctx, peerStream, base, target, acked.Store, proc, pr.system+" exited")
+		if err != nil {
+			return err
 		}
-		if proc.exited() {
-			return fmt.Errorf("%s exited (%s):\n%s", pr.system, proc.cmd.ProcessState, proc.logs)
-		}
-		select {
-		case <-wctx.Done():
-			return cause(wctx, wctx.Err())
-		case <-time.After(20 * time.Millisecond):
+		if reached {
+			break
 		}
 	}
 	if res.CPU, err = proc.cpu(); err != nil {
@@ -180,14 +170,9 @@ func (b *bench) peerCatchup(ctx context.Context, pr peer, res *catchupResult) er
 	if res.HWM, err = proc.hwm(); err != nil {
 		return err
 	}
-	res.DriverCPU = selfCPU() - self0
-	res.Busy, res.Where, res.Span = meter.stop()
-	done()
-	first, last, err := b.firstLast(ctx, peerStream, base+1, target)
-	if err != nil {
+	if err := b.endCatchup(ctx, res, meter, self0, done, peerStream, base, target, proc.started); err != nil {
 		return err
 	}
-	res.FirstAck, res.Took = first.Time.Sub(proc.started), last.Time.Sub(proc.started)
 	if err := proc.stop(); err != nil {
 		return err
 	}
@@ -273,7 +258,7 @@ func (b *bench) watermillPeer(ctx context.Context) (peer, error) {
 			}
 			return time.Duration(r.Seconds * float64(time.Second)), nil
 		},
-		produce: func(ctx context.Context, subject string, rate int, start, end time.Time) (produced, error) {
+		producers: producers{produce: func(ctx context.Context, subject string, rate int, start, end time.Time) (produced, error) {
 			select {
 			case <-time.After(time.Until(start)):
 			case <-ctx.Done():
@@ -296,7 +281,7 @@ func (b *bench) watermillPeer(ctx context.Context) (peer, error) {
 			msd := func(v float64) time.Duration { return time.Duration(v * float64(time.Millisecond)) }
 			return produced{Events: r.Events, Achieved: r.Achieved, Producers: producersFor(rate),
 				InsertP50: msd(r.InsertP50), InsertP99: msd(r.InsertP99)}, nil
-		},
+		}},
 	}, nil
 }
 

@@ -54,14 +54,17 @@ func feed(t *testing.T, st *stream, walEnd LSN, msgs ...[]byte) {
 }
 
 // handedOver returns every batch the stream has handed over so far.
-func handedOver(out chan []Change) [][]Change {
-	var bs [][]Change
+func handedOver(out chan []Change) [][]Change { return pending(out) }
+
+// pending returns what ch holds now, without waiting.
+func pending[T any](ch <-chan T) []T {
+	var vs []T
 	for {
 		select {
-		case b := <-out:
-			bs = append(bs, b)
+		case v := <-ch:
+			vs = append(vs, v)
 		default:
-			return bs
+			return vs
 		}
 	}
 }
@@ -279,23 +282,29 @@ func TestDecodeColumns(t *testing.T) {
 			if err != nil || !ok {
 				t.Fatalf("insert: ok %v, err %v", ok, err)
 			}
-			want := c.want
-			want.Pos, want.CommitTime = Position{CommitLSN: 0x3000060, Index: 5}, commitTime
-			if !reflect.DeepEqual(ev, want) {
-				t.Fatalf("event\n got %+v\nwant %+v", ev, want)
-			}
-			if d.index != 6 {
-				t.Errorf("index %d after the row, want 6", d.index)
-			}
-			// The event owns its bytes: the receive buffer is reused.
-			payload, headers := bytes.Clone(ev.Payload), bytes.Clone(ev.Headers)
-			for i := range msg {
-				msg[i] = 0xff
-			}
-			if !bytes.Equal(ev.Payload, payload) || !bytes.Equal(ev.Headers, headers) {
-				t.Errorf("the event shares the message's buffer")
-			}
+			wantDecoded(t, d, &ev, c.want, msg, 5)
 		})
+	}
+}
+
+// wantDecoded checks that ev, the event decoder d decoded from msg, is want
+// at d's commit and index, that it took that one index, and that ev owns
+// its bytes: the receive buffer is reused.
+func wantDecoded(t *testing.T, d *decoder, ev *Event, want Event, msg []byte, index uint32) {
+	t.Helper()
+	want.Pos, want.CommitTime = Position{CommitLSN: d.commitLSN, Index: index}, d.commitTime
+	if !reflect.DeepEqual(*ev, want) {
+		t.Fatalf("event\n got %+v\nwant %+v", *ev, want)
+	}
+	if d.index != index+1 {
+		t.Errorf("index %d after the event, want %d", d.index, index+1)
+	}
+	payload, headers := bytes.Clone(ev.Payload), bytes.Clone(ev.Headers)
+	for i := range msg {
+		msg[i] ^= 0xff
+	}
+	if !bytes.Equal(ev.Payload, payload) || !bytes.Equal(ev.Headers, headers) {
+		t.Errorf("the event shares the message's buffer")
 	}
 }
 

@@ -1,13 +1,13 @@
 package cdc
 
 import (
-	"bytes"
 	"reflect"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/rs/zerolog"
+
+	"github.com/walbox/walbox/internal/syncbuf"
 )
 
 // TestDecodeMessageBody: the JSON body walbox.emit_message writes, decoded
@@ -74,42 +74,10 @@ func TestDecodeMessageBody(t *testing.T) {
 			if (err == nil) != (c.wantErr == "") || (err != nil && err.Error() != c.wantErr) {
 				t.Fatalf("err %v, want %q", err, c.wantErr)
 			}
-			want := c.want
-			want.Pos, want.CommitTime = Position{CommitLSN: 0x5000028, Index: 3}, commitTime
-			if !reflect.DeepEqual(ev, want) {
-				t.Fatalf("event\n got %+v\nwant %+v", ev, want)
-			}
-			if d.index != 4 {
-				t.Errorf("index %d, want 4: a malformed message still takes its place", d.index)
-			}
-			// The event owns its bytes: the receive buffer is reused.
-			payload, headers := bytes.Clone(ev.Payload), bytes.Clone(ev.Headers)
-			for i := range content {
-				content[i] = 'X'
-			}
-			if !bytes.Equal(ev.Payload, payload) || !bytes.Equal(ev.Headers, headers) {
-				t.Errorf("the event shares the message's buffer")
-			}
+			// A malformed message still takes its place.
+			wantDecoded(t, d, &ev, c.want, content, 3)
 		})
 	}
-}
-
-// syncBuffer is a log sink tests read after the fact.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // TestLogicalMessagesInTheStream: pg_logical_emit_message frames. A
@@ -143,7 +111,7 @@ func TestLogicalMessagesInTheStream(t *testing.T) {
 	})
 
 	t.Run("a malformed body is an event all the same, and logged", func(t *testing.T) {
-		var logs syncBuffer
+		var logs syncbuf.Buffer
 		src := testSource(t, func(c *Config) { c.Logger = zerolog.New(&logs) })
 		st, out := testStream(t, src)
 		feed(t, st, 0x100, beginMsg(0x200, commitTime, 1), logicalMsg(true, 0x1F0, MessagePrefix, `not json`), commitMsg(0x200, 0x230, commitTime))

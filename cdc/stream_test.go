@@ -35,6 +35,25 @@ func wantStatus(t *testing.T, su statusUpdate, lsn LSN, at time.Time) {
 	}
 }
 
+// statusAt is a status update's LSN (write, flush and apply) and time.
+type statusAt struct {
+	lsn LSN
+	at  time.Time
+}
+
+// wantStatuses checks the status updates ws has read since the last call:
+// one per want, in order. In a synctest bubble call it after synctest.Wait.
+func wantStatuses(t *testing.T, ws *fakeWalsender, when string, want ...statusAt) {
+	t.Helper()
+	sus := ws.statuses()
+	if len(sus) != len(want) {
+		t.Fatalf("%s: status updates %+v, want %d", when, sus, len(want))
+	}
+	for i, w := range want {
+		wantStatus(t, sus[i], w.lsn, w.at)
+	}
+}
+
 // TestKeepalives: a primary keepalive, inside and outside an open
 // transaction, with and without reply-requested: what is handed to the
 // relay, what status the source sends back, and what it reports received.
@@ -129,12 +148,7 @@ func TestStatusAfterReconnect(t *testing.T) {
 			t.Fatal(err)
 		}
 		synctest.Wait()
-		sus := ws.statuses()
-		if len(sus) != 2 {
-			t.Fatalf("status updates %+v", sus)
-		}
-		wantStatus(t, sus[0], 0, time.Now())
-		wantStatus(t, sus[1], 0x650, time.Now())
+		wantStatuses(t, ws, "after two keepalives", statusAt{0, time.Now()}, statusAt{0x650, time.Now()})
 	})
 }
 
@@ -155,10 +169,10 @@ func TestStatusWhileTheRelayTakesNothing(t *testing.T) {
 		go func() {
 			done <- st.handleCopyData(t.Context(), xlogData(0x100, 0x300, serverClock, commitMsg(0x200, 0x230, commitTime)))
 		}()
-		time.Sleep(15 * time.Second)
+		time.Sleep(15 * time.Second) // fake time: the bubble's clock
 		src.Confirm(0x180)
 		time.Sleep(10 * time.Second)
-		synctest.Wait()
+		synctest.Wait() // every goroutine is blocked: what has not happened will not
 		select {
 		case err := <-done:
 			t.Fatalf("the hand-over returned (%v) before the relay took it", err)
@@ -172,12 +186,7 @@ func TestStatusWhileTheRelayTakesNothing(t *testing.T) {
 			t.Errorf("batch %+v", b)
 		}
 		synctest.Wait()
-		sus := ws.statuses()
-		if len(sus) != 2 {
-			t.Fatalf("status updates %+v, want two in 25 s", sus)
-		}
-		wantStatus(t, sus[0], 0x100, start.Add(10*time.Second))
-		wantStatus(t, sus[1], 0x180, start.Add(20*time.Second))
+		wantStatuses(t, ws, "in 25 s", statusAt{0x100, start.Add(10 * time.Second)}, statusAt{0x180, start.Add(20 * time.Second)})
 		if want := start.Add(30 * time.Second); !st.nextStatus.Equal(want) {
 			t.Errorf("next status due %v, want %v", st.nextStatus, want)
 		}
@@ -243,24 +252,15 @@ func TestRun(t *testing.T) {
 					t.Fatal(err)
 				}
 				synctest.Wait()
-				if sus := ws.statuses(); len(sus) != 1 {
-					t.Fatalf("status updates %+v, want the reply", sus)
-				} else {
-					wantStatus(t, sus[0], 0x230, start)
-				}
+				wantStatuses(t, ws, "the reply", statusAt{0x230, start})
 				if bs := handedOver(out); len(bs) != 1 || !reflect.DeepEqual(bs[0], []Change{{Kind: KindWALEnd, LSN: 0x300}}) {
 					t.Fatalf("batches %+v", bs)
 				}
 
 				// Idle: a status update every StatusInterval all the same.
-				time.Sleep(25 * time.Second)
+				time.Sleep(25 * time.Second) // fake time: the bubble's clock
 				synctest.Wait()
-				sus := ws.statuses()
-				if len(sus) != 2 {
-					t.Fatalf("idle for 25 s: status updates %+v, want 2", sus)
-				}
-				wantStatus(t, sus[0], 0x230, start.Add(10*time.Second))
-				wantStatus(t, sus[1], 0x230, start.Add(20*time.Second))
+				wantStatuses(t, ws, "idle for 25 s", statusAt{0x230, start.Add(10 * time.Second)}, statusAt{0x230, start.Add(20 * time.Second)})
 
 				// The end, and the final status on the way out.
 				src.Confirm(0x300)
@@ -274,11 +274,7 @@ func TestRun(t *testing.T) {
 					t.Fatalf("run returned %v, want %q", err, c.wantMsg)
 				}
 				synctest.Wait()
-				sus = ws.statuses()
-				if len(sus) != 1 {
-					t.Fatalf("status updates on the way out %+v, want the final one", sus)
-				}
-				wantStatus(t, sus[0], 0x300, time.Now())
+				wantStatuses(t, ws, "the final one on the way out", statusAt{0x300, time.Now()})
 			})
 		})
 	}
@@ -336,7 +332,7 @@ func TestRunReconnects(t *testing.T) {
 			done := make(chan error, 1)
 			start := time.Now()
 			go func() { done <- src.Run(ctx, make(chan []Change)) }()
-			time.Sleep(20 * time.Second)
+			time.Sleep(20 * time.Second) // fake time: 20 s of reconnect attempts
 			cancel()
 			if err := <-done; err != nil {
 				t.Fatalf("Run returned %v after cancellation, want nil", err)

@@ -177,17 +177,7 @@ func (ws *fakeWalsender) reply(r fakeResult) error {
 }
 
 // ran returns the SQL the client has run so far.
-func (ws *fakeWalsender) ran() []string {
-	var qs []string
-	for {
-		select {
-		case q := <-ws.queries:
-			qs = append(qs, q)
-		default:
-			return qs
-		}
-	}
-}
+func (ws *fakeWalsender) ran() []string { return pending(ws.queries) }
 
 // send writes backend messages to the client; with net.Pipe it returns once
 // the client has read them, so call it from its own goroutine when the
@@ -202,14 +192,4 @@ func (ws *fakeWalsender) send(msgs ...pgproto3.BackendMessage) error {
 // statuses returns the status updates the client has sent so far. In a
 // synctest bubble call it after synctest.Wait, so that every write the
 // client made has been read.
-func (ws *fakeWalsender) statuses() []statusUpdate {
-	var sus []statusUpdate
-	for {
-		select {
-		case su := <-ws.status:
-			sus = append(sus, su)
-		default:
-			return sus
-		}
-	}
-}
+func (ws *fakeWalsender) statuses() []statusUpdate { return pending(ws.status) }

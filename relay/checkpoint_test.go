@@ -93,6 +93,20 @@ func runScript(t *testing.T, c *Checkpoint, steps []ckStep) {
 	}
 }
 
+// ckCase is a named script.
+type ckCase struct {
+	name  string
+	steps []ckStep
+}
+
+// runCases plays each case on a fresh checkpoint, as a subtest.
+func runCases(t *testing.T, cases []ckCase) {
+	t.Helper()
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) { run(t, tc.steps...) })
+	}
+}
+
 // run plays steps on a fresh checkpoint.
 func run(t *testing.T, steps ...ckStep) *Checkpoint {
 	t.Helper()
@@ -102,10 +116,7 @@ func run(t *testing.T, steps ...ckStep) *Checkpoint {
 }
 
 func TestConfirmIsEndLSNOfNewestFullyAckedTransaction(t *testing.T) {
-	tests := []struct {
-		name  string
-		steps []ckStep
-	}{
+	runCases(t, []ckCase{
 		{"nothing confirmed at start", nil},
 		{"one transaction confirms its end LSN after its last ack", []ckStep{
 			begin(), event(0), event(1), commit(100, 0),
@@ -136,17 +147,11 @@ func TestConfirmIsEndLSNOfNewestFullyAckedTransaction(t *testing.T) {
 			begin(), event(0), event(1), event(2), commit(0x16B3748, 0),
 			ack(0, 0), ack(1, 0), ack(2, 0x16B3748),
 		}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) { run(t, tt.steps...) })
-	}
+	})
 }
 
 func TestConfirmNeverPassesUnackedTransaction(t *testing.T) {
-	tests := []struct {
-		name  string
-		steps []ckStep
-	}{
+	runCases(t, []ckCase{
 		{"later transaction acked, earlier not", []ckStep{
 			begin(), event(0), commit(100, 0),
 			begin(), event(1), commit(200, 0),
@@ -178,19 +183,13 @@ func TestConfirmNeverPassesUnackedTransaction(t *testing.T) {
 			walEnd(500, 0),
 			ack(0, 100),
 		}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) { run(t, tt.steps...) })
-	}
+	})
 }
 
 func TestLateDeadLetterAckDoesNotLetConfirmationPassTheGap(t *testing.T) {
 	// Event 1 was dead-lettered: it is resent to the DLQ behind its
 	// successors, so its ack comes after theirs.
-	tests := []struct {
-		name  string
-		steps []ckStep
-	}{
+	runCases(t, []ckCase{
 		{"gap inside one transaction", []ckStep{
 			begin(), event(0), event(1), event(2), event(3), commit(100, 0),
 			ack(0, 0), ack(2, 0), ack(3, 0),
@@ -230,17 +229,11 @@ func TestLateDeadLetterAckDoesNotLetConfirmationPassTheGap(t *testing.T) {
 			ack(0, 100),
 			walEnd(150, 150),
 		}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) { run(t, tt.steps...) })
-	}
+	})
 }
 
 func TestWALEndTakenOnlyWhenNothingInFlight(t *testing.T) {
-	tests := []struct {
-		name  string
-		steps []ckStep
-	}{
+	runCases(t, []ckCase{
 		{"fresh checkpoint takes it", []ckStep{walEnd(100, 100)}},
 		{"idle after a confirmed transaction takes it", []ckStep{
 			begin(), event(0), commit(100, 0), ack(0, 100),
@@ -274,17 +267,11 @@ func TestWALEndTakenOnlyWhenNothingInFlight(t *testing.T) {
 		{"after Reset an open transaction is forgotten", []ckStep{
 			begin(), event(0), reset(), walEnd(100, 100),
 		}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) { run(t, tt.steps...) })
-	}
+	})
 }
 
 func TestEmptyTransactionConfirmsOnceEarlierOnesAreAcked(t *testing.T) {
-	tests := []struct {
-		name  string
-		steps []ckStep
-	}{
+	runCases(t, []ckCase{
 		{"alone: confirms at commit", []ckStep{
 			begin(), commit(100, 100),
 		}},
@@ -310,17 +297,11 @@ func TestEmptyTransactionConfirmsOnceEarlierOnesAreAcked(t *testing.T) {
 			begin(), commit(100, 100),
 			begin(), event(0), ack(0, 100), commit(200, 200),
 		}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) { run(t, tt.steps...) })
-	}
+	})
 }
 
 func TestResetKeepsConfirmedAndForgetsInFlight(t *testing.T) {
-	tests := []struct {
-		name  string
-		steps []ckStep
-	}{
+	runCases(t, []ckCase{
 		{"confirmed is kept", []ckStep{
 			begin(), event(0), commit(100, 0), ack(0, 100),
 			reset(), commit(50, 100), // a stray commit cannot lower it
@@ -363,10 +344,7 @@ func TestResetKeepsConfirmedAndForgetsInFlight(t *testing.T) {
 		{"reset on a fresh checkpoint", []ckStep{
 			reset(), walEnd(10, 10), reset(), walEnd(5, 10),
 		}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) { run(t, tt.steps...) })
-	}
+	})
 }
 
 func TestResetMakesCheckpointIdle(t *testing.T) {
@@ -394,10 +372,7 @@ func TestResetMakesCheckpointIdle(t *testing.T) {
 }
 
 func TestConfirmedNeverMovesBackwards(t *testing.T) {
-	tests := []struct {
-		name  string
-		steps []ckStep
-	}{
+	runCases(t, []ckCase{
 		{"commit with a lower end LSN than a keepalive", []ckStep{
 			walEnd(1000, 1000),
 			begin(), event(0), commit(500, 1000), ack(0, 1000),
@@ -413,17 +388,11 @@ func TestConfirmedNeverMovesBackwards(t *testing.T) {
 			begin(), event(1), commit(200, 0),
 			ack(0, 300), ack(1, 300),
 		}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) { run(t, tt.steps...) })
-	}
+	})
 }
 
 func TestDuplicateAcksAreHarmless(t *testing.T) {
-	tests := []struct {
-		name  string
-		steps []ckStep
-	}{
+	tests := []ckCase{
 		{"in-order ack repeated", []ckStep{
 			begin(), event(0), event(1), commit(100, 0),
 			ack(0, 0), ack(0, 0), ack(1, 100), ack(1, 100), ack(0, 100),

@@ -1,6 +1,10 @@
 package relay
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/walbox/walbox/internal/metrics"
+)
 
 // Metrics are the relay's Prometheus series. They are registered on the
 // registry passed to NewMetrics (no global registry), never carry payloads.
@@ -30,74 +34,27 @@ type Metrics struct {
 
 // NewMetrics creates the relay metrics and registers them on reg (nil: unregistered).
 func NewMetrics(reg prometheus.Registerer) *Metrics {
-	m := &Metrics{
-		Published: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "walbox_published_total", Help: "Events acknowledged by the sink, by stream (topic) and outbox table.",
-		}, []string{"stream", "table"}),
-		PublishErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "walbox_publish_errors_total", Help: "Failed publishes, by class (transient, permanent).",
-		}, []string{"class"}),
-		DeadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "walbox_dead_lettered_total", Help: "Events sent to the dead-letter stream, by outbox table.",
-		}, []string{"table"}),
-		InFlight: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "walbox_inflight", Help: "Published events waiting for their JetStream ack.",
-		}),
-		CommitToAck: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "walbox_commit_to_ack_seconds", Help: "Time from the transaction's COMMIT to the JetStream ack.",
-			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 18),
-		}),
-		PublishToAck: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "walbox_publish_latency_seconds", Help: "Time from publish to JetStream ack.",
-			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 18),
-		}),
-		ConfirmedLSN: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "walbox_confirmed_lsn", Help: "The LSN walbox has confirmed to the slot, as a number.",
-		}),
-		Backoffs: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "walbox_publish_backoffs_total", Help: "Times the publisher stopped and backed off after a transient error.",
-		}),
-		Skipped: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "walbox_resume_skipped_total", Help: "Events not republished because the stream already held them (resume check).",
-		}),
-		OtherWriters: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "walbox_strict_order_other_writer_total",
-			Help: "Times strict order found another writer in a stream and stopped guarding its order, by stream.",
-		}, []string{"stream"}),
-		SlotLost: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "walbox_slot_lost_total", Help: "Times the replication slot was found lost, by reason: missing (dropped) or invalidated (wal_status lost).",
-		}, []string{"reason"}),
-		Leader: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "walbox_leader", Help: "1 while this relay holds the leader lock and streams, 0 while standby.",
-		}),
-		SlotLagBytes: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "walbox_slot_lag_bytes", Help: "WAL not yet confirmed by walbox (current LSN - confirmed_flush_lsn).",
-		}),
-		SlotLagSeconds: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "walbox_slot_lag_seconds", Help: "Age of the oldest committed event not yet acked by JetStream (0 when caught up).",
-		}),
-		SlotRetainedWAL: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "walbox_slot_retained_wal_bytes", Help: "WAL the slot keeps on disk (current LSN - restart_lsn).",
-		}),
-		SlotSafeWALSize: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "walbox_slot_safe_wal_size_bytes", Help: "WAL that may still be written before the slot risks invalidation (-1: unlimited).",
-		}),
-		SlotWALStatus: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "walbox_slot_wal_status", Help: "1 for the slot's current wal_status (reserved, extended, unreserved, lost, missing).",
-		}, []string{"status"}),
-		SlotActive: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "walbox_slot_active", Help: "1 while a walsender streams from the slot.",
-		}),
-		ReplicationLagS: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "walbox_replication_lag_seconds", Help: "The walsender's replay lag for walbox's connection.",
-		}),
-		Reconnects: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "walbox_reconnects_total", Help: "Reconnections, by side (postgres, nats).",
-		}, []string{"side"}),
+	f := metrics.On(reg)
+	return &Metrics{
+		Published:       f.CounterVec("walbox_published_total", "Events acknowledged by the sink, by stream (topic) and outbox table.", "stream", "table"),
+		PublishErrors:   f.CounterVec("walbox_publish_errors_total", "Failed publishes, by class (transient, permanent).", "class"),
+		DeadLettered:    f.CounterVec("walbox_dead_lettered_total", "Events sent to the dead-letter stream, by outbox table.", "table"),
+		InFlight:        f.Gauge("walbox_inflight", "Published events waiting for their JetStream ack."),
+		CommitToAck:     f.Histogram("walbox_commit_to_ack_seconds", "Time from the transaction's COMMIT to the JetStream ack.", prometheus.ExponentialBuckets(0.0005, 2, 18)),
+		PublishToAck:    f.Histogram("walbox_publish_latency_seconds", "Time from publish to JetStream ack.", prometheus.ExponentialBuckets(0.0001, 2, 18)),
+		ConfirmedLSN:    f.Gauge("walbox_confirmed_lsn", "The LSN walbox has confirmed to the slot, as a number."),
+		Backoffs:        f.Counter("walbox_publish_backoffs_total", "Times the publisher stopped and backed off after a transient error."),
+		Skipped:         f.Counter("walbox_resume_skipped_total", "Events not republished because the stream already held them (resume check)."),
+		OtherWriters:    f.CounterVec("walbox_strict_order_other_writer_total", "Times strict order found another writer in a stream and stopped guarding its order, by stream.", "stream"),
+		SlotLost:        f.CounterVec("walbox_slot_lost_total", "Times the replication slot was found lost, by reason: missing (dropped) or invalidated (wal_status lost).", "reason"),
+		Leader:          f.Gauge("walbox_leader", "1 while this relay holds the leader lock and streams, 0 while standby."),
+		SlotLagBytes:    f.Gauge("walbox_slot_lag_bytes", "WAL not yet confirmed by walbox (current LSN - confirmed_flush_lsn)."),
+		SlotLagSeconds:  f.Gauge("walbox_slot_lag_seconds", "Age of the oldest committed event not yet acked by JetStream (0 when caught up)."),
+		SlotRetainedWAL: f.Gauge("walbox_slot_retained_wal_bytes", "WAL the slot keeps on disk (current LSN - restart_lsn)."),
+		SlotSafeWALSize: f.Gauge("walbox_slot_safe_wal_size_bytes", "WAL that may still be written before the slot risks invalidation (-1: unlimited)."),
+		SlotWALStatus:   f.GaugeVec("walbox_slot_wal_status", "1 for the slot's current wal_status (reserved, extended, unreserved, lost, missing).", "status"),
+		SlotActive:      f.Gauge("walbox_slot_active", "1 while a walsender streams from the slot."),
+		ReplicationLagS: f.Gauge("walbox_replication_lag_seconds", "The walsender's replay lag for walbox's connection."),
+		Reconnects:      f.CounterVec("walbox_reconnects_total", "Reconnections, by side (postgres, nats).", "side"),
 	}
-	if reg != nil {
-		reg.MustRegister(m.Published, m.PublishErrors, m.DeadLettered, m.InFlight, m.CommitToAck, m.PublishToAck, m.ConfirmedLSN, m.Backoffs, m.Skipped, m.OtherWriters, m.SlotLost, m.Leader,
-			m.SlotLagBytes, m.SlotLagSeconds, m.SlotRetainedWAL, m.SlotSafeWALSize, m.SlotWALStatus, m.SlotActive, m.ReplicationLagS, m.Reconnects)
-	}
-	return m
 }

@@ -376,6 +376,20 @@ func runPublisherDLQ(t *testing.T, st, dlq *fakeStream, src *scriptSource, stric
 	return sink.dlq
 }
 
+// serveUntilReached runs r until src has seen every transaction confirmed,
+// then stops it: Serve must return nil.
+func serveUntilReached(t *testing.T, r *Relay, src *scriptSource) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Serve(ctx, src) }()
+	<-src.reached
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
 // checkStream wants exactly ids, once each, in order (foreign messages aside).
 func checkStream(st *fakeStream, ids []string) error {
 	var got []string
@@ -455,14 +469,7 @@ func TestStrictOrderReportsAnotherWriterAndLosesNothing(t *testing.T) {
 		sink := &fakeSink{st: st, dlq: newFakeStream(), ackTimeout: 5 * time.Second}
 		router := NewRouter("", "app/walbox", []Route{{Stream: "ORDERS", Subjects: []string{"orders.>"}}})
 		r := New(Config{Window: 16, StrictOrder: true, Metrics: m, BackoffInitial: 100 * time.Millisecond}, sink, router)
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- r.Serve(ctx, src) }()
-		<-src.reached
-		cancel()
-		if err := <-done; err != nil {
-			t.Fatal(err)
-		}
+		serveUntilReached(t, r, src)
 		if got := testutil.ToFloat64(m.OtherWriters.WithLabelValues("ORDERS")); got != 1 {
 			t.Fatalf("walbox_strict_order_other_writer_total = %v, want 1", got)
 		}
@@ -492,14 +499,7 @@ func TestStrictOrderWaitsForTheStreamStateBeforePublishing(t *testing.T) {
 		sink := &fakeSink{st: st, dlq: newFakeStream(), ackTimeout: 5 * time.Second, tailFails: 2}
 		router := NewRouter("", "app/walbox", []Route{{Stream: "ORDERS", Subjects: []string{"orders.>"}}})
 		r := New(Config{Window: 16, StrictOrder: true, BackoffInitial: 100 * time.Millisecond}, sink, router)
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- r.Serve(ctx, src) }()
-		<-src.reached
-		cancel()
-		if err := <-done; err != nil {
-			t.Fatal(err)
-		}
+		serveUntilReached(t, r, src)
 		if sink.tailReads != 3 {
 			t.Fatalf("stream state read %d times, want 3 (two failures, then the read publishing waited for)", sink.tailReads)
 		}
@@ -614,14 +614,7 @@ func TestRequireTailWaitsForTheTailBeforePublishing(t *testing.T) {
 		}
 		sink := &fakeSink{st: st, dlq: newFakeStream(), ackTimeout: 5 * time.Second, tailFails: 2}
 		r := New(Config{Window: 16, RequireTail: true, BackoffInitial: 100 * time.Millisecond}, sink, router)
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- r.Serve(ctx, src) }()
-		<-src.reached
-		cancel()
-		if err := <-done; err != nil {
-			t.Fatal(err)
-		}
+		serveUntilReached(t, r, src)
 		if sink.tailReads != 3 {
 			t.Fatalf("tail read %d times, want 3 (two failures, then the read publishing waited for)", sink.tailReads)
 		}

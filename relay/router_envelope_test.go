@@ -2,7 +2,6 @@ package relay
 
 import (
 	"encoding/json"
-	"errors"
 	"hash/fnv"
 	"strconv"
 	"strings"
@@ -21,10 +20,9 @@ func newOptRouter(t *testing.T, prefix string, routes []Route, o RouterOptions) 
 	return r
 }
 
-// wantOwnHeaders checks walbox's own headers are on m whatever the envelope.
-func wantOwnHeaders(t *testing.T, m *Msg, ev *cdc.Event) {
-	t.Helper()
-	want := map[string]string{
+// ownHeaders are walbox's own headers for goodEvent ev.
+func ownHeaders(ev *cdc.Event) map[string]string {
+	return map[string]string{
 		HeaderMsgID:         ev.ID,
 		HeaderCommitLSN:     "16/B374D848",
 		HeaderIndex:         "7",
@@ -35,7 +33,12 @@ func wantOwnHeaders(t *testing.T, m *Msg, ev *cdc.Event) {
 		HeaderAggregateID:   "o-42",
 		HeaderPartitionKey:  "customer-7",
 	}
-	for k, v := range want {
+}
+
+// wantOwnHeaders checks walbox's own headers are on m whatever the envelope.
+func wantOwnHeaders(t *testing.T, m *Msg, ev *cdc.Event) {
+	t.Helper()
+	for k, v := range ownHeaders(ev) {
 		if got := m.Header.Values(k); len(got) != 1 || got[0] != v {
 			t.Errorf("header %s = %q, want [%q]", k, got, v)
 		}
@@ -221,24 +224,36 @@ func TestRoutingRuleMismatchIsPoison(t *testing.T) {
 	ev := goodEvent()
 	ev.Topic = "agent.tool.called"
 	_, _, err := r.Message(ev)
-	var pe *PoisonError
-	if !errors.As(err, &pe) {
-		t.Fatalf("err = %v, want a *PoisonError", err)
-	}
+	reason := poisonReason(t, err)
 	for _, want := range []string{"agent.tool.called", `"agent.tool."`, "nats.routes", `"AGENT_RUN"`, `"AGENT"`} {
-		if !strings.Contains(pe.Reason, want) {
-			t.Errorf("reason %q does not mention %s", pe.Reason, want)
+		if !strings.Contains(reason, want) {
+			t.Errorf("reason %q does not mention %s", reason, want)
 		}
 	}
 	// The rule is met: published.
-	ev.Topic = "agent.run.started"
-	if _, stream, err := r.Message(ev); err != nil || stream != "AGENT_RUN" {
-		t.Fatalf("agent.run.started: stream %q, err %v", stream, err)
-	}
+	wantStream(t, r, ev, "agent.run.started", "AGENT_RUN")
 	// No rule applies: the stream that captures it.
-	ev.Topic = "agent.other"
-	if _, stream, err := r.Message(ev); err != nil || stream != "AGENT" {
-		t.Fatalf("agent.other: stream %q, err %v", stream, err)
+	wantStream(t, r, ev, "agent.other", "AGENT")
+}
+
+// wantJSONStrings checks that each key of want is a JSON string in got
+// with want's value.
+func wantJSONStrings(t *testing.T, got map[string]json.RawMessage, want map[string]string) {
+	t.Helper()
+	for k, v := range want {
+		var s string
+		if err := json.Unmarshal(got[k], &s); err != nil || s != v {
+			t.Errorf("%s = %s, want %q", k, got[k], v)
+		}
+	}
+}
+
+// wantStream routes ev with topic and wants it published to stream.
+func wantStream(t *testing.T, r *Router, ev *cdc.Event, topic, stream string) {
+	t.Helper()
+	ev.Topic = topic
+	if _, got, err := r.Message(ev); err != nil || got != stream {
+		t.Fatalf("%s: stream %q, err %v; want %s", topic, got, err, stream)
 	}
 }
 
@@ -249,14 +264,8 @@ func TestRoutingRuleLongestPrefixWinsAndAppliesToTheTopic(t *testing.T) {
 		{TopicPrefix: "agent.run.", Stream: "RUN"},
 	}})
 	ev := goodEvent()
-	ev.Topic = "agent.run.x"
-	if _, stream, err := r.Message(ev); err != nil || stream != "RUN" {
-		t.Fatalf("stream %q, err %v; want RUN", stream, err)
-	}
-	ev.Topic = "agent.y"
-	if _, stream, err := r.Message(ev); err != nil || stream != "AGENT" {
-		t.Fatalf("stream %q, err %v; want AGENT", stream, err)
-	}
+	wantStream(t, r, ev, "agent.run.x", "RUN")
+	wantStream(t, r, ev, "agent.y", "AGENT")
 }
 
 func TestCloudEventsBinary(t *testing.T) {
@@ -339,12 +348,7 @@ func TestCloudEventsStructured(t *testing.T) {
 		"subject":         "o-42",
 		"datacontenttype": "application/json",
 	}
-	for k, v := range wantStr {
-		var s string
-		if err := json.Unmarshal(got[k], &s); err != nil || s != v {
-			t.Errorf("%s = %s, want %q", k, got[k], v)
-		}
-	}
+	wantJSONStrings(t, got, wantStr)
 	if len(got) != len(wantStr)+1 {
 		t.Errorf("fields %v, want exactly %v and data", got, wantStr)
 	}
@@ -395,12 +399,7 @@ func TestWalboxEnvelope(t *testing.T) {
 		"aggregate_id":   "o-42",
 		"timestamp":      "2025-03-04T04:06:07.890123456Z",
 	}
-	for k, v := range wantStr {
-		var s string
-		if err := json.Unmarshal(got[k], &s); err != nil || s != v {
-			t.Errorf("%s = %s, want %q", k, got[k], v)
-		}
-	}
+	wantJSONStrings(t, got, wantStr)
 	if len(got) != len(wantStr)+2 {
 		t.Errorf("fields %s, want exactly %v, payload and metadata", m.Data, wantStr)
 	}
@@ -473,8 +472,7 @@ func TestEnvelopeCountsTowardsMaxPayload(t *testing.T) {
 	// Room for the raw message but not for the envelope around it.
 	r.SetMaxPayload(len(raw.Data) + headerSize(raw.Header) + 10)
 	_, _, err = r.Message(ev)
-	var pe *PoisonError
-	if !errors.As(err, &pe) || !strings.Contains(pe.Reason, "max_payload") {
-		t.Fatalf("err = %v, want a max_payload PoisonError", err)
+	if reason := poisonReason(t, err); !strings.Contains(reason, "max_payload") {
+		t.Fatalf("reason %q, want one about max_payload", reason)
 	}
 }

@@ -210,24 +210,9 @@ func TestMessageSetsSubjectDataAndHeaders(t *testing.T) {
 	if string(m.Data) != `{"order":42}` {
 		t.Fatalf("data = %q, want the raw payload", m.Data)
 	}
-	want := map[string]string{
-		HeaderMsgID:         ev.ID,
-		HeaderCommitLSN:     "16/B374D848",
-		HeaderIndex:         "7",
-		HeaderSource:        "db1/walbox",
-		HeaderCommitTime:    "2025-03-04T04:06:07.890123456Z",
-		HeaderEventType:     "OrderCreated",
-		HeaderAggregateType: "order",
-		HeaderAggregateID:   "o-42",
-		HeaderPartitionKey:  "customer-7",
-	}
-	for k, v := range want {
-		if got := m.Header.Values(k); len(got) != 1 || got[0] != v {
-			t.Errorf("header %s = %q, want [%q]", k, got, v)
-		}
-	}
-	if len(m.Header) != len(want) {
-		t.Errorf("headers = %v, want exactly %v", m.Header, want)
+	wantOwnHeaders(t, m, ev)
+	if len(m.Header) != len(ownHeaders(ev)) {
+		t.Errorf("headers = %v, want exactly walbox's own", m.Header)
 	}
 }
 
@@ -373,6 +358,17 @@ func isPoison(err error) bool {
 	return errors.As(err, &pe) && pe.Reason != ""
 }
 
+// poisonReason is err's reason, failing the test unless err is a
+// *PoisonError.
+func poisonReason(t *testing.T, err error) string {
+	t.Helper()
+	var pe *PoisonError
+	if !errors.As(err, &pe) {
+		t.Fatalf("err = %T %v, want a *PoisonError", err, err)
+	}
+	return pe.Reason
+}
+
 func TestMessagePoison(t *testing.T) {
 	tests := []struct {
 		name   string
@@ -418,12 +414,8 @@ func TestMessagePoison(t *testing.T) {
 			if err == nil {
 				t.Fatalf("Message = %v (stream %q), want a PoisonError about %q", m.Subject, stream, tt.reason)
 			}
-			var pe *PoisonError
-			if !errors.As(err, &pe) {
-				t.Fatalf("err = %T %v, want a *PoisonError", err, err)
-			}
-			if !strings.Contains(pe.Reason, tt.reason) {
-				t.Fatalf("reason = %q, want it to contain %q", pe.Reason, tt.reason)
+			if reason := poisonReason(t, err); !strings.Contains(reason, tt.reason) {
+				t.Fatalf("reason = %q, want it to contain %q", reason, tt.reason)
 			}
 			if m != nil || stream != "" {
 				t.Fatalf("poison returned a message (%v) or stream (%q)", m, stream)
@@ -586,13 +578,10 @@ func TestDeadLetterCarriesThePoisonReason(t *testing.T) {
 	ev := goodEvent()
 	ev.Stream = "PAYMENTS"
 	_, _, err := r.Message(ev)
-	var pe *PoisonError
-	if !errors.As(err, &pe) {
-		t.Fatalf("err = %v, want a PoisonError", err)
-	}
-	m := r.DeadLetter(ev, "walbox.dlq.", pe.Reason)
-	if got := m.Header.Get(HeaderDLQReason); got != pe.Reason {
-		t.Fatalf("reason header = %q, want %q", got, pe.Reason)
+	reason := poisonReason(t, err)
+	m := r.DeadLetter(ev, "walbox.dlq.", reason)
+	if got := m.Header.Get(HeaderDLQReason); got != reason {
+		t.Fatalf("reason header = %q, want %q", got, reason)
 	}
 	// It keeps what a retry needs to build the event's message again: the
 	// topic and the event's own headers (walbox dlq retry).

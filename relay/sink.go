@@ -72,6 +72,18 @@ type Future interface {
 	Err() <-chan error
 }
 
+// Await waits for f to resolve, or for ctx to end.
+func Await(ctx context.Context, f Future) (*Ack, error) {
+	select {
+	case a := <-f.Ok():
+		return a, nil
+	case err := <-f.Err():
+		return nil, err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
 // Sink is the bus behind the publisher: publish in order with a future per
 // message, classify errors, and read back what a source already stored.
 // The router, the window, the checkpoint and the dead-letter rules are the

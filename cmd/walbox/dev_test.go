@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,7 +13,35 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/walbox/walbox/internal/pgtest"
 )
+
+// buildWalbox builds the walbox binary into the test's folder.
+func buildWalbox(ctx context.Context, t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "walbox")
+	if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// startDev starts bin dev with args and no WALBOX_CONFIG, and returns it
+// with its output and a scanner on that.
+func startDev(ctx context.Context, t *testing.T, bin string, args ...string) (*exec.Cmd, io.ReadCloser, *bufio.Scanner) {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, bin, append([]string{"dev"}, args...)...)
+	cmd.Env = append(os.Environ(), "WALBOX_CONFIG=")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return cmd, stdout, bufio.NewScanner(stdout)
+}
 
 // TestDevCleansUpOnHangupAndBrokenPipe: closing the terminal (SIGHUP) or
 // ending the reader of `walbox dev | head` (SIGPIPE on the next write)
@@ -22,31 +51,12 @@ import (
 func TestDevCleansUpOnHangupAndBrokenPipe(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()
-	bin := filepath.Join(t.TempDir(), "walbox")
-	if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
+	bin := buildWalbox(ctx, t)
 	for _, how := range []string{"hangup", "broken pipe"} {
 		t.Run(how, func(t *testing.T) {
-			dir, err := os.MkdirTemp("", "walbox-dev-signal-*")
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := os.Chmod(dir, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { os.RemoveAll(dir) })
-			cmd := exec.CommandContext(ctx, bin, "dev", "--dir", dir, "--rate", "20")
-			cmd.Env = append(os.Environ(), "WALBOX_CONFIG=")
-			stdout, err := cmd.StdoutPipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
+			dir := pgtest.ServerDir(t, "walbox-dev-signal-*")
+			cmd, stdout, sc := startDev(ctx, t, bin, "--dir", dir, "--rate", "20")
 			// Wait for the first stored event: everything is up.
-			sc := bufio.NewScanner(stdout)
 			up := false
 			for sc.Scan() {
 				if strings.Contains(sc.Text(), "STORED") || strings.Contains(sc.Text(), "ORDERS") {
@@ -88,11 +98,7 @@ func TestDevWritesNoSampleEventsIntoAGivenDatabase(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	url := freshDB(ctx, t)
-	dir, err := os.MkdirTemp("", "walbox-dev-url-*")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	dir := pgtest.ServerDir(t, "walbox-dev-url-*")
 	out, err := runCLI(ctx, "", "dev", "--postgres-url", url, "--duration", "2s", "--dir", dir)
 	if err != nil {
 		t.Fatalf("walbox dev --postgres-url: %v\n%s", err, out)
@@ -117,28 +123,9 @@ func TestDevWritesNoSampleEventsIntoAGivenDatabase(t *testing.T) {
 func TestDevRemovesWhatAKilledRunLeft(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()
-	bin := filepath.Join(t.TempDir(), "walbox")
-	if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
-	dir, err := os.MkdirTemp("", "walbox-dev-left-*")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	first := exec.CommandContext(ctx, bin, "dev", "--dir", dir, "--rate", "5")
-	first.Env = append(os.Environ(), "WALBOX_CONFIG=")
-	stdout, err := first.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := first.Start(); err != nil {
-		t.Fatal(err)
-	}
-	sc := bufio.NewScanner(stdout)
+	bin := buildWalbox(ctx, t)
+	dir := pgtest.ServerDir(t, "walbox-dev-left-*")
+	first, _, sc := startDev(ctx, t, bin, "--dir", dir, "--rate", "5")
 	var banner strings.Builder
 	for sc.Scan() {
 		banner.WriteString(sc.Text() + "\n")

@@ -11,6 +11,8 @@ import (
 	"runtime/debug"
 
 	"github.com/spf13/cobra"
+
+	"github.com/walbox/walbox/internal/vcs"
 )
 
 func main() {
@@ -38,22 +40,11 @@ func version() string {
 		return "unknown"
 	}
 	v := bi.Main.Version
-	var rev, dirty string
-	for _, s := range bi.Settings {
-		switch s.Key {
-		case "vcs.revision":
-			rev = s.Value
-		case "vcs.modified":
-			if s.Value == "true" {
-				dirty = "+dirty"
-			}
+	if rev, modified := vcs.Revision(bi.Settings); rev != "" {
+		if modified {
+			rev += "+dirty"
 		}
-	}
-	if len(rev) > 12 {
-		rev = rev[:12]
-	}
-	if rev != "" {
-		v += " (" + rev + dirty + ")"
+		v += " (" + rev + ")"
 	}
 	return v + " " + bi.GoVersion
 }

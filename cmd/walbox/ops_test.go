@@ -20,6 +20,7 @@ import (
 	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/natstest"
 	"github.com/walbox/walbox/internal/pgtest"
+	"github.com/walbox/walbox/internal/relaytest"
 	"github.com/walbox/walbox/relay/jssink"
 	walboxsql "github.com/walbox/walbox/sql"
 )
@@ -56,14 +57,7 @@ func migratedDB(t *testing.T, ctx context.Context, c *pgtest.Cluster, name strin
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn, err := pgx.Connect(ctx, u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	if _, err := walboxsql.Apply(ctx, conn, walboxsql.Params{}); err != nil {
-		t.Fatal(err)
-	}
+	relaytest.Migrate(t, u, walboxsql.Params{})
 	return u
 }
 
@@ -91,16 +85,8 @@ metrics:
 func TestOpsCommandsExitCodes(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 	defer cancel()
-	good, err := pgtest.Start(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { good.Close() })
-	bad, err := pgtest.Start(ctx, pgtest.WithSetting("wal_level", "replica"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { bad.Close() })
+	good := pgtest.StartOwn(ctx, t)
+	bad := pgtest.StartOwn(ctx, t, pgtest.WithSetting("wal_level", "replica"))
 	ns := natstest.New(t)
 
 	goodURL := migratedDB(t, ctx, good, "app")
@@ -309,15 +295,7 @@ func TestStatusExitCodeWithoutARelay(t *testing.T) {
 // database app; WALBOX_CONFIG is cleared so only flags configure walbox.
 func freshDB(ctx context.Context, t *testing.T) string {
 	t.Helper()
-	pg, err := pgtest.Start(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pg.Close() })
-	url, err := pg.CreateDB(ctx, "app")
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, url := pgtest.OwnDB(ctx, t)
 	t.Setenv("WALBOX_CONFIG", "")
 	return url
 }

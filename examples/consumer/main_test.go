@@ -13,12 +13,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/walbox/walbox/consumer"
-	walboxconfig "github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/natstest"
 	"github.com/walbox/walbox/internal/pgtest"
 	"github.com/walbox/walbox/internal/relaytest"
 	"github.com/walbox/walbox/outbox"
-	walboxsql "github.com/walbox/walbox/sql"
 )
 
 var pg *pgtest.Cluster // set once by TestMain
@@ -30,17 +28,14 @@ func TestMain(m *testing.M) { os.Exit(pgtest.Main(m, &pg)) }
 // the consumer creating one account per user in its own database, also
 // when the whole stream is delivered again.
 func TestUserGetsOneAccount(t *testing.T) {
-	ctx, cancel := context.WithTimeout(t.Context(), 55*time.Second)
-	defer cancel()
+	ctx := relaytest.Ctx(t)
 	serviceDB, accountsDB := pg.NewDB(t), pg.NewDB(t)
-	natsURL := startWalbox(t, ctx, serviceDB)
+	srv := natstest.New(t)
+	relaytest.StartUsersRelay(t, serviceDB, srv.URL())
+	natsURL := srv.URL()
 
 	// The producer side, as examples/producer does it.
-	service, err := pgxpool.New(ctx, serviceDB)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer service.Close()
+	service := relaytest.Pool(t, serviceDB)
 	if _, err := service.Exec(ctx, "CREATE TABLE users (id text PRIMARY KEY, email text NOT NULL UNIQUE)"); err != nil {
 		t.Fatal(err)
 	}
@@ -59,11 +54,7 @@ func TestUserGetsOneAccount(t *testing.T) {
 		}
 	}
 
-	accounts, err := pgxpool.New(ctx, accountsDB)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer accounts.Close()
+	accounts := relaytest.Pool(t, accountsDB)
 	args := []string{"-postgres-url", accountsDB, "-nats-url", natsURL}
 	noEnv := func(string) string { return "" }
 
@@ -146,8 +137,7 @@ func TestConsumerFlags(t *testing.T) {
 // TestCreateStreams: without walbox, -create-streams makes the streams the
 // consumer needs, and leaves existing ones alone.
 func TestCreateStreams(t *testing.T) {
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
+	ctx := relaytest.Ctx(t)
 	srv := natstest.New(t)
 	_, js := relaytest.JetStream(t, srv.URL())
 	for range 2 {
@@ -169,29 +159,4 @@ func count(t *testing.T, pool *pgxpool.Pool, query string) int {
 		t.Fatalf("%s: %v", query, err)
 	}
 	return n
-}
-
-// startWalbox migrates the service database and runs the relay in-process
-// with stream USERS (and walbox's dead-letter stream), until the test ends.
-// It returns the NATS URL.
-func startWalbox(t *testing.T, ctx context.Context, dbURL string) string {
-	t.Helper()
-	relaytest.Migrate(t, dbURL, walboxsql.Params{})
-	var slot string
-	if err := relaytest.Pool(t, dbURL).QueryRow(ctx, "SELECT current_database()").Scan(&slot); err != nil {
-		t.Fatal(err)
-	}
-	srv := natstest.New(t)
-	cfg := walboxconfig.Default()
-	cfg.Postgres.URL = dbURL
-	cfg.Postgres.Slot = slot
-	cfg.NATS.URL = srv.URL()
-	cfg.NATS.Streams = []walboxconfig.Stream{{Name: "USERS", Subjects: []string{"user.>"}, DuplicateWindow: 2 * time.Minute}}
-	cfg.Retry.Initial, cfg.Retry.Max = 100*time.Millisecond, time.Second
-	cfg.Metrics.Listen = ""
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	relaytest.StartRelay(t, cfg)
-	return srv.URL()
 }

@@ -12,11 +12,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 
-	walboxconfig "github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/natstest"
 	"github.com/walbox/walbox/internal/pgtest"
 	"github.com/walbox/walbox/internal/relaytest"
-	walboxsql "github.com/walbox/walbox/sql"
 )
 
 var pg *pgtest.Cluster // set once by TestMain
@@ -27,10 +25,9 @@ func TestMain(m *testing.M) { os.Exit(pgtest.Main(m, &pg)) }
 // relay: each created user yields one user.created message; a user that
 // cannot be created yields none.
 func TestProducer(t *testing.T) {
-	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Second)
-	defer cancel()
+	ctx := relaytest.Ctx(t)
 	dbURL := pg.NewDB(t)
-	js := startWalbox(t, ctx, dbURL)
+	js := startWalbox(t, dbURL)
 	env := func(string) string { return "" }
 
 	var out bytes.Buffer
@@ -71,16 +68,8 @@ func TestProducer(t *testing.T) {
 		t.Fatalf("%d users, want 4", len(users))
 	}
 
-	cons, err := js.OrderedConsumer(ctx, "USERS", jetstream.OrderedConsumerConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var got []UserCreated
-	for len(got) < 4 {
-		m, err := cons.Next(jetstream.FetchMaxWait(10 * time.Second))
-		if err != nil {
-			t.Fatalf("after %d messages: %v", len(got), err)
-		}
+	for _, m := range relaytest.CollectN(t, js, "USERS", jetstream.OrderedConsumerConfig{}, 30*time.Second, 4) {
 		var ev UserCreated
 		if err := json.Unmarshal(m.Data(), &ev); err != nil {
 			t.Fatal(err)
@@ -94,8 +83,14 @@ func TestProducer(t *testing.T) {
 	if got[3].Email != "last@example.com" {
 		t.Errorf("4th event is for %s: the failed user produced an event", got[3].Email)
 	}
-	if m, err := cons.Next(jetstream.FetchMaxWait(200 * time.Millisecond)); err == nil {
-		t.Errorf("unexpected extra message %s", m.Data())
+	// The relay publishes in commit order: with the last user's event
+	// stored, so is every event committed before it.
+	st, err := js.Stream(ctx, "USERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := st.CachedInfo().State.Msgs; n != 4 {
+		t.Errorf("stream USERS holds %d messages, want 4", n)
 	}
 }
 
@@ -120,25 +115,10 @@ func TestProducerFlags(t *testing.T) {
 
 // startWalbox migrates the database and runs the relay in-process with a
 // USERS stream, until the test ends.
-func startWalbox(t *testing.T, ctx context.Context, dbURL string) jetstream.JetStream {
+func startWalbox(t *testing.T, dbURL string) jetstream.JetStream {
 	t.Helper()
-	relaytest.Migrate(t, dbURL, walboxsql.Params{})
-	var slot string
-	if err := relaytest.Pool(t, dbURL).QueryRow(ctx, "SELECT current_database()").Scan(&slot); err != nil {
-		t.Fatal(err)
-	}
 	srv := natstest.New(t)
-	cfg := walboxconfig.Default()
-	cfg.Postgres.URL = dbURL
-	cfg.Postgres.Slot = slot
-	cfg.NATS.URL = srv.URL()
-	cfg.NATS.Streams = []walboxconfig.Stream{{Name: "USERS", Subjects: []string{"user.>"}, DuplicateWindow: 2 * time.Minute}}
-	cfg.Retry.Initial, cfg.Retry.Max = 100*time.Millisecond, time.Second
-	cfg.Metrics.Listen = ""
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	relaytest.StartRelay(t, cfg)
+	relaytest.StartUsersRelay(t, dbURL, srv.URL())
 	_, js := relaytest.JetStream(t, srv.URL())
 	return js
 }

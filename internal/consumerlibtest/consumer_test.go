@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/walbox/walbox/consumer"
+	"github.com/walbox/walbox/internal/relaytest"
 	walboxsql "github.com/walbox/walbox/sql"
 )
 
@@ -24,8 +25,7 @@ const traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 // user.created event. The table has no unique constraint on user_id on
 // purpose: only the idempotency record keeps it to one row per user.
 func accounts(runs *atomic.Int64) consumer.Handler {
-	return func(ctx context.Context, tx pgx.Tx, msg consumer.Message) error {
-		runs.Add(1)
+	return counted(runs, func(ctx context.Context, tx pgx.Tx, msg consumer.Message) error {
 		var ev struct {
 			UserID string `json:"user_id"`
 		}
@@ -34,6 +34,14 @@ func accounts(runs *atomic.Int64) consumer.Handler {
 		}
 		_, err := tx.Exec(ctx, "INSERT INTO accounts (user_id, event_id) VALUES ($1, $2)", ev.UserID, msg.ID)
 		return err
+	})
+}
+
+// counted is h, counting its runs in runs.
+func counted(runs *atomic.Int64, h consumer.Handler) consumer.Handler {
+	return func(ctx context.Context, tx pgx.Tx, msg consumer.Message) error {
+		runs.Add(1)
+		return h(ctx, tx, msg)
 	}
 }
 
@@ -84,11 +92,11 @@ func TestProcess(t *testing.T) {
 
 func (e *env) consumerInfo(durable string) *jetstream.ConsumerInfo {
 	e.t.Helper()
-	c, err := e.js.Consumer(testCtx(e.t), "USERS", durable)
+	c, err := e.js.Consumer(relaytest.Ctx(e.t), "USERS", durable)
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	info, err := c.Info(testCtx(e.t))
+	info, err := c.Info(relaytest.Ctx(e.t))
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -99,15 +107,10 @@ func (e *env) consumerInfo(durable string) *jetstream.ConsumerInfo {
 // unacknowledged.
 func (e *env) waitSettled(durable string) {
 	e.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
+	relaytest.Eventually(e.t, 30*time.Second, "consumer "+durable+" settled", func() bool {
 		info := e.consumerInfo(durable)
-		if info.NumPending == 0 && info.NumAckPending == 0 {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	e.t.Fatalf("consumer %s not settled: %+v", durable, e.consumerInfo(durable))
+		return info.NumPending == 0 && info.NumAckPending == 0
+	})
 }
 
 // TestDuplicateSuppression forces duplicates both ways JetStream can
@@ -127,15 +130,15 @@ func TestDuplicateSuppression(t *testing.T) {
 	}
 	// The same ids again, once the duplicate window has let them through.
 	for i := range events {
-		for e.publish("user.created", fmt.Sprintf("evt-%02d", i), fmt.Sprintf(`{"user_id": "u-%02d"}`, i), nil).Duplicate {
-			time.Sleep(20 * time.Millisecond)
-		}
+		relaytest.Eventually(t, 10*time.Second, fmt.Sprintf("evt-%02d stored again", i), func() bool {
+			return !e.publish("user.created", fmt.Sprintf("evt-%02d", i), fmt.Sprintf(`{"user_id": "u-%02d"}`, i), nil).Duplicate
+		})
 	}
-	st, err := e.js.Stream(testCtx(t), "USERS")
+	st, err := e.js.Stream(relaytest.Ctx(t), "USERS")
 	if err != nil {
 		t.Fatal(err)
 	}
-	info, err := st.Info(testCtx(t))
+	info, err := st.Info(relaytest.Ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +175,7 @@ func TestDuplicateSuppression(t *testing.T) {
 	}
 
 	// Replay: recreate the durable consumer from the start of the stream.
-	if err := e.js.DeleteConsumer(testCtx(t), "USERS", "accounts"); err != nil {
+	if err := e.js.DeleteConsumer(relaytest.Ctx(t), "USERS", "accounts"); err != nil {
 		t.Fatal(err)
 	}
 	replay := newOutcomes()
@@ -232,13 +235,12 @@ func TestRetryWithBackoffThenSuccess(t *testing.T) {
 func TestPermanentErrorDeadLetters(t *testing.T) {
 	e := newEnv(t, jetstream.StreamConfig{})
 	var runs atomic.Int64
-	h := func(ctx context.Context, tx pgx.Tx, msg consumer.Message) error {
-		runs.Add(1)
+	h := counted(&runs, func(ctx context.Context, tx pgx.Tx, msg consumer.Message) error {
 		if _, err := tx.Exec(ctx, "INSERT INTO accounts (user_id, event_id) VALUES ('x', $1)", msg.ID); err != nil {
 			return err
 		}
 		return consumer.Permanent(fmt.Errorf("user %s: email is not valid", msg.AggregateID))
-	}
+	})
 	e.publish("user.created", "evt-bad", `{"user_id": "u-1"}`, map[string]string{"traceparent": traceparent, "Walbox-Aggregate-Id": "u-1"})
 	out := newOutcomes()
 	e.start(consumer.Config{Stream: "USERS", Durable: "accounts", DB: e.db, OnOutcome: out.record}, h)
@@ -278,10 +280,9 @@ func TestPermanentErrorDeadLetters(t *testing.T) {
 func TestMaxDeliverDeadLetters(t *testing.T) {
 	e := newEnv(t, jetstream.StreamConfig{})
 	var runs atomic.Int64
-	h := func(ctx context.Context, tx pgx.Tx, msg consumer.Message) error {
-		runs.Add(1)
+	h := counted(&runs, func(ctx context.Context, tx pgx.Tx, msg consumer.Message) error {
 		return errors.New("partner API timed out")
-	}
+	})
 	e.publish("user.created", "evt-flaky", `{"user_id": "u-1"}`, nil)
 	out := newOutcomes()
 	e.start(consumer.Config{Stream: "USERS", Durable: "accounts", DB: e.db, OnOutcome: out.record,
@@ -307,10 +308,9 @@ func TestMaxDeliverDeadLetters(t *testing.T) {
 func TestUnprocessableMessages(t *testing.T) {
 	e := newEnv(t, jetstream.StreamConfig{})
 	var runs atomic.Int64
-	h := func(ctx context.Context, tx pgx.Tx, msg consumer.Message) error {
-		runs.Add(1)
+	h := counted(&runs, func(ctx context.Context, tx pgx.Tx, msg consumer.Message) error {
 		panic("nil map")
-	}
+	})
 	e.publish("user.created", "", `{}`, nil)
 	e.publish("user.created", "evt-panic", `{}`, nil)
 	out := newOutcomes()
@@ -330,7 +330,7 @@ func TestUnprocessableMessages(t *testing.T) {
 
 func TestRunChecksItsPrerequisites(t *testing.T) {
 	e := newEnv(t, jetstream.StreamConfig{})
-	ctx := testCtx(t)
+	ctx := relaytest.Ctx(t)
 	h := func(context.Context, pgx.Tx, consumer.Message) error { return nil }
 	bare := pg.NewDB(t)
 	bareDB, err := pgx.Connect(ctx, bare)
@@ -349,7 +349,7 @@ func TestRunChecksItsPrerequisites(t *testing.T) {
 		"wildcard dlq":        {consumer.Config{Stream: "USERS", Durable: "a", DB: e.db, DeadLetterSubject: "walbox.dlq.>"}, "plain subject"},
 		"negative max":        {consumer.Config{Stream: "USERS", Durable: "a", DB: e.db, MaxDeliver: -1}, "MaxDeliver"},
 		"negative backoff":    {consumer.Config{Stream: "USERS", Durable: "a", DB: e.db, Backoff: []time.Duration{-1}}, "Backoff"},
-		"missing idempotency": {consumer.Config{Stream: "USERS", Durable: "a", DB: poolFor(t, bare)}, "consumer.Migrate"},
+		"missing idempotency": {consumer.Config{Stream: "USERS", Durable: "a", DB: relaytest.Pool(t, bare)}, "consumer.Migrate"},
 	} {
 		err := consumer.Run(ctx, e.js, tc.cfg, h)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -368,7 +368,7 @@ func TestRunChecksItsPrerequisites(t *testing.T) {
 // walbox.processed_events as `walbox migrate`, and both can run in any
 // order, again and again.
 func TestMigrateMatchesWalbox(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := relaytest.Ctx(t)
 	describe := func(url string) string {
 		conn, err := pgx.Connect(ctx, url)
 		if err != nil {
@@ -396,7 +396,7 @@ func TestMigrateMatchesWalbox(t *testing.T) {
 	if err := consumer.Migrate(ctx, conn); err != nil { // after walbox migrate: a no-op
 		t.Fatal(err)
 	}
-	pool := poolFor(t, viaConsumer)
+	pool := relaytest.Pool(t, viaConsumer)
 	var wg sync.WaitGroup
 	for range 3 { // concurrent starts
 		wg.Add(1)
@@ -419,7 +419,7 @@ func TestMigrateMatchesWalbox(t *testing.T) {
 // and only the old ones.
 func TestRetentionPrunesOldIdempotencyRecords(t *testing.T) {
 	e := newEnv(t, jetstream.StreamConfig{})
-	ctx := testCtx(t)
+	ctx := relaytest.Ctx(t)
 	if _, err := e.db.Exec(ctx, `INSERT INTO walbox.processed_events (consumer_group, event_id, processed_at)
 		SELECT g, 'old-' || n, now() - interval '3 hours' FROM unnest(ARRAY['accounts', 'billing']) g, generate_series(1, 20005) n`); err != nil {
 		t.Fatal(err)
@@ -430,13 +430,9 @@ func TestRetentionPrunesOldIdempotencyRecords(t *testing.T) {
 	var runs atomic.Int64
 	stop := e.start(consumer.Config{Stream: "USERS", Durable: "accounts", DB: e.db, Retention: time.Hour}, accounts(&runs))
 	defer stop()
-	deadline := time.Now().Add(30 * time.Second)
-	for e.count("SELECT count(*) FROM walbox.processed_events WHERE consumer_group = 'accounts' AND event_id LIKE 'old-%'") != 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("old records of the group were not pruned")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	relaytest.Eventually(t, 30*time.Second, "the group's old records pruned", func() bool {
+		return e.count("SELECT count(*) FROM walbox.processed_events WHERE consumer_group = 'accounts' AND event_id LIKE 'old-%'") == 0
+	})
 	if n := e.count("SELECT count(*) FROM walbox.processed_events WHERE consumer_group = 'accounts' AND event_id = 'recent'"); n != 1 {
 		t.Fatal("a recent record was pruned")
 	}

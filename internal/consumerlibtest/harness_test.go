@@ -14,18 +14,12 @@ import (
 	"github.com/walbox/walbox/consumer"
 	"github.com/walbox/walbox/internal/natstest"
 	"github.com/walbox/walbox/internal/pgtest"
+	"github.com/walbox/walbox/internal/relaytest"
 )
 
 var pg *pgtest.Cluster // set once by TestMain
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m, &pg)) }
-
-func testCtx(t *testing.T) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
 
 // env: the consumer's own database (idempotency table and an accounts
 // table) and a JetStream server with stream USERS and walbox's dead-letter
@@ -41,36 +35,23 @@ type env struct {
 
 func newEnv(t *testing.T, users jetstream.StreamConfig) *env {
 	t.Helper()
-	ctx := testCtx(t)
+	ctx := relaytest.Ctx(t)
 	e := &env{t: t, url: pg.NewDB(t)}
-	var err error
-	e.db, err = pgxpool.New(ctx, e.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.db.Close)
+	e.db = relaytest.Pool(t, e.url)
 	if err := consumer.Migrate(ctx, e.db); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := e.db.Exec(ctx, `CREATE TABLE accounts (id bigserial PRIMARY KEY, user_id text NOT NULL, event_id text NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	srv := natstest.New(t)
-	e.nc, err = nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.nc.Close)
-	e.js, err = jetstream.New(e.nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	e.nc, e.js = relaytest.JetStream(t, natstest.New(t).URL())
 	if users.Name == "" {
 		users = jetstream.StreamConfig{Name: "USERS", Subjects: []string{"user.>"}}
 	}
 	if _, err := e.js.CreateStream(ctx, users); err != nil {
 		t.Fatal(err)
 	}
+	var err error
 	e.dlqs, err = e.js.CreateStream(ctx, jetstream.StreamConfig{Name: "WALBOX_DLQ", Subjects: []string{"walbox.dlq.>"}})
 	if err != nil {
 		t.Fatal(err)
@@ -91,7 +72,7 @@ func (e *env) publish(subject, id, data string, extra map[string]string) *jetstr
 	for k, v := range extra {
 		m.Header[k] = []string{v}
 	}
-	ack, err := e.js.PublishMsg(testCtx(e.t), m)
+	ack, err := e.js.PublishMsg(relaytest.Ctx(e.t), m)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -101,7 +82,7 @@ func (e *env) publish(subject, id, data string, extra map[string]string) *jetstr
 func (e *env) count(query string, args ...any) int {
 	e.t.Helper()
 	var n int
-	if err := e.db.QueryRow(testCtx(e.t), query, args...).Scan(&n); err != nil {
+	if err := e.db.QueryRow(relaytest.Ctx(e.t), query, args...).Scan(&n); err != nil {
 		e.t.Fatalf("%s: %v", query, err)
 	}
 	return n
@@ -109,9 +90,8 @@ func (e *env) count(query string, args ...any) int {
 
 // outcomes collects what Run reports, for waiting on it.
 type outcomes struct {
-	mu   sync.Mutex
-	all  []result
-	wake chan struct{}
+	mu  sync.Mutex
+	all []result
 }
 
 type result struct {
@@ -120,16 +100,12 @@ type result struct {
 	err     error
 }
 
-func newOutcomes() *outcomes { return &outcomes{wake: make(chan struct{}, 1)} }
+func newOutcomes() *outcomes { return &outcomes{} }
 
 func (o *outcomes) record(m consumer.Message, out consumer.Outcome, err error) {
 	o.mu.Lock()
+	defer o.mu.Unlock()
 	o.all = append(o.all, result{m, out, err})
-	o.mu.Unlock()
-	select {
-	case o.wake <- struct{}{}:
-	default:
-	}
 }
 
 func (o *outcomes) count(out consumer.Outcome) int {
@@ -156,18 +132,10 @@ func (o *outcomes) snapshot() []result {
 	return append([]result(nil), o.all...)
 }
 
-// waitFor waits until cond holds (checked after every outcome), 30 s at most.
+// waitFor waits until cond holds, 30 s at most.
 func (o *outcomes) waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.After(30 * time.Second)
-	for !cond() {
-		select {
-		case <-o.wake:
-		case <-time.After(100 * time.Millisecond):
-		case <-deadline:
-			t.Fatalf("timed out waiting for %s; outcomes so far: %d", what, o.total())
-		}
-	}
+	relaytest.Eventually(t, 30*time.Second, what, cond)
 }
 
 // start runs consumer.Run until the test ends (or stop is called) and
@@ -201,34 +169,8 @@ func (e *env) startWith(js jetstream.JetStream, cfg consumer.Config, h consumer.
 	return stop
 }
 
-// deadLetters reads every message of the dead-letter stream.
+// deadLetters reads the first n messages of the dead-letter stream.
 func (e *env) deadLetters(n int) []jetstream.Msg {
 	e.t.Helper()
-	ctx := testCtx(e.t)
-	cons, err := e.js.OrderedConsumer(ctx, "WALBOX_DLQ", jetstream.OrderedConsumerConfig{})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	var out []jetstream.Msg
-	deadline := time.Now().Add(30 * time.Second)
-	for len(out) < n && time.Now().Before(deadline) {
-		m, err := cons.Next(jetstream.FetchMaxWait(time.Second))
-		if err == nil {
-			out = append(out, m)
-		}
-	}
-	if len(out) < n {
-		e.t.Fatalf("%d dead letters, want %d", len(out), n)
-	}
-	return out
-}
-
-func poolFor(t *testing.T, url string) *pgxpool.Pool {
-	t.Helper()
-	p, err := pgxpool.New(testCtx(t), url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Close)
-	return p
+	return relaytest.CollectN(e.t, e.js, "WALBOX_DLQ", jetstream.OrderedConsumerConfig{}, 30*time.Second, n)
 }

@@ -19,6 +19,16 @@ import (
 // root is the repository root, relative to this package.
 const root = "../.."
 
+// readRoot reads the file name at the repository's root.
+func readRoot(t *testing.T, name string) []byte {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(root, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
 // words is a compose field that may be a string or a list of strings.
 type words []string
 
@@ -74,10 +84,7 @@ type compose struct {
 
 func loadCompose(t *testing.T) compose {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join(root, "docker-compose.yml"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	data := readRoot(t, "docker-compose.yml")
 	var c compose
 	if err := yaml.Unmarshal(data, &c); err != nil {
 		t.Fatalf("docker-compose.yml: %v", err)
@@ -311,14 +318,8 @@ func goBuild(t *testing.T, name, text string) []string {
 }
 
 func TestDockerfileBuildsLikeTheMakefile(t *testing.T) {
-	mk, err := os.ReadFile(filepath.Join(root, "Makefile"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	df, err := os.ReadFile(filepath.Join(root, "Dockerfile"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	mk := readRoot(t, "Makefile")
+	df := readRoot(t, "Dockerfile")
 	want := goBuild(t, "Makefile", string(mk))
 	got := goBuild(t, "Dockerfile", string(df))
 	if !slices.Contains(want, "./cmd/walbox") {
@@ -329,10 +330,7 @@ func TestDockerfileBuildsLikeTheMakefile(t *testing.T) {
 	}
 
 	// The build image's Go is the one go.mod asks for.
-	gomod, err := os.ReadFile(filepath.Join(root, "go.mod"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	gomod := readRoot(t, "go.mod")
 	m := regexp.MustCompile(`(?m)^go (\d+\.\d+)`).FindSubmatch(gomod)
 	if m == nil {
 		t.Fatal("go.mod has no go directive")
@@ -349,10 +347,7 @@ func TestDockerfileBuildsLikeTheMakefile(t *testing.T) {
 // runtimeImage is the base of the Dockerfile's last stage.
 func runtimeImage(t *testing.T) string {
 	t.Helper()
-	df, err := os.ReadFile(filepath.Join(root, "Dockerfile"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	df := readRoot(t, "Dockerfile")
 	from := regexp.MustCompile(`(?m)^FROM\s+(\S+)`).FindAllStringSubmatch(string(df), -1)
 	if len(from) == 0 {
 		t.Fatal("Dockerfile has no FROM")

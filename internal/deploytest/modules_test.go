@@ -203,14 +203,8 @@ func exitStderr(err error) []byte {
 func TestLibraryModulesAreWiredIn(t *testing.T) {
 	rootMod := readGoMod(t, filepath.Join(root, "go.mod"))
 	benchMod := readGoMod(t, filepath.Join(root, "bench", "go.mod"))
-	df, err := os.ReadFile(filepath.Join(root, "Dockerfile"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	mk, err := os.ReadFile(filepath.Join(root, "Makefile"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	df := readRoot(t, "Dockerfile")
+	mk := readRoot(t, "Makefile")
 	libs := regexp.MustCompile(`(?m)^LIBS\s*:=(.*)$`).FindSubmatch(mk)
 	if libs == nil {
 		t.Fatal("Makefile has no LIBS")

@@ -15,21 +15,14 @@ import (
 
 	"github.com/walbox/walbox/internal/devenv"
 	"github.com/walbox/walbox/internal/pgcluster"
+	"github.com/walbox/walbox/internal/pgtest"
 )
 
 // runDir returns an empty folder for Config.Dir that the PostgreSQL server
 // user can reach when the tests run as root (t.TempDir cannot be).
 func runDir(t *testing.T) string {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "walbox-devenv-test-*")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir
+	return pgtest.ServerDir(t, "walbox-devenv-test-*")
 }
 
 func testLogger(t *testing.T) zerolog.Logger {

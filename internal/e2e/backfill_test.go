@@ -19,8 +19,7 @@ import (
 // stream starts after the snapshot: only the backfill marker tells the next
 // start that those rows still have to go out.
 func TestBackfillInterruptedByCrashIsRedone(t *testing.T) {
-	e := newEnv(t)
-	e.migrate()
+	e := newMigratedEnv(t)
 	ctx := context.Background()
 	const rows = 60000
 	if _, err := e.pool.Exec(ctx, fmt.Sprintf(`INSERT INTO outbox_events (topic, payload)
@@ -72,8 +71,7 @@ func TestBackfillInterruptedByCrashIsRedone(t *testing.T) {
 // after the slot was created must leave no backfill marker behind when
 // everything was confirmed, or the next start recreates the slot for nothing.
 func TestCleanStopRightAfterFirstStartDoesNotRedoTheBackfill(t *testing.T) {
-	e := newEnv(t)
-	e.migrate()
+	e := newMigratedEnv(t)
 	p := e.spawnRelay()
 	// The slot shows active while it is being created; wait until the relay
 	// streams, then stop it at once (before the marker's periodic upkeep).
@@ -102,8 +100,7 @@ func TestCleanStopRightAfterFirstStartDoesNotRedoTheBackfill(t *testing.T) {
 // they were inserted, statement by statement and row by row, and the
 // transactions in commit order.
 func TestBackfillKeepsInsertionOrderInsideTransactions(t *testing.T) {
-	e := newEnv(t)
-	e.migrate()
+	e := newMigratedEnv(t)
 	ctx := context.Background()
 	// Free space in earlier pages (as the sweeper's marks and vacuum leave
 	// it), so the heap does not simply fill up in insertion order.

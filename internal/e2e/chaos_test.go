@@ -19,8 +19,7 @@ import (
 // WALBOX_CHAOS_DURATION sets how long (default 30s; `make chaos` runs 3m).
 func TestChaos(t *testing.T) {
 	duration := chaosDuration(t)
-	e := newEnv(t)
-	e.migrate()
+	e := newMigratedEnv(t)
 	w := e.witness("outbox_events")
 	relay := e.spawnRelay()
 	stop := e.loadInBackground(outboxtest.Load{Producers: 4, MaxRows: 20, Rollback: 0.1, Rate: 25})
@@ -81,8 +80,7 @@ func TestChaos(t *testing.T) {
 // resume check alone keeps them out), out of order per partition.
 func TestChaosKafka(t *testing.T) {
 	duration := chaosDuration(t)
-	e := newKafkaEnv(t)
-	e.migrate()
+	e := newMigratedKafkaEnv(t)
 	w := e.witness("outbox_events")
 	relay := e.spawnRelay()
 	stop := e.loadInBackground(outboxtest.Load{Producers: 4, MaxRows: 20, Rollback: 0.1, Rate: 25, Keys: 16})

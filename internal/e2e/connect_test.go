@@ -26,42 +26,21 @@ func hbaCluster(t *testing.T, hba string) *pgtest.Cluster {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cl, err := pgtest.Start(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cl.Close() })
-	url, err := cl.CreateDB(ctx, "app")
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	if _, err := walboxsql.Apply(ctx, conn, walboxsql.Params{}); err != nil {
-		t.Fatal(err)
-	}
-	for _, q := range []string{
+	cl, url := pgtest.OwnDB(ctx, t)
+	relaytest.Migrate(t, url, walboxsql.Params{})
+	relaytest.Exec(t, url,
 		"SET password_encryption = 'scram-sha-256'",
 		"CREATE ROLE walbox LOGIN REPLICATION PASSWORD 'pw'",
 		"GRANT SELECT, UPDATE ON ALL TABLES IN SCHEMA public TO walbox",
 		"GRANT USAGE, CREATE ON SCHEMA walbox TO walbox",
 		"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA walbox TO walbox",
 		"ALTER PUBLICATION walbox_outbox OWNER TO walbox",
-	} {
-		if _, err := conn.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+	)
 	full := "# written by the test\nhost all postgres 127.0.0.1/32 trust\nhost replication postgres 127.0.0.1/32 trust\n" + hba
 	if err := os.WriteFile(filepath.Join(cl.DataDir(), "pg_hba.conf"), []byte(full), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := conn.Exec(ctx, "SELECT pg_reload_conf()"); err != nil {
-		t.Fatal(err)
-	}
+	relaytest.Exec(t, url, "SELECT pg_reload_conf()")
 	return cl
 }
 
@@ -148,8 +127,7 @@ func TestPgHBAForLogicalReplicationIsTheDatabaseLine(t *testing.T) {
 // 1 not supported in non-clustered mode", and doctor called it OK. Now
 // doctor fails with the fix and walbox run exits 1 with it.
 func TestReplicasAboveOneOnASingleServerFailsFast(t *testing.T) {
-	e := newEnv(t)
-	e.migrate()
+	e := newMigratedEnv(t)
 	for i := range e.cfg.NATS.Streams {
 		e.cfg.NATS.Streams[i].Replicas = 3
 	}
@@ -173,8 +151,7 @@ func TestReplicasAboveOneOnASingleServerFailsFast(t *testing.T) {
 // stays not ready, and says why: the connection is refused (it used to
 // print "outbound buffer limit exceeded" forever).
 func TestWrongNATSAddressSaysConnectionRefused(t *testing.T) {
-	e := newEnv(t)
-	e.migrate()
+	e := newMigratedEnv(t)
 	addr := freeAddr(t)
 	e.cfg.NATS.URL = "nats://" + freeAddr(t) // nothing listens there
 	e.cfg.Metrics.Listen = addr

@@ -22,8 +22,7 @@ import (
 // the first old row was a configuration error, and walbox exited, started
 // again and failed on the same row forever.
 func TestRenamedColumnWithBacklogDeadLettersTheUnmappableRows(t *testing.T) {
-	e := newEnv(t)
-	e.migrate()
+	e := newMigratedEnv(t)
 	ctx := context.Background()
 	r := e.startRelay() // creates the slot
 	r.stop(t)
@@ -61,8 +60,7 @@ func TestRenamedColumnWithBacklogDeadLettersTheUnmappableRows(t *testing.T) {
 // A configured column the table does not have now is a configuration error
 // at start, naming the key and the fix: every new row would be dead-lettered.
 func TestMissingColumnFailsAtStartWithTheKey(t *testing.T) {
-	e := newEnv(t, func(c *config.Config) { c.Outbox.Columns = map[string]string{"topic": "nope"} })
-	e.migrate()
+	e := newMigratedEnv(t, func(c *config.Config) { c.Outbox.Columns = map[string]string{"topic": "nope"} })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	err := app.Run(ctx, e.cfg, zerolog.Nop(), app.Options{})

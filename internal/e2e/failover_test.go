@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/rs/zerolog"
 
@@ -78,26 +77,28 @@ func testPromotion(t *testing.T, sync bool) {
 	both := fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/app?sslmode=disable&target_session_attrs=read-write", primary.Port(), standby.Port())
 	e := newEnv(t)
 	e.cfg.Postgres.URL, e.dbURL = both, both
-	pool, err := pgxpool.New(ctx, both)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	e.pool = pool
+	e.pool = relaytest.Pool(t, both)
 	e.startRelay()
 	stop := e.loadInBackground(outboxtest.Load{Producers: 8, MaxRows: 10, Rollback: 0.1, Rate: 20})
 	time.Sleep(3 * time.Second) // pacing: the failover lands mid-load
-	resumed := failOver(ctx, t, primary, standby)
-	time.Sleep(3 * time.Second) // pacing: load goes on against the new primary
-	res := stop()
-
-	st := e.checkPromotion(ctx, standby.URL("app"), res)
-	t.Logf("promotion: %d events checked on the new primary, lost %d, duplicated %d, out of order per producer %d, republished from the snapshot %d; "+
-		"in the stream but lost by the new primary %d; walbox streamed from the promoted standby %.1f s after pg_ctl promote returned",
-		st.checked, st.lost, st.dup, st.outOfOrder, st.republished, st.lostByNewPrimary, resumed.Seconds())
+	st := e.failOverUnderLoad(ctx, "promotion", primary, standby, stop)
 	if st.lost+st.dup+st.outOfOrder+st.fromRolledBack != 0 || st.checked == 0 {
 		t.Fatalf("guarantees broken: lost %d, duplicated %d, out of order %d, from rolled-back transactions %d", st.lost, st.dup, st.outOfOrder, st.fromRolledBack)
 	}
+}
+
+// failOverUnderLoad fails over from primary to standby while the load
+// goes on, stops the load, and checks what the promoted standby holds.
+func (e *env) failOverUnderLoad(ctx context.Context, what string, primary *pgtest.Cluster, standby *pgcluster.Cluster, stop func() *outboxtest.Result) promotionStats {
+	e.t.Helper()
+	resumed := failOver(ctx, e.t, primary, standby)
+	time.Sleep(3 * time.Second) // pacing: load goes on against the new primary
+	res := stop()
+	st := e.checkPromotion(ctx, standby.URL("app"), res)
+	e.t.Logf("%s: %d events checked on the new primary, lost %d, duplicated %d, out of order per producer %d, republished from a snapshot %d; "+
+		"in the stream but lost by the new primary %d; walbox streamed from the promoted standby %.1f s after pg_ctl promote returned",
+		what, st.checked, st.lost, st.dup, st.outOfOrder, st.republished, st.lostByNewPrimary, resumed.Seconds())
+	return st
 }
 
 type promotionStats struct {
@@ -194,24 +195,9 @@ func (e *env) checkPromotion(ctx context.Context, newPrimaryURL string, res *out
 // republished backfill can keep commit order.
 func startPrimary(ctx context.Context, t *testing.T) (*pgtest.Cluster, string) {
 	t.Helper()
-	primary, err := pgtest.Start(ctx, pgtest.WithSetting("synchronous_commit", "on"),
+	primary, pURL := pgtest.OwnDB(ctx, t, pgtest.WithSetting("synchronous_commit", "on"),
 		pgtest.WithSetting("wal_sender_timeout", "5s"), pgtest.WithSetting("track_commit_timestamp", "on"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { primary.Close() })
-	pURL, err := primary.CreateDB(ctx, "app")
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := pgx.Connect(ctx, pURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	if _, err := walboxsql.Apply(ctx, conn, walboxsql.Params{Publication: "walbox"}); err != nil {
-		t.Fatal(err)
-	}
+	relaytest.Migrate(t, pURL, walboxsql.Params{Publication: "walbox"})
 	return primary, pURL
 }
 
@@ -292,12 +278,7 @@ func TestFailoverSlotFollowsPromotion(t *testing.T) {
 	if c := standbyChecks()["standby.slot"]; c.Status != ops.Fail || c.Fix == "" {
 		t.Fatalf("doctor --standby before walbox made its slot: %+v, want a failure with the fix", c)
 	}
-	pool, err := pgxpool.New(ctx, both)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	e.pool = pool
+	e.pool = relaytest.Pool(t, both)
 	e.startRelay()
 	stop := e.loadInBackground(outboxtest.Load{Producers: 8, MaxRows: 10, Rollback: 0.1, Rate: 20})
 	// A synced slot is usable after a failover only once it is persisted
@@ -322,13 +303,7 @@ func TestFailoverSlotFollowsPromotion(t *testing.T) {
 			t.Fatalf("doctor --standby with the slot synced and persisted: %s is %v: %s", name, c.Status, c.Detail)
 		}
 	}
-	resumed := failOver(ctx, t, primary, standby)
-	time.Sleep(3 * time.Second) // pacing: load goes on against the new primary
-	res := stop()
-	st := e.checkPromotion(ctx, standby.URL("app"), res)
-	t.Logf("failover slot: %d events checked on the new primary, lost %d, duplicated %d, out of order per producer %d, republished from a snapshot %d; "+
-		"in the stream but lost by the new primary %d; walbox streamed from the promoted standby %.1f s after pg_ctl promote returned",
-		st.checked, st.lost, st.dup, st.outOfOrder, st.republished, st.lostByNewPrimary, resumed.Seconds())
+	st := e.failOverUnderLoad(ctx, "failover slot", primary, standby, stop)
 	if st.lost+st.dup+st.outOfOrder+st.fromRolledBack+st.republished != 0 || st.checked == 0 {
 		t.Fatalf("guarantees broken (or the slot did not follow: %d republished)", st.republished)
 	}

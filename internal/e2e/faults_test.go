@@ -22,8 +22,7 @@ func (e *env) loadInBackground(l outboxtest.Load) (stop func() *outboxtest.Resul
 }
 
 func TestRelayKilledMidStreamLosesNothing(t *testing.T) {
-	e := newEnv(t)
-	e.migrate()
+	e := newMigratedEnv(t)
 	w := e.witness("outbox_events")
 	var stop func() *outboxtest.Result
 
@@ -48,8 +47,7 @@ func TestRelayKilledMidStreamLosesNothing(t *testing.T) {
 }
 
 func TestSIGTERMDrainsAndConfirmsWhatWasAcked(t *testing.T) {
-	e := newEnv(t)
-	e.migrate()
+	e := newMigratedEnv(t)
 	w := e.witness("outbox_events")
 	p := e.spawnRelay()
 	res := outboxtest.Load{Producers: 2, MaxRows: 10, Txns: 20}.Run(context.Background(), e.pool)
@@ -122,8 +120,7 @@ func TestNATSOutageLongerThanBackoffCeilingLosesNothing(t *testing.T) {
 }
 
 func TestPostgresRestartMidLoadLosesNothing(t *testing.T) {
-	e := newEnv(t)
-	e.migrate()
+	e := newMigratedEnv(t)
 	w := e.witness("outbox_events")
 	e.startRelay()
 	stop := e.loadInBackground(outboxtest.Load{Producers: 4, MaxRows: 20, Rollback: 0.1, Rate: 30})
@@ -140,8 +137,7 @@ func TestPostgresRestartMidLoadLosesNothing(t *testing.T) {
 }
 
 func TestFirstStartPublishesRowsAlreadyWaiting(t *testing.T) {
-	e := newEnv(t)
-	e.migrate()
+	e := newMigratedEnv(t)
 	w := e.witness("outbox_events")
 	// Rows committed before walbox ever ran, and rows committed while it
 	// creates its slot: the snapshot and the stream must meet exactly.

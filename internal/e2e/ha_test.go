@@ -20,8 +20,7 @@ func ready(addr string) bool {
 }
 
 func TestStandbyTakesOverWhenLeaderIsKilled(t *testing.T) {
-	e := newEnv(t)
-	e.migrate()
+	e := newMigratedEnv(t)
 	w := e.witness("outbox_events")
 	addrA, addrB := freeAddr(t), freeAddr(t)
 	a := e.startProc("WALBOX_METRICS_LISTEN=" + addrA)

@@ -112,6 +112,14 @@ func newEnv(t *testing.T, mutate ...func(*config.Config)) *env {
 	return e
 }
 
+// newMigratedEnv is newEnv with walbox's migrations applied.
+func newMigratedEnv(t *testing.T, mutate ...func(*config.Config)) *env {
+	t.Helper()
+	e := newEnv(t, mutate...)
+	e.migrate()
+	return e
+}
+
 // migrate applies walbox's migrations for the default table.
 func (e *env) migrate() {
 	e.t.Helper()
@@ -132,13 +140,7 @@ func (e *env) conn() *pgx.Conn {
 // witness creates the independent commit-order witness slot.
 func (e *env) witness(table string) *outboxtest.Witness {
 	e.t.Helper()
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, e.dbURL)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	w, err := outboxtest.CreateWitness(ctx, conn, "witness", table)
+	w, err := outboxtest.CreateWitness(context.Background(), e.conn(), "witness", table)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -308,6 +310,20 @@ func (e *env) streamNames() []string {
 }
 
 // waitDelivered waits until the streams hold at least n messages in all.
+// firstMsg returns the message at sequence 1 of stream.
+func (e *env) firstMsg(ctx context.Context, stream string) *jetstream.RawStreamMsg {
+	e.t.Helper()
+	st, err := e.js.Stream(ctx, stream)
+	if err != nil {
+		e.t.Fatalf("stream %s: %v", stream, err)
+	}
+	m, err := st.GetMsg(ctx, 1)
+	if err != nil {
+		e.t.Fatalf("message 1 of %s: %v", stream, err)
+	}
+	return m
+}
+
 func (e *env) waitDelivered(n int, timeout time.Duration) {
 	e.t.Helper()
 	var total uint64
@@ -376,11 +392,7 @@ func settleSubject(p string) string {
 func (e *env) check(w *outboxtest.Witness, res *outboxtest.Result) outboxtest.Report {
 	e.t.Helper()
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, e.dbURL)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	conn := e.conn()
 	committed, err := w.Committed(ctx, conn)
 	if err != nil {
 		e.t.Fatal(err)

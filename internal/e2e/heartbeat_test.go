@@ -15,8 +15,7 @@ import (
 // another database of the cluster writes heavily; the heartbeat keeps the
 // slot moving, so retained WAL stays small.
 func TestIdleOutboxRetainsNoWALWhileAnotherDatabaseWrites(t *testing.T) {
-	e := newEnv(t, func(c *config.Config) { c.Postgres.HeartbeatInterval = 2 * time.Second })
-	e.migrate()
+	e := newMigratedEnv(t, func(c *config.Config) { c.Postgres.HeartbeatInterval = 2 * time.Second })
 	e.startRelay()
 	ctx := context.Background()
 	otherURL := s.pg.NewDB(t)

@@ -5,13 +5,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/walbox/walbox/cdc"
 	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/ops"
 	"github.com/walbox/walbox/internal/outboxtest"
 	"github.com/walbox/walbox/internal/pgtest"
+	"github.com/walbox/walbox/internal/relaytest"
 )
 
 // TestIdleSlotTimeoutInvalidationIsRecovered: PostgreSQL 18 invalidates a
@@ -23,11 +22,7 @@ import (
 func TestIdleSlotTimeoutInvalidationIsRecovered(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cl, err := pgtest.Start(ctx, pgtest.WithSetting("synchronous_commit", "on"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	cl := pgtest.StartOwn(ctx, t, pgtest.WithSetting("synchronous_commit", "on"))
 	v, err := cl.Version()
 	if err != nil {
 		t.Fatal(err)
@@ -106,12 +101,7 @@ func envOn(t *testing.T, cl *pgtest.Cluster, name string, mutate ...func(*config
 	}
 	e := newEnv(t, append([]func(*config.Config){func(c *config.Config) { c.Postgres.URL = url }}, mutate...)...)
 	e.dbURL = url
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	e.pool = pool
+	e.pool = relaytest.Pool(t, url)
 	e.migrate()
 	return e
 }

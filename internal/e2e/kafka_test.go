@@ -9,8 +9,6 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kfake"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/kafkatest"
@@ -29,39 +27,33 @@ var kafkaTopics = []string{"orders.created", "orders.paid", "payments.settled"}
 // kafkaEnv is an env whose relay publishes to a kfake cluster.
 type kafkaEnv struct {
 	*env
-	kafka *kfake.Cluster
-	adm   *kadm.Client
+	kafka *kafkatest.Cluster
 }
 
 func newKafkaEnv(t *testing.T, mutate ...func(*config.Config)) *kafkaEnv {
 	t.Helper()
-	c, err := kfake.NewCluster(kfake.NumBrokers(3))
-	if err != nil {
-		t.Fatal(err)
+	k := kafkatest.NewCluster(t)
+	var topics []config.KafkaTopic
+	for _, name := range kafkaTopics {
+		topics = append(topics, config.KafkaTopic{Name: name, Partitions: 4, ReplicationFactor: 3})
 	}
-	t.Cleanup(c.Close)
-	e := newEnv(t, append([]func(*config.Config){func(cfg *config.Config) {
-		cfg.Sink = config.SinkKafka
-		cfg.Kafka.Brokers = c.ListenAddrs()
-		cfg.Kafka.AckTimeout = 10 * time.Second
-		cfg.Kafka.Topics = nil
-		for _, name := range kafkaTopics {
-			cfg.Kafka.Topics = append(cfg.Kafka.Topics, config.KafkaTopic{Name: name, Partitions: 4, ReplicationFactor: 3})
-		}
-	}}, mutate...)...)
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cl.Close)
-	return &kafkaEnv{env: e, kafka: c, adm: kadm.NewClient(cl)}
+	e := newEnv(t, append([]func(*config.Config){k.Sink(topics...)}, mutate...)...)
+	return &kafkaEnv{env: e, kafka: k}
+}
+
+// newMigratedKafkaEnv is newKafkaEnv with walbox's migrations applied.
+func newMigratedKafkaEnv(t *testing.T, mutate ...func(*config.Config)) *kafkaEnv {
+	t.Helper()
+	e := newKafkaEnv(t, mutate...)
+	e.migrate()
+	return e
 }
 
 // stored is how many records the topics (and the dead-letter topic) hold.
 func (e *kafkaEnv) stored() int64 {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	ends, err := e.adm.ListEndOffsets(ctx, append(kafkaTopics, e.cfg.Kafka.DLQTopic)...)
+	ends, err := e.kafka.Admin.ListEndOffsets(ctx, append(kafkaTopics, e.cfg.Kafka.DLQTopic)...)
 	if err != nil {
 		return 0
 	}
@@ -130,8 +122,7 @@ func (e *kafkaEnv) checkKafka(w *outboxtest.Witness, res *outboxtest.Result) (ou
 }
 
 func TestKafkaEventsArriveExactlyOnceInKeyOrder(t *testing.T) {
-	e := newKafkaEnv(t)
-	e.migrate()
+	e := newMigratedKafkaEnv(t)
 	w := e.witness("outbox_events")
 	e.startRelay()
 	res := outboxtest.Load{Producers: 8, MaxRows: 20, Txns: 25, Keys: 16}.Run(context.Background(), e.pool)
@@ -156,8 +147,7 @@ func TestKafkaEventsArriveExactlyOnceInKeyOrder(t *testing.T) {
 }
 
 func TestKafkaKeylessEventsKeepCommitOrder(t *testing.T) {
-	e := newKafkaEnv(t)
-	e.migrate()
+	e := newMigratedKafkaEnv(t)
 	w := e.witness("outbox_events")
 	e.startRelay()
 	res := outboxtest.Load{Producers: 4, MaxRows: 10, Txns: 20}.Run(context.Background(), e.pool)
@@ -175,8 +165,7 @@ func TestKafkaKeylessEventsKeepCommitOrder(t *testing.T) {
 // acked events, and the restarted relay's resume check skips what the
 // partitions already hold, so nothing is stored twice without Nats-Msg-Id.
 func TestKafkaRelayKilledMidStreamLosesNothing(t *testing.T) {
-	e := newKafkaEnv(t)
-	e.migrate()
+	e := newMigratedKafkaEnv(t)
 	w := e.witness("outbox_events")
 	var stop func() *outboxtest.Result
 	for round, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGTERM, syscall.SIGKILL} {
@@ -203,8 +192,7 @@ func TestKafkaRelayKilledMidStreamLosesNothing(t *testing.T) {
 // produces with NOT_ENOUGH_REPLICAS, each for a stretch of produce
 // requests, while producers write.
 func TestKafkaBrokerConnectionLossAndRefusedProducesLoseNothing(t *testing.T) {
-	e := newKafkaEnv(t)
-	e.migrate()
+	e := newMigratedKafkaEnv(t)
 	w := e.witness("outbox_events")
 	e.startRelay()
 	stop := e.loadInBackground(outboxtest.Load{Producers: 4, MaxRows: 20, Rollback: 0.1, Rate: 40, Keys: 8})
@@ -223,8 +211,7 @@ func TestKafkaBrokerConnectionLossAndRefusedProducesLoseNothing(t *testing.T) {
 // kafka.max_message_bytes (without its payload); the rows around them are
 // published in order.
 func TestKafkaPoisonRowsGoToTheDeadLetterTopic(t *testing.T) {
-	e := newKafkaEnv(t, func(cfg *config.Config) { cfg.Kafka.MaxMessageBytes = 4096 })
-	e.migrate()
+	e := newMigratedKafkaEnv(t, func(cfg *config.Config) { cfg.Kafka.MaxMessageBytes = 4096 })
 	e.startRelay()
 	ctx := context.Background()
 	conn := e.conn()
@@ -291,8 +278,7 @@ func (e *kafkaEnv) waitProcessed(t *testing.T, id string) {
 }
 
 func TestKafkaStandbyTakesOverWhenLeaderIsKilled(t *testing.T) {
-	e := newKafkaEnv(t)
-	e.migrate()
+	e := newMigratedKafkaEnv(t)
 	w := e.witness("outbox_events")
 	addrA, addrB := freeAddr(t), freeAddr(t)
 	a := e.startProc("WALBOX_METRICS_LISTEN=" + addrA)
@@ -319,7 +305,7 @@ func TestKafkaStandbyTakesOverWhenLeaderIsKilled(t *testing.T) {
 // too few in-sync replicas does. It returns once n requests were failed.
 func (e *kafkaEnv) faultProduces(t *testing.T, cut bool, n int64) {
 	t.Helper()
-	hits := kafkatest.FailProduces(e.kafka, cut, func(failed int64) bool { return failed < n })
+	hits := kafkatest.FailProduces(e.kafka.Cluster, cut, func(failed int64) bool { return failed < n })
 	relaytest.Eventually(t, 60*time.Second, fmt.Sprintf("%d produce requests failed by the brokers", n), func() bool { return hits.Load() >= n })
 }
 
@@ -331,8 +317,7 @@ func (e *kafkaEnv) faultProduces(t *testing.T, cut bool, n int64) {
 // connections (and leader moves) later, the same relay process still
 // streams.
 func TestRelayProcessRidesOutBrokenBrokerConnections(t *testing.T) {
-	e := newKafkaEnv(t)
-	e.migrate()
+	e := newMigratedKafkaEnv(t)
 	p := e.spawnRelay()
 	stop := e.loadInBackground(outboxtest.Load{Producers: 4, MaxRows: 20, Rollback: 0.1, Rate: 25, Keys: 16})
 	defer stop()

@@ -4,12 +4,11 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/internal/relaytest"
 )
 
 // slowProxy forwards TCP connections from a loopback port to target,
@@ -17,23 +16,7 @@ import (
 // It stops with the test.
 func slowProxy(t *testing.T, target string, rate int) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var conns []net.Conn
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	throttled := func(dst io.Writer, src io.Reader) {
+	return "nats://" + relaytest.Proxy(t, target, func(dst io.Writer, src io.Reader) {
 		buf := make([]byte, 16<<10)
 		for {
 			n, err := src.Read(buf)
@@ -47,29 +30,32 @@ func slowProxy(t *testing.T, target string, rate int) string {
 				return
 			}
 		}
-	}
-	wg.Add(1)
+	})
+}
+
+// samplePeak reads gauge name from the metrics at addr every interval until
+// the returned func is called; that returns the highest value read (0: none).
+func samplePeak(addr, name string, every time.Duration) (stop func() float64) {
+	var peak float64
+	done, sampled := make(chan struct{}), make(chan struct{})
 	go func() {
-		defer wg.Done()
+		defer close(sampled)
 		for {
-			c, err := ln.Accept()
-			if err != nil {
+			if v, ok := metric(addr, name); ok && v > peak {
+				peak = v
+			}
+			select {
+			case <-done:
 				return
+			case <-time.After(every):
 			}
-			u, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			mu.Lock()
-			conns = append(conns, c, u)
-			mu.Unlock()
-			wg.Add(2)
-			go func() { defer wg.Done(); throttled(u, c); u.Close() }()
-			go func() { defer wg.Done(); throttled(c, u); c.Close() }()
 		}
 	}()
-	return "nats://" + ln.Addr().String()
+	return func() float64 {
+		close(done)
+		<-sampled
+		return peak
+	}
 }
 
 // TestLargeRowsWithSlowNATSStayWithinTheByteBudget: 80 rows of 512 KiB
@@ -86,29 +72,14 @@ func TestLargeRowsWithSlowNATSStayWithinTheByteBudget(t *testing.T) {
 	e.cfg.NATS.URL = slowProxy(t, e.nats.URL()[len("nats://"):], 8<<20)
 	e.migrate()
 	p := e.spawnRelay()
-	var peak float64
-	stop, sampled := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(sampled)
-		for {
-			if v, ok := metric(addr, "go_memstats_heap_inuse_bytes"); ok && v > peak {
-				peak = v
-			}
-			select {
-			case <-stop:
-				return
-			case <-time.After(20 * time.Millisecond):
-			}
-		}
-	}()
+	peakHeap := samplePeak(addr, "go_memstats_heap_inuse_bytes", 20*time.Millisecond)
 	if _, err := e.pool.Exec(context.Background(), fmt.Sprintf(`INSERT INTO outbox_events (topic, payload)
 		SELECT 'orders.big', jsonb_build_object('n', g, 'pad', repeat('x', 512 * 1024)) FROM generate_series(1, %d) g`, rows)); err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
 	e.waitDelivered(rows, 2*time.Minute)
-	close(stop)
-	<-sampled
+	peak := peakHeap()
 	t.Logf("%d rows of 512 KiB through an 8 MiB/s link in %v; relay heap in use peaked at %.1f MB with window_bytes %d MiB; peak RSS %.1f MB",
 		rows, time.Since(start).Round(time.Millisecond), peak/1e6, budget>>20, float64(vmHWM(p.cmd.Process.Pid))/1e6)
 	if peak == 0 {

@@ -22,11 +22,7 @@ func (e *env) secondCluster() (*pgtest.Cluster, string) {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	b, err := pgtest.Start(ctx, pgtest.WithSetting("synchronous_commit", "on"), pgtest.WithSetting("wal_sender_timeout", "5s"))
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	e.t.Cleanup(func() { b.Close() })
+	b := pgtest.StartOwn(ctx, e.t, pgtest.WithSetting("synchronous_commit", "on"), pgtest.WithSetting("wal_sender_timeout", "5s"))
 	u, err := url.Parse(e.dbURL)
 	if err != nil {
 		e.t.Fatal(err)
@@ -72,8 +68,7 @@ func insertEvents(t *testing.T, dbURL, prefix string, n int) []string {
 // than everything the stream holds of "this" source; none may be taken for
 // already stored.
 func TestMovedClusterEventsAreNotSkipped(t *testing.T) {
-	e := newEnv(t)
-	e.migrate()
+	e := newMigratedEnv(t)
 	_, bURL := e.secondCluster()
 
 	ctx := context.Background()

@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/relaytest"
 	walboxsql "github.com/walbox/walbox/sql"
@@ -24,8 +22,7 @@ func TestOriginNoneSkipsRowsASubscriptionApplied(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := newEnv(t, func(c *config.Config) { c.Postgres.Origin = "none" })
-	e.migrate()
+	e := newMigratedEnv(t, func(c *config.Config) { c.Postgres.Origin = "none" })
 	if v < 16 {
 		e.runExits(e.dbURL, "postgres.origin: none needs PostgreSQL 16", "postgres.origin: any")
 		return
@@ -34,22 +31,11 @@ func TestOriginNoneSkipsRowsASubscriptionApplied(t *testing.T) {
 	defer cancel()
 	// Database b writes its own outbox, replicated into e's by a subscription.
 	bURL := s.pg.NewDB(t)
-	bc, err := pgx.Connect(ctx, bURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer bc.Close(ctx)
-	if _, err := walboxsql.Apply(ctx, bc, walboxsql.Params{Publication: "b_walbox"}); err != nil {
-		t.Fatal(err)
-	}
-	for _, q := range []string{
+	relaytest.Migrate(t, bURL, walboxsql.Params{Publication: "b_walbox"})
+	relaytest.Exec(t, bURL,
 		"CREATE PUBLICATION to_a FOR TABLE outbox_events WITH (publish = 'insert', publish_via_partition_root = true)",
 		"SELECT pg_create_logical_replication_slot('to_a', 'pgoutput')",
-	} {
-		if _, err := bc.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+	)
 	bu, _ := url.Parse(bURL)
 	if _, err := e.pool.Exec(ctx, fmt.Sprintf(`CREATE SUBSCRIPTION from_b CONNECTION 'host=127.0.0.1 port=%d dbname=%s user=postgres'
 		PUBLICATION to_a WITH (create_slot = false, slot_name = 'to_a', copy_data = false)`, s.pg.Port(), bu.Path[1:])); err != nil {

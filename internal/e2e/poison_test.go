@@ -13,8 +13,7 @@ import (
 )
 
 func TestPoisonEventsAreDeadLetteredAndNeverStopTheOthers(t *testing.T) {
-	e := newEnv(t)
-	e.migrate()
+	e := newMigratedEnv(t)
 	e.startRelay()
 	ctx := context.Background()
 	rows := []struct{ id, topic, stream, payload string }{
@@ -133,8 +132,7 @@ func TestTooLargeAndInvalidJSONPayloadsAreDeadLettered(t *testing.T) {
 // waits at the dead letter; once the stream is back, everything goes out in
 // order and the dead letter is kept.
 func TestMissingDeadLetterStreamHoldsTheDeadLetterUntilItIsBack(t *testing.T) {
-	e := newEnv(t)
-	e.migrate()
+	e := newMigratedEnv(t)
 	e.startRelay()
 	ctx := context.Background()
 	dlq, err := e.js.Stream(ctx, "WALBOX_DLQ")

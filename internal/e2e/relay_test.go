@@ -10,8 +10,7 @@ import (
 )
 
 func TestConcurrentProducersArriveExactlyOnceInCommitOrder(t *testing.T) {
-	e := newEnv(t)
-	e.migrate()
+	e := newMigratedEnv(t)
 	w := e.witness("outbox_events")
 	e.startRelay()
 	res := outboxtest.Load{Producers: 8, MinRows: 1, MaxRows: 50, Rollback: 0.15, Txns: 40}.Run(context.Background(), e.pool)

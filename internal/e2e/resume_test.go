@@ -16,13 +16,12 @@ import (
 // resend, so only the resume check (last position per stream, read back
 // from JetStream) keeps the stream free of duplicates.
 func TestRestartAfterDuplicateWindowPublishesNoDuplicate(t *testing.T) {
-	e := newEnv(t, func(c *config.Config) {
+	e := newMigratedEnv(t, func(c *config.Config) {
 		c.Postgres.StatusInterval = 30 * time.Second // confirm as late as possible
 		for i := range c.NATS.Streams {
 			c.NATS.Streams[i].DuplicateWindow = time.Second
 		}
 	})
-	e.migrate()
 	w := e.witness("outbox_events")
 	ctx := context.Background()
 	total := 0

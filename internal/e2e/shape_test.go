@@ -69,28 +69,12 @@ func vmHWM(pid int) int64 {
 func TestLargeTransactionStreamsWithBoundedHeap(t *testing.T) {
 	const rows = 200_000
 	addr := freeAddr(t)
-	e := newEnv(t, func(c *config.Config) { c.Metrics.Listen = addr })
-	e.migrate()
+	e := newMigratedEnv(t, func(c *config.Config) { c.Metrics.Listen = addr })
 	p := e.spawnRelay()
 
 	// Sample the relay's heap while one transaction of 200,000 rows goes
 	// through: it must stay bounded by the window, not the transaction.
-	var peakHeap float64
-	stopSampling := make(chan struct{})
-	sampled := make(chan struct{})
-	go func() {
-		defer close(sampled)
-		for {
-			if v, ok := metric(addr, "go_memstats_heap_inuse_bytes"); ok && v > peakHeap {
-				peakHeap = v
-			}
-			select {
-			case <-stopSampling:
-				return
-			case <-time.After(50 * time.Millisecond):
-			}
-		}
-	}()
+	stopSampling := samplePeak(addr, "go_memstats_heap_inuse_bytes", 50*time.Millisecond)
 	start := time.Now()
 	_, err := e.pool.Exec(context.Background(), fmt.Sprintf(`INSERT INTO outbox_events (topic, payload)
 		SELECT 'orders.bulk', jsonb_build_object('n', g, 'pad', repeat('x', 200)) FROM generate_series(1, %d) g`, rows))
@@ -99,8 +83,7 @@ func TestLargeTransactionStreamsWithBoundedHeap(t *testing.T) {
 	}
 	e.waitDelivered(rows, 3*time.Minute)
 	elapsed := time.Since(start)
-	close(stopSampling)
-	<-sampled
+	peakHeap := stopSampling()
 	rss := vmHWM(p.cmd.Process.Pid)
 	t.Logf("200,000-row transaction: delivered in %v (%.0f events/s incl. commit); relay heap in use peak %.1f MB, peak RSS %.1f MB",
 		elapsed.Round(time.Millisecond), rows/elapsed.Seconds(), peakHeap/1e6, float64(rss)/1e6)
@@ -130,8 +113,7 @@ func TestLargeTransactionStreamsWithBoundedHeap(t *testing.T) {
 }
 
 func TestIdleOutboxInBusyDatabaseDoesNotHoldWAL(t *testing.T) {
-	e := newEnv(t)
-	e.migrate()
+	e := newMigratedEnv(t)
 	e.startRelay()
 	ctx := context.Background()
 	if _, err := e.pool.Exec(ctx, "CREATE TABLE busy (id bigserial primary key, pad text)"); err != nil {
@@ -199,11 +181,7 @@ func TestDAARIONLayoutWorksThroughColumnMappingAlone(t *testing.T) {
 		}
 	}
 	e.waitDelivered(50, 30*time.Second)
-	st, _ := e.js.Stream(ctx, "STREAM_PAYOUT")
-	msg, err := st.GetMsg(ctx, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	msg := e.firstMsg(ctx, "STREAM_PAYOUT")
 	if got := msg.Header.Get("Nats-Msg-Id"); got != "1790000000000000000" {
 		t.Fatalf("Nats-Msg-Id = %q, want the text id", got)
 	}
@@ -220,21 +198,24 @@ func TestDAARIONLayoutWorksThroughColumnMappingAlone(t *testing.T) {
 	_ = jetstream.ErrMsgNotFound
 }
 
-func TestWrongWALLevelNamesTheFix(t *testing.T) {
-	ctx := context.Background()
-	cl, err := pgtest.Start(ctx, pgtest.WithSetting("wal_level", "replica"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	src, err := cdc.NewSource(cdc.Config{ConnString: cl.URL("postgres"), Slot: "walbox", Publication: "walbox_outbox",
+// runSourceOnce runs a cdc source for the default outbox table on the
+// database at url and returns why it stopped (30 s at most).
+func runSourceOnce(ctx context.Context, t *testing.T, url string) error {
+	t.Helper()
+	src, err := cdc.NewSource(cdc.Config{ConnString: url, Slot: "walbox", Publication: "walbox_outbox",
 		Table: cdc.TableName{Schema: "public", Name: "outbox_events"}, Columns: cdc.DefaultColumns()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	runCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	err = src.Run(runCtx, make(chan []cdc.Change, 1))
+	return src.Run(runCtx, make(chan []cdc.Change, 1))
+}
+
+func TestWrongWALLevelNamesTheFix(t *testing.T) {
+	ctx := context.Background()
+	cl := pgtest.StartOwn(ctx, t, pgtest.WithSetting("wal_level", "replica"))
+	err := runSourceOnce(ctx, t, cl.URL("postgres"))
 	if err == nil || !strings.Contains(err.Error(), "wal_level = logical") || !strings.Contains(err.Error(), "restart") {
 		t.Fatalf("error %v does not name the fix (set wal_level = logical and restart)", err)
 	}
@@ -244,8 +225,7 @@ func TestWrongWALLevelNamesTheFix(t *testing.T) {
 }
 
 func TestMissingReplicationPrivilegeNamesTheFix(t *testing.T) {
-	e := newEnv(t)
-	e.migrate()
+	e := newMigratedEnv(t)
 	ctx := context.Background()
 	if _, err := e.pool.Exec(ctx, "DROP ROLE IF EXISTS app_noreplication; CREATE ROLE app_noreplication LOGIN"); err != nil {
 		t.Fatal(err)
@@ -253,14 +233,7 @@ func TestMissingReplicationPrivilegeNamesTheFix(t *testing.T) {
 	t.Cleanup(func() { e.pool.Exec(context.Background(), "DROP ROLE IF EXISTS app_noreplication") })
 	cfg, _ := pgx.ParseConfig(e.dbURL)
 	url := fmt.Sprintf("postgres://app_noreplication@127.0.0.1:%d/%s?sslmode=disable", cfg.Port, cfg.Database)
-	src, err := cdc.NewSource(cdc.Config{ConnString: url, Slot: "walbox", Publication: "walbox_outbox",
-		Table: cdc.TableName{Schema: "public", Name: "outbox_events"}, Columns: cdc.DefaultColumns()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	err = src.Run(runCtx, make(chan []cdc.Change, 1))
+	err := runSourceOnce(ctx, t, url)
 	if err == nil || !strings.Contains(err.Error(), "REPLICATION") {
 		t.Fatalf("error %v does not name the fix (ALTER ROLE ... WITH REPLICATION)", err)
 	}
@@ -269,11 +242,10 @@ func TestMissingReplicationPrivilegeNamesTheFix(t *testing.T) {
 func TestEnvelopesAsAConsumerReceivesThem(t *testing.T) {
 	for _, mode := range []string{"cloudevents", "envelope"} {
 		t.Run(mode, func(t *testing.T) {
-			e := newEnv(t, func(c *config.Config) {
+			e := newMigratedEnv(t, func(c *config.Config) {
 				c.NATS.Envelope = mode
 				c.NATS.SubjectTemplate = "{topic}.{bucket}"
 			})
-			e.migrate()
 			e.startRelay()
 			ctx := context.Background()
 			if _, err := e.pool.Exec(ctx, `INSERT INTO outbox_events (id, topic, event_type, aggregate_type, aggregate_id, payload, headers)
@@ -282,11 +254,7 @@ func TestEnvelopesAsAConsumerReceivesThem(t *testing.T) {
 				t.Fatal(err)
 			}
 			e.waitDelivered(1, 30*time.Second)
-			st, _ := e.js.Stream(ctx, "ORDERS")
-			m, err := st.GetMsg(ctx, 1)
-			if err != nil {
-				t.Fatal(err)
-			}
+			m := e.firstMsg(ctx, "ORDERS")
 			if !strings.HasPrefix(m.Subject, "orders.created.") {
 				t.Fatalf("subject %q, want orders.created.<bucket>", m.Subject)
 			}
@@ -360,8 +328,7 @@ func TestDebeziumLayoutRoutedByAggregateType(t *testing.T) {
 }
 
 func TestTableLessEventsFromEmitMessage(t *testing.T) {
-	e := newEnv(t)
-	e.migrate()
+	e := newMigratedEnv(t)
 	e.startRelay()
 	ctx := context.Background()
 	// Committed: published. Rolled back: never.

@@ -37,8 +37,7 @@ func (e *env) checkNoLoss(w *outboxtest.Witness, res *outboxtest.Result) outboxt
 }
 
 func TestSlotDroppedMidStreamIsRecreatedAndNothingIsLost(t *testing.T) {
-	e := newEnv(t)
-	e.migrate()
+	e := newMigratedEnv(t)
 	w := e.witness("outbox_events")
 	e.startRelay()
 	stop := e.loadInBackground(outboxtest.Load{Producers: 3, MaxRows: 10, Rollback: 0.1, Rate: 30})
@@ -69,14 +68,10 @@ func TestSlotDroppedMidStreamIsRecreatedAndNothingIsLost(t *testing.T) {
 
 func TestInvalidatedSlotIsRecreatedAndUnprocessedRowsRepublished(t *testing.T) {
 	ctx := context.Background()
-	cl, err := pgtest.Start(ctx,
+	cl := pgtest.StartOwn(ctx, t,
 		pgtest.WithSetting("max_slot_wal_keep_size", "1MB"),
 		pgtest.WithSetting("wal_keep_size", "0"),
 		pgtest.WithSetting("synchronous_commit", "on"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
 	e := envOn(t, cl, "invalidated")
 	pool, url := e.pool, e.dbURL
 	w := e.witness("outbox_events")

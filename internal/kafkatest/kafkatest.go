@@ -1,15 +1,57 @@
 // Package kafkatest drives kfake, franz-go's in-process Kafka, for walbox's
-// tests: faults on produce requests.
+// tests: a cluster with a client on it, the config that points walbox at
+// it, and faults on produce requests.
 package kafkatest
 
 import (
 	"errors"
 	"sync/atomic"
+	"testing"
+	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/walbox/walbox/internal/config"
 )
+
+// Cluster is a kfake cluster of three brokers and a client on it, both
+// closed when the test ends.
+type Cluster struct {
+	*kfake.Cluster
+	Client *kgo.Client
+	Admin  *kadm.Client
+}
+
+// NewCluster starts a kfake cluster of three brokers.
+func NewCluster(t testing.TB) *Cluster {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(3))
+	if err != nil {
+		t.Fatalf("start kfake: %v", err)
+	}
+	t.Cleanup(c.Close)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+	if err != nil {
+		t.Fatalf("Kafka client: %v", err)
+	}
+	t.Cleanup(cl.Close)
+	return &Cluster{Cluster: c, Client: cl, Admin: kadm.NewClient(cl)}
+}
+
+// Sink is a config change that makes walbox publish to the cluster: sink
+// kafka, its brokers, a 10 s ack timeout and topics.
+func (c *Cluster) Sink(topics ...config.KafkaTopic) func(*config.Config) {
+	return func(cfg *config.Config) {
+		cfg.Sink = config.SinkKafka
+		cfg.Kafka.Brokers = c.ListenAddrs()
+		cfg.Kafka.AckTimeout = 10 * time.Second
+		cfg.Kafka.Topics = topics
+	}
+}
 
 // FailProduces makes the brokers fail produce requests while fail returns
 // true: cut the connection (cut), or answer NOT_ENOUGH_REPLICAS for every

@@ -154,6 +154,20 @@ type DLQRetryResult struct {
 	Skipped       int `json:"skipped"`        // left in the DLQ
 }
 
+// retryConfirmed says whether a retry of n dead letters goes on: not when
+// there are none (it prints empty), and otherwise only with --yes or the
+// user's yes to question (ErrAborted).
+func retryConfirmed(opts DLQRetryOptions, n int, empty, question string) (bool, error) {
+	if n == 0 {
+		fmt.Fprintln(opts.Out, empty)
+		return false, nil
+	}
+	if !opts.Yes && !confirm(opts.In, opts.Out, question) {
+		return false, ErrAborted
+	}
+	return true, nil
+}
+
 // DLQRetry republishes dead letters to their original subject, with their
 // original event id, when a stream now captures that subject, and deletes
 // each from the dead-letter stream after JetStream acked it. Dead letters
@@ -196,12 +210,9 @@ func DLQRetry(ctx context.Context, cfg config.Config, opts DLQRetryOptions) (*DL
 		}
 	}
 	res := &DLQRetryResult{}
-	if len(dls) == 0 {
-		fmt.Fprintf(opts.Out, "%s is empty: nothing to retry\n", name)
-		return res, nil
-	}
-	if !opts.Yes && !confirm(opts.In, opts.Out, fmt.Sprintf("Republish %d dead letter(s) to their original subjects and delete them from %s?", len(dls), name)) {
-		return res, ErrAborted
+	if ok, err := retryConfirmed(opts, len(dls), name+" is empty: nothing to retry",
+		fmt.Sprintf("Republish %d dead letter(s) to their original subjects and delete them from %s?", len(dls), name)); !ok {
+		return res, err
 	}
 	bar := newProgress(nil, false, "", 0, nil)
 	if len(dls) > 100 {

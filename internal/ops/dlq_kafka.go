@@ -180,12 +180,9 @@ func dlqRetryKafka(ctx context.Context, cfg config.Config, opts DLQRetryOptions)
 		}
 	}
 	res := &DLQRetryResult{}
-	if len(dls) == 0 {
-		fmt.Fprintf(opts.Out, "%s holds no dead letter to retry\n", name)
-		return res, nil
-	}
-	if !opts.Yes && !confirm(opts.In, opts.Out, fmt.Sprintf("Republish %d dead letter(s) to their original topics and mark them retried in %s?", len(dls), name)) {
-		return res, ErrAborted
+	if ok, err := retryConfirmed(opts, len(dls), name+" holds no dead letter to retry",
+		fmt.Sprintf("Republish %d dead letter(s) to their original topics and mark them retried in %s?", len(dls), name)); !ok {
+		return res, err
 	}
 	routes, err := kafkaRoutes(ctx, adm, cfg)
 	if err != nil {
@@ -245,7 +242,7 @@ func retryOneKafka(ctx context.Context, cfg config.Config, cl *kgo.Client, sink 
 		return fmt.Errorf("republish dead letter %d to %s: %w (it stays in %s)", dl.Seq, m.Subject, err, name)
 	}
 	pctx, cancel := context.WithTimeout(ctx, cfg.Kafka.AckTimeout+connectTimeout)
-	ack, err := waitFuture(pctx, f)
+	ack, err := relay.Await(pctx, f)
 	cancel()
 	if err != nil {
 		return fmt.Errorf("republish dead letter %d to %s: %w (it stays in %s)", dl.Seq, m.Subject, err, name)

@@ -3,30 +3,28 @@ package ops
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/outboxtest"
+	"github.com/walbox/walbox/internal/relaytest"
 )
 
 // waitDeadLetters waits until walbox dlq list shows n dead letters.
 func (e *kafkaEnv) waitDeadLetters(n int) []DeadLetter {
 	e.t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	var dls []DeadLetter
+	relaytest.Eventually(e.t, 60*time.Second, fmt.Sprintf("walbox dlq list to show %d dead letters", n), func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		dls, total, err := DLQList(ctx, e.cfg, 0)
-		cancel()
-		if err == nil && len(dls) == n && total == uint64(n) {
-			return dls
-		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("dlq list shows %d dead letters (total %d, err %v), want %d", len(dls), total, err, n)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		defer cancel()
+		got, total, err := DLQList(ctx, e.cfg, 0)
+		dls = got
+		return err == nil && len(got) == n && total == uint64(n)
+	})
+	return dls
 }
 
 func (e *kafkaEnv) kcat(topic string) []outboxtest.KafkaRecord {
@@ -97,7 +95,7 @@ func TestDLQKafkaListAndRetry(t *testing.T) {
 	if left[0].ID != idB || left[0].Seq != 2 {
 		t.Fatalf("left in the DLQ: %+v", left[0])
 	}
-	offs, err := e.adm.FetchOffsets(testCtx(t), kafkaGroupDLQ)
+	offs, err := e.kafka.Admin.FetchOffsets(testCtx(t), kafkaGroupDLQ)
 	if err != nil {
 		t.Fatal(err)
 	}

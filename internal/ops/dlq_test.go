@@ -21,7 +21,6 @@ import (
 
 func TestDLQListAndRetry(t *testing.T) {
 	e := newEnv(t)
-	ctx := testCtx(t)
 	e.startRelay()
 	good := e.insert("orders.created", `{"ok":1}`)
 	later := e.insert("unrouted.thing", `{"u":1}`)
@@ -29,7 +28,7 @@ func TestDLQListAndRetry(t *testing.T) {
 	e.waitMsgs("ORDERS", 1)
 	e.waitMsgs("WALBOX_DLQ", 2)
 
-	dls, total, err := DLQList(ctx, e.cfg, 0)
+	dls, total, err := DLQList(e.ctx, e.cfg, 0)
 	if err != nil || total != 2 || len(dls) != 2 {
 		t.Fatalf("list: %d %+v %v", total, dls, err)
 	}
@@ -42,7 +41,7 @@ func TestDLQListAndRetry(t *testing.T) {
 	if strings.Contains(out.String(), good) {
 		t.Errorf("dlq list shows a delivered event:\n%s", out.String())
 	}
-	if dls, total, _ := DLQList(ctx, e.cfg, 1); len(dls) != 1 || total != 2 {
+	if dls, total, _ := DLQList(e.ctx, e.cfg, 1); len(dls) != 1 || total != 2 {
 		t.Errorf("--limit 1: %d of %d", len(dls), total)
 	}
 	out.Reset()
@@ -55,15 +54,15 @@ func TestDLQListAndRetry(t *testing.T) {
 
 	// Nothing captures either subject yet: retry asks, and "n" changes nothing.
 	out.Reset()
-	if _, err := DLQRetry(ctx, e.cfg, DLQRetryOptions{All: true, In: strings.NewReader("n\n"), Out: &out}); !errors.Is(err, ErrAborted) {
+	if _, err := DLQRetry(e.ctx, e.cfg, DLQRetryOptions{All: true, In: strings.NewReader("n\n"), Out: &out}); !errors.Is(err, ErrAborted) {
 		t.Fatalf("retry answered n: %v", err)
 	}
 	// A stream for unrouted.> appears (the operator fixed the config).
-	if _, err := e.connectJS().CreateStream(ctx, jetstream.StreamConfig{Name: "UNROUTED", Subjects: []string{"unrouted.>"}}); err != nil {
+	if _, err := e.connectJS().CreateStream(e.ctx, jetstream.StreamConfig{Name: "UNROUTED", Subjects: []string{"unrouted.>"}}); err != nil {
 		t.Fatal(err)
 	}
 	out.Reset()
-	res, err := DLQRetry(ctx, e.cfg, DLQRetryOptions{All: true, In: strings.NewReader("y\n"), Out: &out})
+	res, err := DLQRetry(e.ctx, e.cfg, DLQRetryOptions{All: true, In: strings.NewReader("y\n"), Out: &out})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,26 +73,26 @@ func TestDLQListAndRetry(t *testing.T) {
 	if ids := e.streamIDs("UNROUTED"); len(ids) != 1 || ids[0] != later {
 		t.Fatalf("UNROUTED holds %v, want [%s]", ids, later)
 	}
-	st, _ := e.connectJS().Stream(ctx, "UNROUTED")
-	m, err := st.GetLastMsgForSubject(ctx, "unrouted.thing")
+	st, _ := e.connectJS().Stream(e.ctx, "UNROUTED")
+	m, err := st.GetLastMsgForSubject(e.ctx, "unrouted.thing")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if m.Header.Get("Walbox-Dlq-Reason") != "" || m.Header.Get(HeaderDLQRetriedFrom) == "" || string(m.Data) != `{"u": 1}` {
 		t.Errorf("retried message: %v %s", m.Header, m.Data)
 	}
-	dls, total, err = DLQList(ctx, e.cfg, 0)
+	dls, total, err = DLQList(e.ctx, e.cfg, 0)
 	if err != nil || total != 1 || dls[0].ID != never {
 		t.Fatalf("DLQ after retry: %d %+v %v", total, dls, err)
 	}
 
 	// --seq retries one by sequence number; still nowhere to go.
 	out.Reset()
-	res, err = DLQRetry(ctx, e.cfg, DLQRetryOptions{Seqs: []uint64{dls[0].Seq}, Yes: true, Out: &out})
+	res, err = DLQRetry(e.ctx, e.cfg, DLQRetryOptions{Seqs: []uint64{dls[0].Seq}, Yes: true, Out: &out})
 	if err != nil || res.Skipped != 1 {
 		t.Fatalf("retry --seq: %+v %v", res, err)
 	}
-	if _, err := DLQRetry(ctx, e.cfg, DLQRetryOptions{Yes: true}); err == nil {
+	if _, err := DLQRetry(e.ctx, e.cfg, DLQRetryOptions{Yes: true}); err == nil {
 		t.Fatal("retry without --seq or --all accepted")
 	}
 }
@@ -105,9 +104,8 @@ func TestDLQListAndRetry(t *testing.T) {
 // other group got it again.
 func TestDLQRetryOfAConsumerDeadLetterReachesThatGroupAlone(t *testing.T) {
 	e := newEnv(t)
-	ctx := testCtx(t)
 	e.startRelay()
-	pool, err := pgxpool.New(ctx, e.dbURL)
+	pool, err := pgxpool.New(e.ctx, e.dbURL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,14 +143,14 @@ func TestDLQRetryOfAConsumerDeadLetterReachesThatGroupAlone(t *testing.T) {
 		relaytest.Eventually(t, 30*time.Second, what, cond)
 	}
 	waitFor("group b to handle the event", func() bool { return handledB.Load() == 1 })
-	dls, _, err := DLQList(ctx, e.cfg, 0)
+	dls, _, err := DLQList(e.ctx, e.cfg, 0)
 	if err != nil || len(dls) != 1 || dls[0].ID != id || dls[0].Group != "a" {
 		t.Fatalf("dead letters: %+v %v; want group a's of %s", dls, err, id)
 	}
 
 	failA.Store(false) // the handler is fixed
 	var out bytes.Buffer
-	res, err := DLQRetry(ctx, e.cfg, DLQRetryOptions{All: true, Yes: true, Out: &out})
+	res, err := DLQRetry(e.ctx, e.cfg, DLQRetryOptions{All: true, Yes: true, Out: &out})
 	if err != nil || res.Retried != 1 {
 		t.Fatalf("retry: %+v %v\n%s", res, err, out.String())
 	}

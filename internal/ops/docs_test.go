@@ -18,7 +18,9 @@ import (
 const repoRoot = "../.."
 
 var (
-	metricDefRe = regexp.MustCompile(`Name:\s*"(walbox_[a-z0-9_]+)"`)
+	// A series is defined by its Name option or by internal/metrics:
+	// f.Counter("walbox_…", …).
+	metricDefRe = regexp.MustCompile(`(?:Name:\s*|\.(?:Counter|Gauge|Histogram)(?:Vec)?\(\s*)"(walbox_[a-z0-9_]+)"`)
 	metricUseRe = regexp.MustCompile(`\bwalbox_[a-z0-9_]+\b`)
 )
 

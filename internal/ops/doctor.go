@@ -557,10 +557,20 @@ func checkFailover(ctx context.Context, conn *pgx.Conn, cfg config.Config, f pgF
 	}
 }
 
-func checkKeepSize(ctx context.Context, conn *pgx.Conn, r *DoctorReport) {
+// readSetting reads the server setting called setting; when it cannot, it
+// reports check name skipped and returns false.
+func readSetting(ctx context.Context, conn *pgx.Conn, r *DoctorReport, name, setting string) (string, bool) {
 	var v string
-	if err := conn.QueryRow(ctx, `SELECT current_setting('max_slot_wal_keep_size')`).Scan(&v); err != nil {
-		r.add("postgres.max_slot_wal_keep_size", Skip, fmt.Sprintf("cannot read it: %v", err), "")
+	if err := conn.QueryRow(ctx, `SELECT current_setting($1)`, setting).Scan(&v); err != nil {
+		r.add(name, Skip, fmt.Sprintf("cannot read it: %v", err), "")
+		return "", false
+	}
+	return v, true
+}
+
+func checkKeepSize(ctx context.Context, conn *pgx.Conn, r *DoctorReport) {
+	v, ok := readSetting(ctx, conn, r, "postgres.max_slot_wal_keep_size", "max_slot_wal_keep_size")
+	if !ok {
 		return
 	}
 	if v == "-1" {
@@ -605,9 +615,8 @@ func checkIdleSlotTimeout(ctx context.Context, conn *pgx.Conn, f pgFacts, r *Doc
 		r.add(name, OK, "not in this PostgreSQL (18+): an idle slot is never invalidated for idleness", "")
 		return
 	}
-	var v string
-	if err := conn.QueryRow(ctx, `SELECT current_setting('idle_replication_slot_timeout')`).Scan(&v); err != nil {
-		r.add(name, Skip, fmt.Sprintf("cannot read it: %v", err), "")
+	v, ok := readSetting(ctx, conn, r, name, "idle_replication_slot_timeout")
+	if !ok {
 		return
 	}
 	if v == "0" {
@@ -619,9 +628,8 @@ func checkIdleSlotTimeout(ctx context.Context, conn *pgx.Conn, f pgFacts, r *Doc
 }
 
 func checkCommitTimestamp(ctx context.Context, conn *pgx.Conn, r *DoctorReport) {
-	var v string
-	if err := conn.QueryRow(ctx, `SELECT current_setting('track_commit_timestamp')`).Scan(&v); err != nil {
-		r.add("postgres.track_commit_timestamp", Skip, fmt.Sprintf("cannot read it: %v", err), "")
+	v, ok := readSetting(ctx, conn, r, "postgres.track_commit_timestamp", "track_commit_timestamp")
+	if !ok {
 		return
 	}
 	if v == "on" {

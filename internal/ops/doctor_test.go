@@ -23,6 +23,15 @@ func checkOf(t *testing.T, r *DoctorReport, name string) Check {
 	return Check{}
 }
 
+// wantCheck fails the test unless check name has status and a fix that
+// contains fix ("": any).
+func wantCheck(t *testing.T, r *DoctorReport, name string, status CheckStatus, fix string) {
+	t.Helper()
+	if c := checkOf(t, r, name); c.Status != status || !strings.Contains(c.Fix, fix) {
+		t.Errorf("check %s: %+v; want status %s and a fix that says %q", name, c, status, fix)
+	}
+}
+
 func TestDoctorGoodSetup(t *testing.T) {
 	e := newEnv(t)
 	ctx := testCtx(t)
@@ -38,21 +47,13 @@ func TestDoctorGoodSetup(t *testing.T) {
 	for _, name := range []string{"postgres.connect", "postgres.wal_level", "postgres.role", "postgres.replication_connection",
 		"postgres.outbox_table", "postgres.outbox_privileges", "postgres.publication", "postgres.slot", "postgres.walbox_schema",
 		"nats.connect", "nats.jetstream", "nats.stream.ORDERS", "nats.stream.PAYMENTS", "nats.stream.WALBOX_DLQ"} {
-		if c := checkOf(t, rep, name); c.Status != OK {
-			t.Errorf("%s: %s %s", name, c.Status, c.Detail)
-		}
+		wantCheck(t, rep, name, OK, "")
 	}
 	// The test cluster keeps WAL without limit and the streams are R1:
 	// warnings with their fix.
-	if c := checkOf(t, rep, "postgres.max_slot_wal_keep_size"); c.Status != Warn || !strings.Contains(c.Fix, "max_slot_wal_keep_size") {
-		t.Errorf("max_slot_wal_keep_size: %+v", c)
-	}
-	if c := checkOf(t, rep, "postgres.sweeper_maintain"); c.Status != OK {
-		t.Errorf("sweeper_maintain for the table's owner: %+v", c)
-	}
-	if c := checkOf(t, rep, "postgres.idle_replication_slot_timeout"); c.Status != OK {
-		t.Errorf("idle_replication_slot_timeout with the default: %+v", c)
-	}
+	wantCheck(t, rep, "postgres.max_slot_wal_keep_size", Warn, "max_slot_wal_keep_size")
+	wantCheck(t, rep, "postgres.sweeper_maintain", OK, "")
+	wantCheck(t, rep, "postgres.idle_replication_slot_timeout", OK, "")
 	c := checkOf(t, rep, "nats.stream.ORDERS.durability")
 	if c.Status != Warn || !strings.Contains(c.Detail, "R1 stream: acks are durable only with sync_interval: always on the server; use replicas: 3 for durability") {
 		t.Errorf("durability: %+v", c)
@@ -100,35 +101,19 @@ func TestDoctorBadRoleStreamsAndNATS(t *testing.T) {
 	if rep.OK || rep.Failed == 0 {
 		t.Fatalf("doctor passed a role without REPLICATION:\n%s", out.String())
 	}
-	if c := checkOf(t, rep, "postgres.role"); c.Status != Fail || !strings.Contains(c.Fix, "WITH REPLICATION") {
-		t.Errorf("role: %+v", c)
-	}
-	if c := checkOf(t, rep, "postgres.sweeper_maintain"); c.Status != Warn || !strings.Contains(c.Fix, "sweeper.maintain: false") {
-		t.Errorf("sweeper_maintain for a role that does not own the table: %+v", c)
-	}
-	if c := checkOf(t, rep, "postgres.replication_connection"); c.Status != Skip {
-		t.Errorf("replication_connection: %+v", c)
-	}
-	if c := checkOf(t, rep, "postgres.outbox_privileges"); c.Status != Fail || !strings.Contains(c.Fix, "GRANT UPDATE (processed, processed_at, error, attempts)") {
-		t.Errorf("privileges: %+v", c)
-	}
-	if c := checkOf(t, rep, "nats.stream.PAYMENTS"); c.Status != Fail || !strings.Contains(c.Fix, "manage: true") {
-		t.Errorf("PAYMENTS: %+v", c)
-	}
-	if c := checkOf(t, rep, "nats.stream.ORDERS.duplicate_window"); c.Status != Warn {
-		t.Errorf("duplicate window: %+v", c)
-	}
+	wantCheck(t, rep, "postgres.role", Fail, "WITH REPLICATION")
+	wantCheck(t, rep, "postgres.sweeper_maintain", Warn, "sweeper.maintain: false")
+	wantCheck(t, rep, "postgres.replication_connection", Skip, "")
+	wantCheck(t, rep, "postgres.outbox_privileges", Fail, "GRANT UPDATE (processed, processed_at, error, attempts)")
+	wantCheck(t, rep, "nats.stream.PAYMENTS", Fail, "manage: true")
+	wantCheck(t, rep, "nats.stream.ORDERS.duplicate_window", Warn, "")
 	mustContain(t, "doctor output", out.String(), "FAIL", "ALTER ROLE")
 
 	// NATS down: the connection check fails with its fix, JetStream skips.
 	cfg.NATS.URL = "nats://127.0.0.1:1"
 	rep = Doctor(ctx, cfg)
-	if c := checkOf(t, rep, "nats.connect"); c.Status != Fail || !strings.Contains(c.Fix, "nats.url") {
-		t.Errorf("nats.connect: %+v", c)
-	}
-	if c := checkOf(t, rep, "nats.jetstream"); c.Status != Skip {
-		t.Errorf("nats.jetstream: %+v", c)
-	}
+	wantCheck(t, rep, "nats.connect", Fail, "nats.url")
+	wantCheck(t, rep, "nats.jetstream", Skip, "")
 }
 
 func TestFilterCovers(t *testing.T) {

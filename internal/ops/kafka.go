@@ -80,18 +80,6 @@ func kafkaRouter(cfg config.Config, src string, routes []relay.Route) (*relay.Ro
 	return rt, nil
 }
 
-// waitFuture waits for one publish of a kafkasink.Sink.
-func waitFuture(ctx context.Context, f relay.Future) (*relay.Ack, error) {
-	select {
-	case a := <-f.Ok():
-		return a, nil
-	case err := <-f.Err():
-		return nil, err
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-}
-
 // offsetSpan is the offsets [from, to) of one partition.
 type offsetSpan struct{ from, to int64 }
 
@@ -119,14 +107,8 @@ func readKafka(ctx context.Context, cfg config.Config, topic string, spans map[i
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("read %s: %w", topic, err)
 		}
-		var ferr error
-		fs.EachError(func(_ string, p int32, err error) {
-			if ferr == nil {
-				ferr = fmt.Errorf("read %s/%d: %w", topic, p, err)
-			}
-		})
-		if ferr != nil {
-			return ferr
+		if err := kafkasink.FetchErr(fs, "read"); err != nil {
+			return err
 		}
 		for it := fs.RecordIter(); !it.Done(); {
 			r := it.Next()

@@ -29,6 +29,7 @@ func TestMain(m *testing.M) { os.Exit(pgtest.Main(m, &pg)) }
 // a config pointing at both.
 type env struct {
 	t     *testing.T
+	ctx   context.Context // the test's, bounded
 	dbURL string
 	nats  *natstest.Server
 	nc    *nats.Conn
@@ -49,7 +50,7 @@ func newEnv(t *testing.T, mutate ...func(*config.Config)) *env {
 // newEnvWithNATS is newEnv with options for the NATS server (e.g. auth).
 func newEnvWithNATS(t *testing.T, natsOpts []natstest.Option, mutate ...func(*config.Config)) *env {
 	t.Helper()
-	e := &env{t: t, dbURL: pg.NewDB(t), logLevel: zerolog.InfoLevel}
+	e := &env{t: t, ctx: testCtx(t), dbURL: pg.NewDB(t), logLevel: zerolog.InfoLevel}
 	e.nats = natstest.New(t, natsOpts...)
 	cfg := config.Default()
 	cfg.Postgres.URL = e.dbURL

@@ -2,16 +2,13 @@ package ops
 
 import (
 	"context"
-	"io"
-	"net"
 	"net/url"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/walbox/walbox/internal/pgtest"
+	"github.com/walbox/walbox/internal/relaytest"
 )
 
 // A server that carries Amazon RDS's setting is recognised: the wal_level
@@ -21,25 +18,8 @@ import (
 func TestDoctorRecognisesRDS(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cl, err := pgtest.Start(ctx, pgtest.WithSetting("rds.logical_replication", "0"), pgtest.WithSetting("wal_level", "replica"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cl.Close() })
-	dbURL, err := cl.CreateDB(ctx, "app")
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := pgx.Connect(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, q := range []string{"CREATE ROLE rds_replication", "CREATE ROLE app_walbox LOGIN", "GRANT rds_replication TO app_walbox", "CREATE ROLE app_plain LOGIN"} {
-		if _, err := conn.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
-	conn.Close(ctx)
+	_, dbURL := pgtest.OwnDB(ctx, t, pgtest.WithSetting("rds.logical_replication", "0"), pgtest.WithSetting("wal_level", "replica"))
+	relaytest.Exec(t, dbURL, "CREATE ROLE rds_replication", "CREATE ROLE app_walbox LOGIN", "GRANT rds_replication TO app_walbox", "CREATE ROLE app_plain LOGIN")
 	e := newEnv(t)
 	as := func(role string) *DoctorReport {
 		u, _ := url.Parse(dbURL)
@@ -67,36 +47,15 @@ func TestDoctorRecognisesRDS(t *testing.T) {
 // would be) shows as a port that differs from the server's own.
 func TestDoctorSeesSomethingInBetween(t *testing.T) {
 	e := newEnv(t)
-	ctx := testCtx(t)
 	u, _ := url.Parse(e.dbURL)
-	target := u.Host
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			go func() { io.Copy(s, c); s.Close() }()
-			go func() { io.Copy(c, s); c.Close() }()
-		}
-	}()
-	if c := checkOf(t, Doctor(ctx, e.cfg), "postgres.direct"); c.Status != OK {
+	proxy := relaytest.Proxy(t, u.Host, nil)
+	if c := checkOf(t, Doctor(e.ctx, e.cfg), "postgres.direct"); c.Status != OK {
 		t.Errorf("direct connection: %+v", c)
 	}
-	u.Host = ln.Addr().String()
+	u.Host = proxy
 	cfg := e.cfg
 	cfg.Postgres.URL = u.String()
-	if c := checkOf(t, Doctor(ctx, cfg), "postgres.direct"); c.Status != Warn || !strings.Contains(c.Fix, "pooler") {
+	if c := checkOf(t, Doctor(e.ctx, cfg), "postgres.direct"); c.Status != Warn || !strings.Contains(c.Fix, "pooler") {
 		t.Errorf("through a proxy: %+v", c)
 	}
 }

@@ -301,13 +301,13 @@ type replayBus interface {
 
 // natsReplay publishes to JetStream.
 type natsReplay struct {
-	cfg      config.Config
-	res      *ReplayResult
-	nc       *nats.Conn
-	js       jetstream.JetStream
-	rts      []relay.Route
-	rt       *relay.Router
-	inflight []natsFlight
+	cfg config.Config
+	res *ReplayResult
+	nc  *nats.Conn
+	js  jetstream.JetStream
+	rts []relay.Route
+	rt  *relay.Router
+	ackWindow[natsFlight]
 }
 
 type natsFlight struct {
@@ -321,6 +321,7 @@ func openReplayNATS(ctx context.Context, cfg config.Config, res *ReplayResult) (
 		return nil, err
 	}
 	b := &natsReplay{cfg: cfg, res: res, nc: nc, js: js}
+	b.waitAck = b.wait
 	if b.rts, err = routes(ctx, js, cfg); err != nil {
 		nc.Close()
 		return nil, err
@@ -384,23 +385,35 @@ func (b *natsReplay) publish(ctx context.Context, rm *relay.Msg, stream string, 
 	if err != nil {
 		return fmt.Errorf("publish to %s: %w", m.Subject, err)
 	}
-	b.inflight = append(b.inflight, natsFlight{f, dlq})
-	if len(b.inflight) >= replayWindow {
-		if err := b.wait(ctx, b.inflight[0]); err != nil {
+	return b.add(ctx, natsFlight{f, dlq})
+}
+
+// ackWindow holds the publishes that wait for their acks, at most
+// replayWindow: one more waits for the oldest first.
+type ackWindow[F any] struct {
+	waitAck  func(ctx context.Context, fl F) error
+	inflight []F
+}
+
+func (w *ackWindow[F]) add(ctx context.Context, fl F) error {
+	w.inflight = append(w.inflight, fl)
+	if len(w.inflight) >= replayWindow {
+		if err := w.waitAck(ctx, w.inflight[0]); err != nil {
 			return err
 		}
-		b.inflight = b.inflight[1:]
+		w.inflight = w.inflight[1:]
 	}
 	return nil
 }
 
-func (b *natsReplay) flush(ctx context.Context) error {
-	for _, fl := range b.inflight {
-		if err := b.wait(ctx, fl); err != nil {
+// flush waits for every ack.
+func (w *ackWindow[F]) flush(ctx context.Context) error {
+	for _, fl := range w.inflight {
+		if err := w.waitAck(ctx, fl); err != nil {
 			return err
 		}
 	}
-	b.inflight = nil
+	w.inflight = nil
 	return nil
 }
 
@@ -566,26 +579,35 @@ func (q *rowQuery) scan(rows pgx.Rows) (cdc.Event, time.Time, []string, error) {
 // copies them into walbox_replay_stored in batches: memory stays flat
 // however many the stream holds.
 func storeIDs(ctx context.Context, conn *pgx.Conn, js jetstream.JetStream, stream, filter string, from time.Time) error {
-	var batch [][]any
-	flush := func() error {
-		if len(batch) == 0 {
-			return nil
-		}
-		_, err := conn.CopyFrom(ctx, pgx.Identifier{"walbox_replay_stored"}, []string{"stream", "id"}, pgx.CopyFromRows(batch))
-		batch = batch[:0]
-		return err
-	}
-	err := storedIDs(ctx, js, stream, filter, from, func(id string) error {
-		batch = append(batch, []any{stream, id})
-		if len(batch) >= 10000 {
-			return flush()
-		}
-		return nil
-	})
+	c := idCopier{conn: conn}
+	err := storedIDs(ctx, js, stream, filter, from, func(id string) error { return c.add(ctx, stream, id) })
 	if err != nil {
 		return err
 	}
-	return flush()
+	return c.flush(ctx)
+}
+
+// idCopier copies (stream, id) rows into walbox_replay_stored in batches.
+type idCopier struct {
+	conn  *pgx.Conn
+	batch [][]any
+}
+
+func (c *idCopier) add(ctx context.Context, stream, id string) error {
+	c.batch = append(c.batch, []any{stream, id})
+	if len(c.batch) >= 10000 {
+		return c.flush(ctx)
+	}
+	return nil
+}
+
+func (c *idCopier) flush(ctx context.Context) error {
+	if len(c.batch) == 0 {
+		return nil
+	}
+	_, err := c.conn.CopyFrom(ctx, pgx.Identifier{"walbox_replay_stored"}, []string{"stream", "id"}, pgx.CopyFromRows(c.batch))
+	c.batch = c.batch[:0]
+	return err
 }
 
 // storedIDs calls fn with the Nats-Msg-Id of every message of stream

@@ -20,14 +20,14 @@ import (
 // drops no duplicate by id, so the check of what the topics hold is all
 // that keeps a replay from storing an event twice.
 type kafkaReplay struct {
-	cfg      config.Config
-	res      *ReplayResult
-	adm      *kadm.Client
-	admCl    *kgo.Client
-	sink     *kafkasink.Sink
-	rts      []relay.Route
-	rt       *relay.Router
-	inflight []kafkaFlight
+	cfg   config.Config
+	res   *ReplayResult
+	adm   *kadm.Client
+	admCl *kgo.Client
+	sink  *kafkasink.Sink
+	rts   []relay.Route
+	rt    *relay.Router
+	ackWindow[kafkaFlight]
 }
 
 type kafkaFlight struct {
@@ -42,6 +42,7 @@ func openReplayKafka(ctx context.Context, cfg config.Config, res *ReplayResult) 
 		return nil, err
 	}
 	b := &kafkaReplay{cfg: cfg, res: res, admCl: cl, adm: kadm.NewClient(cl)}
+	b.waitAck = b.wait
 	cctx, cancel := context.WithTimeout(ctx, connectTimeout)
 	defer cancel()
 	if b.rts, err = kafkaRoutes(cctx, b.adm, cfg); err != nil {
@@ -91,31 +92,19 @@ func (b *kafkaReplay) storeTopicIDs(ctx context.Context, conn *pgx.Conn, topic s
 	if err != nil || !exists {
 		return err
 	}
-	var batch [][]any
-	flush := func() error {
-		if len(batch) == 0 {
-			return nil
-		}
-		_, err := conn.CopyFrom(ctx, pgx.Identifier{"walbox_replay_stored"}, []string{"stream", "id"}, pgx.CopyFromRows(batch))
-		batch = batch[:0]
-		return err
-	}
+	c := idCopier{conn: conn}
 	err = readKafka(ctx, b.cfg, topic, spans, func(r *kgo.Record) error {
 		for _, h := range r.Headers {
 			if h.Key == kafkasink.HeaderEventID {
-				batch = append(batch, []any{topic, string(h.Value)})
-				break
+				return c.add(ctx, topic, string(h.Value))
 			}
-		}
-		if len(batch) >= 10000 {
-			return flush()
 		}
 		return nil
 	})
 	if err != nil {
 		return err
 	}
-	return flush()
+	return c.flush(ctx)
 }
 
 func (b *kafkaReplay) wait(ctx context.Context, fl kafkaFlight) error {
@@ -137,22 +126,5 @@ func (b *kafkaReplay) publish(ctx context.Context, m *relay.Msg, _ string, dlq b
 	if err != nil {
 		return fmt.Errorf("publish to %s: %w", m.Subject, err)
 	}
-	b.inflight = append(b.inflight, kafkaFlight{f: f, id: m.Header.Get(relay.HeaderMsgID), dlq: dlq})
-	if len(b.inflight) >= replayWindow {
-		if err := b.wait(ctx, b.inflight[0]); err != nil {
-			return err
-		}
-		b.inflight = b.inflight[1:]
-	}
-	return nil
-}
-
-func (b *kafkaReplay) flush(ctx context.Context) error {
-	for _, fl := range b.inflight {
-		if err := b.wait(ctx, fl); err != nil {
-			return err
-		}
-	}
-	b.inflight = nil
-	return nil
+	return b.add(ctx, kafkaFlight{f: f, id: m.Header.Get(relay.HeaderMsgID), dlq: dlq})
 }

@@ -91,7 +91,6 @@ func TestReplayFillsAGap(t *testing.T) {
 
 func TestReplayForceNewIDDuplicatesAndDeadLetters(t *testing.T) {
 	e := newEnv(t)
-	ctx := testCtx(t)
 	e.startRelay()
 	a := e.insert("payments.settled", `{"p":1}`)
 	b := e.insert("payments.settled", `{"p":2}`)
@@ -99,7 +98,7 @@ func TestReplayForceNewIDDuplicatesAndDeadLetters(t *testing.T) {
 
 	// Inside the duplicate window, without the read-back: JetStream drops
 	// both and says so.
-	res, err := Replay(ctx, e.cfg, ReplayOptions{IDs: []string{a, b}, NoCheck: true})
+	res, err := Replay(e.ctx, e.cfg, ReplayOptions{IDs: []string{a, b}, NoCheck: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +106,7 @@ func TestReplayForceNewIDDuplicatesAndDeadLetters(t *testing.T) {
 		t.Fatalf("replay --no-check inside the window: %+v", res)
 	}
 
-	res, err = Replay(ctx, e.cfg, ReplayOptions{IDs: []string{a}, ForceNewID: true})
+	res, err = Replay(e.ctx, e.cfg, ReplayOptions{IDs: []string{a}, ForceNewID: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,11 +117,11 @@ func TestReplayForceNewIDDuplicatesAndDeadLetters(t *testing.T) {
 	if len(got) != 3 || got[2] != a+res.NewIDSuffix {
 		t.Fatalf("stream after --force-new-id: %v", got)
 	}
-	st, err := e.connectJS().Stream(ctx, "PAYMENTS")
+	st, err := e.connectJS().Stream(e.ctx, "PAYMENTS")
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := st.GetMsg(ctx, st.CachedInfo().State.LastSeq)
+	m, err := st.GetMsg(e.ctx, st.CachedInfo().State.LastSeq)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +132,7 @@ func TestReplayForceNewIDDuplicatesAndDeadLetters(t *testing.T) {
 	// A row no stream captures is dead-lettered, as live.
 	poison := e.insert("unrouted.thing", `{"x":1}`)
 	e.waitMsgs("WALBOX_DLQ", 1)
-	res, err = Replay(ctx, e.cfg, ReplayOptions{IDs: []string{poison}, ForceNewID: true})
+	res, err = Replay(e.ctx, e.cfg, ReplayOptions{IDs: []string{poison}, ForceNewID: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,10 +141,10 @@ func TestReplayForceNewIDDuplicatesAndDeadLetters(t *testing.T) {
 	}
 
 	// Selecting nothing is an error; an empty selection is not.
-	if _, err := Replay(ctx, e.cfg, ReplayOptions{}); err == nil {
+	if _, err := Replay(e.ctx, e.cfg, ReplayOptions{}); err == nil {
 		t.Fatal("replay without a selection")
 	}
-	res, err = Replay(ctx, e.cfg, ReplayOptions{IDs: []string{"00000000-0000-0000-0000-000000000000"}})
+	res, err = Replay(e.ctx, e.cfg, ReplayOptions{IDs: []string{"00000000-0000-0000-0000-000000000000"}})
 	if err != nil || res.Rows != 0 {
 		t.Fatalf("replay of no rows: %+v %v", res, err)
 	}
@@ -153,7 +152,6 @@ func TestReplayForceNewIDDuplicatesAndDeadLetters(t *testing.T) {
 
 func TestReplayFromArchive(t *testing.T) {
 	e := newEnv(t)
-	ctx := testCtx(t)
 	e.exec(`CREATE TABLE walbox.outbox_events_archive_old PARTITION OF walbox.outbox_events_archive DEFAULT`)
 	e.exec(`INSERT INTO walbox.outbox_events_archive (topic, payload, created_at, processed) VALUES
 		('orders.archived', '{"old":1}', now() - interval '100 days', true),
@@ -161,7 +159,7 @@ func TestReplayFromArchive(t *testing.T) {
 	// Streams exist once a relay ran (replay never creates them).
 	e.startRelay().stop(t)
 	var progress bytes.Buffer
-	res, err := Replay(ctx, e.cfg, ReplayOptions{Archive: true, From: time.Now().AddDate(0, 0, -101), To: time.Now().AddDate(0, 0, -99),
+	res, err := Replay(e.ctx, e.cfg, ReplayOptions{Archive: true, From: time.Now().AddDate(0, 0, -101), To: time.Now().AddDate(0, 0, -99),
 		Topic: "orders.>", Progress: &progress})
 	if err != nil {
 		t.Fatal(err)
@@ -170,7 +168,7 @@ func TestReplayFromArchive(t *testing.T) {
 		t.Fatalf("replay --archive: %+v", res)
 	}
 	e.waitMsgs("ORDERS", 1)
-	if _, err := Replay(ctx, e.cfg, ReplayOptions{From: time.Now().Add(-time.Hour), To: time.Now().Add(-2 * time.Hour)}); err == nil {
+	if _, err := Replay(e.ctx, e.cfg, ReplayOptions{From: time.Now().Add(-time.Hour), To: time.Now().Add(-2 * time.Hour)}); err == nil {
 		t.Fatal("--from after --to accepted")
 	}
 }
@@ -198,9 +196,8 @@ func TestParseTime(t *testing.T) {
 // a map as large as the stream.
 func TestReplayCopiesStoredIDsInBatches(t *testing.T) {
 	e := newEnv(t)
-	ctx := testCtx(t)
 	js := e.connectJS()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "MANY", Subjects: []string{"many.>"}}); err != nil {
+	if _, err := js.CreateStream(e.ctx, jetstream.StreamConfig{Name: "MANY", Subjects: []string{"many.>"}}); err != nil {
 		t.Fatal(err)
 	}
 	const n = 25_000
@@ -220,19 +217,19 @@ func TestReplayCopiesStoredIDsInBatches(t *testing.T) {
 			}
 		}
 	}
-	conn, err := pgx.Connect(ctx, e.dbURL)
+	conn, err := pgx.Connect(e.ctx, e.dbURL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, `CREATE TEMP TABLE walbox_replay_stored (stream text NOT NULL, id text NOT NULL)`); err != nil {
+	defer conn.Close(e.ctx)
+	if _, err := conn.Exec(e.ctx, `CREATE TEMP TABLE walbox_replay_stored (stream text NOT NULL, id text NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	if err := storeIDs(ctx, conn, js, "MANY", "", time.Time{}); err != nil {
+	if err := storeIDs(e.ctx, conn, js, "MANY", "", time.Time{}); err != nil {
 		t.Fatal(err)
 	}
 	var got, distinct int
-	if err := conn.QueryRow(ctx, `SELECT count(*), count(DISTINCT id) FROM walbox_replay_stored WHERE stream = 'MANY'`).Scan(&got, &distinct); err != nil {
+	if err := conn.QueryRow(e.ctx, `SELECT count(*), count(DISTINCT id) FROM walbox_replay_stored WHERE stream = 'MANY'`).Scan(&got, &distinct); err != nil {
 		t.Fatal(err)
 	}
 	if got != n || distinct != n {

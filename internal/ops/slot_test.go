@@ -15,9 +15,8 @@ import (
 
 func TestSlotCreateStatusDrop(t *testing.T) {
 	e := newEnv(t)
-	ctx := testCtx(t)
 
-	rep, err := SlotStatus(ctx, e.cfg)
+	rep, err := SlotStatus(e.ctx, e.cfg)
 	if err != nil || rep.Exists {
 		t.Fatalf("before create: %+v %v", rep, err)
 	}
@@ -25,18 +24,18 @@ func TestSlotCreateStatusDrop(t *testing.T) {
 	rep.Print(&out)
 	mustContain(t, "status of a missing slot", out.String(), "does not exist")
 
-	created, err := CreateSlot(ctx, e.cfg, SlotCreateOptions{})
+	created, err := CreateSlot(e.ctx, e.cfg, SlotCreateOptions{})
 	if err != nil || !created {
 		t.Fatalf("create: %v %v", created, err)
 	}
-	if created, err = CreateSlot(ctx, e.cfg, SlotCreateOptions{}); err != nil || created {
+	if created, err = CreateSlot(e.ctx, e.cfg, SlotCreateOptions{}); err != nil || created {
 		t.Fatalf("create again: %v %v", created, err)
 	}
-	if _, err := CreateSlot(ctx, e.cfg, SlotCreateOptions{Failover: true}); err != nil {
+	if _, err := CreateSlot(e.ctx, e.cfg, SlotCreateOptions{Failover: true}); err != nil {
 		t.Fatalf("create --failover of an existing slot is a no-op: %v", err)
 	}
 
-	rep, err = SlotStatus(ctx, e.cfg)
+	rep, err = SlotStatus(e.ctx, e.cfg)
 	if err != nil || !rep.Exists || rep.Plugin != "pgoutput" || rep.Active || rep.WALStatus == "" || rep.ConfirmedFlushLSN == "" {
 		t.Fatalf("status: %+v %v", rep, err)
 	}
@@ -54,26 +53,26 @@ func TestSlotCreateStatusDrop(t *testing.T) {
 
 	// Without --yes it asks; "n" keeps the slot.
 	out.Reset()
-	existed, err := DropSlot(ctx, e.cfg, SlotDropOptions{In: strings.NewReader("n\n"), Out: &out})
+	existed, err := DropSlot(e.ctx, e.cfg, SlotDropOptions{In: strings.NewReader("n\n"), Out: &out})
 	if !errors.Is(err, ErrAborted) || !existed {
 		t.Fatalf("drop answered n: %v %v", existed, err)
 	}
 	mustContain(t, "drop prompt", out.String(), "Drop replication slot", "[y/N]")
-	if rep, _ := SlotStatus(ctx, e.cfg); !rep.Exists {
+	if rep, _ := SlotStatus(e.ctx, e.cfg); !rep.Exists {
 		t.Fatal("slot dropped although the answer was n")
 	}
 	// No stdin at all: no.
-	if _, err := DropSlot(ctx, e.cfg, SlotDropOptions{In: strings.NewReader("")}); !errors.Is(err, ErrAborted) {
+	if _, err := DropSlot(e.ctx, e.cfg, SlotDropOptions{In: strings.NewReader("")}); !errors.Is(err, ErrAborted) {
 		t.Fatalf("drop without an answer: %v", err)
 	}
-	existed, err = DropSlot(ctx, e.cfg, SlotDropOptions{In: strings.NewReader("y\n"), Out: &out})
+	existed, err = DropSlot(e.ctx, e.cfg, SlotDropOptions{In: strings.NewReader("y\n"), Out: &out})
 	if err != nil || !existed {
 		t.Fatalf("drop answered y: %v %v", existed, err)
 	}
-	if rep, _ := SlotStatus(ctx, e.cfg); rep.Exists {
+	if rep, _ := SlotStatus(e.ctx, e.cfg); rep.Exists {
 		t.Fatal("slot still exists after drop")
 	}
-	if existed, err = DropSlot(ctx, e.cfg, SlotDropOptions{Yes: true}); err != nil || existed {
+	if existed, err = DropSlot(e.ctx, e.cfg, SlotDropOptions{Yes: true}); err != nil || existed {
 		t.Fatalf("drop of a missing slot: %v %v", existed, err)
 	}
 }

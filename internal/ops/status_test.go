@@ -12,10 +12,9 @@ import (
 
 func TestStatusOfRunningRelay(t *testing.T) {
 	e := newEnv(t)
-	ctx := testCtx(t)
 
 	// Before any relay: unknown, nothing held.
-	rep, err := Status(ctx, e.cfg)
+	rep, err := Status(e.ctx, e.cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,7 +34,7 @@ func TestStatusOfRunningRelay(t *testing.T) {
 
 	// The leader writes relay_status every second; wait for a fresh row.
 	relaytest.Eventually(t, 60*time.Second, "the relay to show as running with the lock", func() bool {
-		if rep, err = Status(ctx, e.cfg); err != nil {
+		if rep, err = Status(e.ctx, e.cfg); err != nil {
 			t.Fatal(err)
 		}
 		return rep.Relay.State == "running" && rep.Relay.LockHeld

@@ -77,11 +77,7 @@ func Tail(ctx context.Context, cfg config.Config, opts TailOptions, w io.Writer)
 	stop := context.AfterFunc(ctx, it.Stop)
 	defer stop()
 	defer it.Stop()
-	width := 80
-	if opts.Full {
-		width = 0
-	}
-	fmt.Fprintf(w, "%-23s  %-24s  %-36s  %11s  %s\n", "STORED", "SUBJECT", "EVENT ID (Nats-Msg-Id)", "COMMIT->ACK", "PAYLOAD")
+	width := tailHeader(w, opts.Full, "SUBJECT", "EVENT ID (Nats-Msg-Id)", "COMMIT->ACK")
 	n := 0
 	for opts.Limit <= 0 || n < opts.Limit {
 		m, err := it.Next()
@@ -95,6 +91,16 @@ func Tail(ctx context.Context, cfg config.Config, opts TailOptions, w io.Writer)
 		n++
 	}
 	return n, nil
+}
+
+// tailHeader prints the column titles and returns the payload's width: 80
+// characters, or all of it with --full.
+func tailHeader(w io.Writer, full bool, where, id, latency string) int {
+	fmt.Fprintf(w, "%-23s  %-24s  %-36s  %*s  %s\n", "STORED", where, id, len(latency), latency, "PAYLOAD")
+	if full {
+		return 0
+	}
+	return 80
 }
 
 func tailLine(m jetstream.Msg, width int) string {

@@ -69,25 +69,15 @@ func tailKafka(ctx context.Context, cfg config.Config, opts TailOptions, w io.Wr
 		return 0, err
 	}
 	defer cons.Close()
-	width := 80
-	if opts.Full {
-		width = 0
-	}
-	fmt.Fprintf(w, "%-23s  %-24s  %-36s  %14s  %s\n", "STORED", "TOPIC", "EVENT ID (Walbox-Event-Id)", "COMMIT->STORED", "PAYLOAD")
+	width := tailHeader(w, opts.Full, "TOPIC", "EVENT ID (Walbox-Event-Id)", "COMMIT->STORED")
 	n := 0
 	for opts.Limit <= 0 || n < opts.Limit {
 		fs := cons.PollFetches(ctx)
 		if ctx.Err() != nil {
 			return n, nil
 		}
-		var ferr error
-		fs.EachError(func(_ string, p int32, err error) {
-			if ferr == nil {
-				ferr = fmt.Errorf("read %s/%d: %w", topic, p, err)
-			}
-		})
-		if ferr != nil {
-			return n, ferr
+		if err := kafkasink.FetchErr(fs, "read"); err != nil {
+			return n, err
 		}
 		for it := fs.RecordIter(); !it.Done() && (opts.Limit <= 0 || n < opts.Limit); {
 			fmt.Fprintln(w, tailKafkaLine(it.Next(), width))

@@ -23,7 +23,7 @@ func (e *kafkaEnv) produce(topic, id, key, payload string, commitAgo time.Durati
 	h.Set(relay.HeaderMsgID, id)
 	h.Set(relay.HeaderCommitTime, time.Now().Add(-commitAgo).UTC().Format(time.RFC3339Nano))
 	rec := &kgo.Record{Topic: topic, Key: []byte(key), Value: []byte(payload), Headers: kafkasink.ToKafkaHeaders(h), Timestamp: ts}
-	if err := e.cl.ProduceSync(testCtx(e.t), rec).FirstErr(); err != nil {
+	if err := e.kafka.Client.ProduceSync(testCtx(e.t), rec).FirstErr(); err != nil {
 		e.t.Fatalf("produce %s to %s: %v", id, topic, err)
 	}
 }

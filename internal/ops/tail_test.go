@@ -10,14 +10,13 @@ import (
 
 func TestTailSinceAndLimit(t *testing.T) {
 	e := newEnv(t)
-	ctx := testCtx(t)
 	e.startRelay()
 	long := `{"text":"` + strings.Repeat("x", 200) + `"}`
 	ids := []string{e.insert("orders.created", `{"n":1}`), e.insert("payments.settled", `{"n":2}`), e.insert("orders.shipped", long)}
 	e.waitMsgs("ORDERS", 2)
 
 	var out bytes.Buffer
-	n, err := Tail(ctx, e.cfg, TailOptions{Subject: "orders.>", Since: time.Hour, Limit: 2}, &out)
+	n, err := Tail(e.ctx, e.cfg, TailOptions{Subject: "orders.>", Since: time.Hour, Limit: 2}, &out)
 	if err != nil || n != 2 {
 		t.Fatalf("tail: %d %v\n%s", n, err, out.String())
 	}
@@ -43,7 +42,7 @@ func TestTailSinceAndLimit(t *testing.T) {
 
 	// --full prints the whole payload; --stream names the stream.
 	out.Reset()
-	if _, err := Tail(ctx, e.cfg, TailOptions{Subject: "orders.shipped", Stream: "ORDERS", Since: time.Hour, Full: true, Limit: 1}, &out); err != nil {
+	if _, err := Tail(e.ctx, e.cfg, TailOptions{Subject: "orders.shipped", Stream: "ORDERS", Since: time.Hour, Full: true, Limit: 1}, &out); err != nil {
 		t.Fatal(err)
 	}
 	mustContain(t, "tail --full", out.String(), strings.Repeat("x", 200))
@@ -51,7 +50,7 @@ func TestTailSinceAndLimit(t *testing.T) {
 	// Without --since only new events: keep committing until one shows.
 	out.Reset()
 	done := make(chan error, 1)
-	tctx, cancel := context.WithCancel(ctx)
+	tctx, cancel := context.WithCancel(e.ctx)
 	defer cancel()
 	go func() {
 		_, err := Tail(tctx, e.cfg, TailOptions{Subject: "payments.*", Limit: 1}, &out)
@@ -68,7 +67,7 @@ wait:
 			break wait
 		case <-time.After(300 * time.Millisecond):
 			newID = e.insert("payments.refunded", `{"n":9}`)
-		case <-ctx.Done():
+		case <-e.ctx.Done():
 			t.Fatal("tail of new events never returned")
 		}
 	}
@@ -77,12 +76,12 @@ wait:
 	}
 
 	// Ctrl-C: a cancelled context ends it without an error.
-	cctx, ccancel := context.WithCancel(ctx)
+	cctx, ccancel := context.WithCancel(e.ctx)
 	go func() { time.Sleep(300 * time.Millisecond); ccancel() }() // pacing: Ctrl-C while tail waits for messages
 	if _, err := Tail(cctx, e.cfg, TailOptions{Subject: "nothing.here", Stream: "ORDERS"}, &out); err != nil {
-		t.Fatalf("tail ended by ctx: %v", err)
+		t.Fatalf("tail ended by e.ctx: %v", err)
 	}
-	if _, err := Tail(ctx, e.cfg, TailOptions{Subject: "nothing.here"}, &out); err == nil || !strings.Contains(err.Error(), "--stream") {
+	if _, err := Tail(e.ctx, e.cfg, TailOptions{Subject: "nothing.here"}, &out); err == nil || !strings.Contains(err.Error(), "--stream") {
 		t.Fatalf("tail of a subject no stream captures: %v", err)
 	}
 }

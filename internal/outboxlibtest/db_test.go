@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/walbox/walbox/internal/relaytest"
 	"github.com/walbox/walbox/outbox"
 )
 
@@ -31,7 +32,7 @@ func count(t *testing.T, q interface {
 // prefix walbox and the documented JSON; a rolled-back call shows nothing.
 func TestEmitMessage(t *testing.T) {
 	e := newEnv(t)
-	ctx := testCtx(t)
+	ctx := relaytest.Ctx(t)
 	var slot string
 	if err := e.pool.QueryRow(ctx, "SELECT current_database()").Scan(&slot); err != nil {
 		t.Fatal(err)
@@ -174,7 +175,7 @@ func TestEmitMessage(t *testing.T) {
 // TestLagAndBackpressure uses fake walbox.relay_status rows.
 func TestLagAndBackpressure(t *testing.T) {
 	e := newEnv(t)
-	ctx := testCtx(t)
+	ctx := relaytest.Ctx(t)
 	ev := outbox.Event{Topic: "user.created", Payload: json.RawMessage(`{}`)}
 
 	// No row: Lag says so; WithMaxLag does not hold producers back.
@@ -279,7 +280,7 @@ func must(w *outbox.Writer, err error) *outbox.Writer {
 // columns, another name) through WithTable and WithColumns, on both paths.
 func TestExistingLayout(t *testing.T) {
 	e := newEnv(t)
-	ctx := testCtx(t)
+	ctx := relaytest.Ctx(t)
 	if _, err := e.pool.Exec(ctx, `CREATE SCHEMA app; CREATE TABLE app."Outbox" (
 		event_id text PRIMARY KEY, stream text, subject text NOT NULL, body jsonb NOT NULL,
 		created_at timestamptz NOT NULL DEFAULT now(), processed boolean NOT NULL DEFAULT false)`); err != nil {
@@ -326,7 +327,7 @@ func TestExistingLayout(t *testing.T) {
 // the batch is written; the transaction stays usable.
 func TestInvalidEventWritesNothing(t *testing.T) {
 	e := newEnv(t)
-	ctx := testCtx(t)
+	ctx := relaytest.Ctx(t)
 	good := outbox.Event{Topic: "user.ok", Payload: json.RawMessage(`{}`)}
 	for name, bad := range map[string]outbox.Event{
 		"empty topic":   {Payload: json.RawMessage(`{}`)},

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/walbox/walbox/internal/relaytest"
 	"github.com/walbox/walbox/outbox"
 )
 
@@ -66,22 +67,19 @@ func isV7(t *testing.T, id string) {
 // subject.
 func TestWriteThroughRelay(t *testing.T) {
 	r := newRelayed(t)
-	if _, err := r.pool.Exec(testCtx(t), "CREATE TABLE users (id text PRIMARY KEY, email text NOT NULL UNIQUE)"); err != nil {
+	if _, err := r.pool.Exec(relaytest.Ctx(t), "CREATE TABLE users (id text PRIMARY KEY, email text NOT NULL UNIQUE)"); err != nil {
 		t.Fatal(err)
 	}
 
 	t.Run("single insert", func(t *testing.T) {
-		ctx := testCtx(t)
-		tx, err := r.pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
+		ctx := relaytest.Ctx(t)
+		tx := r.begin(ctx)
 		defer tx.Rollback(ctx)
 		if _, err := tx.Exec(ctx, "INSERT INTO users VALUES ('u-1', 'one@example.com')"); err != nil {
 			t.Fatal(err)
 		}
 		ct := &copyCounter{Tx: tx}
-		err = outbox.Write(ctx, ct, outbox.Event{
+		err := outbox.Write(ctx, ct, outbox.Event{
 			Topic: "user.single", EventType: "user.created", AggregateType: "user", AggregateID: "u-1",
 			Payload: map[string]any{"user_id": "u-1", "email": "one@example.com"},
 			Headers: map[string]string{"correlation_id": "c-1"},
@@ -111,11 +109,8 @@ func TestWriteThroughRelay(t *testing.T) {
 	})
 
 	t.Run("many with COPY keep insert order", func(t *testing.T) {
-		ctx := testCtx(t)
-		tx, err := r.pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
+		ctx := relaytest.Ctx(t)
+		tx := r.begin(ctx)
 		defer tx.Rollback(ctx)
 		const n = 200
 		events := make([]outbox.Event, n)
@@ -154,13 +149,10 @@ func TestWriteThroughRelay(t *testing.T) {
 	})
 
 	t.Run("rollback publishes nothing", func(t *testing.T) {
-		ctx := testCtx(t)
+		ctx := relaytest.Ctx(t)
 		var rolledBack []string
 		for _, n := range []int{1, 5} { // INSERT path and COPY path
-			tx, err := r.pool.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
+			tx := r.begin(ctx)
 			var events []outbox.Event
 			for range n {
 				id := outbox.NewID()
@@ -177,10 +169,7 @@ func TestWriteThroughRelay(t *testing.T) {
 		// A marker committed after the rollbacks: commit order means the
 		// rolled-back events, were they published, would come before it.
 		marker := outbox.NewID()
-		tx, err := r.pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
+		tx := r.begin(ctx)
 		if err := outbox.Write(ctx, tx, outbox.Event{ID: marker, Topic: "user.rollback", Payload: json.RawMessage(`{"marker": true}`)}); err != nil {
 			t.Fatal(err)
 		}
@@ -197,17 +186,14 @@ func TestWriteThroughRelay(t *testing.T) {
 	})
 
 	t.Run("trace context carried to the message", func(t *testing.T) {
-		ctx := testCtx(t)
+		ctx := relaytest.Ctx(t)
 		traceID, _ := trace.TraceIDFromHex("4bf92f3577b34da6a3ce929d0e0e4736")
 		spanID, _ := trace.SpanIDFromHex("00f067aa0ba902b7")
 		ts, _ := trace.ParseTraceState("vendor=opaque")
 		sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: traceID, SpanID: spanID, TraceFlags: trace.FlagsSampled, TraceState: ts})
 		ctx = trace.ContextWithSpanContext(ctx, sc)
 		id := outbox.NewID()
-		tx, err := r.pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
+		tx := r.begin(ctx)
 		defer tx.Rollback(ctx)
 		if err := outbox.Write(ctx, tx, outbox.Event{ID: id, Topic: "user.traced", Payload: json.RawMessage(`{}`),
 			Headers: map[string]string{"baggage": "tenant=t1"}}); err != nil {
@@ -224,7 +210,7 @@ func TestWriteThroughRelay(t *testing.T) {
 	})
 
 	t.Run("database/sql", func(t *testing.T) {
-		ctx := testCtx(t)
+		ctx := relaytest.Ctx(t)
 		db, err := sql.Open("pgx", r.dbURL)
 		if err != nil {
 			t.Fatal(err)
@@ -264,12 +250,9 @@ func TestWriteThroughRelay(t *testing.T) {
 	})
 
 	t.Run("walbox.emit", func(t *testing.T) {
-		ctx := testCtx(t)
+		ctx := relaytest.Ctx(t)
 		// Rolled back first, then committed: only the second is published.
-		tx, err := r.pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
+		tx := r.begin(ctx)
 		var dropped string
 		if err := tx.QueryRow(ctx, `SELECT walbox.emit('user.emitted', '{"dropped": true}')`).Scan(&dropped); err != nil {
 			t.Fatal(err)
@@ -277,13 +260,10 @@ func TestWriteThroughRelay(t *testing.T) {
 		if err := tx.Rollback(ctx); err != nil {
 			t.Fatal(err)
 		}
-		tx, err = r.pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
+		tx = r.begin(ctx)
 		defer tx.Rollback(ctx)
 		var id string
-		err = tx.QueryRow(ctx, `SELECT walbox.emit('user.emitted', '{"user_id": "u-9"}',
+		err := tx.QueryRow(ctx, `SELECT walbox.emit('user.emitted', '{"user_id": "u-9"}',
 			event_type => 'user.created', aggregate_type => 'user', aggregate_id => 'u-9',
 			headers => '{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}')::text`).Scan(&id)
 		if err != nil {

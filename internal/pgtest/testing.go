@@ -47,6 +47,46 @@ func Main(m *testing.M, cluster **Cluster, opts ...Option) int {
 	return code
 }
 
+// ServerDir returns an empty folder, removed when the test ends, that the
+// PostgreSQL server user can reach when the tests run as root (t.TempDir
+// cannot be): for a data directory or a walbox dev run.
+func ServerDir(t testing.TB, pattern string) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", pattern)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// StartOwn starts a cluster of the test's own, for settings the shared one
+// lacks or to stop and restart it, closed when the test ends.
+func StartOwn(ctx context.Context, t testing.TB, opts ...Option) *Cluster {
+	t.Helper()
+	c, err := Start(ctx, opts...)
+	if err != nil {
+		t.Fatalf("pgtest: start a cluster: %v", err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// OwnDB is StartOwn with a database app created on the cluster: it returns
+// the cluster and that database's URL.
+func OwnDB(ctx context.Context, t testing.TB, opts ...Option) (*Cluster, string) {
+	t.Helper()
+	c := StartOwn(ctx, t, opts...)
+	u, err := c.CreateDB(ctx, "app")
+	if err != nil {
+		t.Fatalf("pgtest: create database app: %v", err)
+	}
+	return c, u
+}
+
 // NewDB creates a fresh database named after the test, so tests sharing a
 // cluster do not see each other's tables, publications or slots, and returns
 // its URL. The name is walbox_t_<test name>_<n>: lower-case, only

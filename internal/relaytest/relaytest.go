@@ -9,8 +9,9 @@
 package relaytest
 
 import (
-	"bytes"
 	"context"
+	"io"
+	"net"
 	"sync"
 	"testing"
 	"time"
@@ -24,6 +25,7 @@ import (
 
 	"github.com/walbox/walbox/internal/app"
 	"github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/internal/syncbuf"
 	"github.com/walbox/walbox/relay"
 	walboxsql "github.com/walbox/walbox/sql"
 )
@@ -68,6 +70,23 @@ func Migrate(t testing.TB, url string, p walboxsql.Params) {
 	}
 }
 
+// Exec runs stmts in order on one connection to the database at url (so a
+// SET holds for the statements after it).
+func Exec(t testing.TB, url string, stmts ...string) {
+	t.Helper()
+	ctx := Ctx(t)
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	defer conn.Close(context.Background())
+	for _, q := range stmts {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+}
+
 // Pool opens a pool on url, closed when the test ends.
 func Pool(t testing.TB, url string) *pgxpool.Pool {
 	t.Helper()
@@ -101,6 +120,87 @@ func JetStream(t testing.TB, url string, opts ...nats.Option) (*nats.Conn, jetst
 		t.Fatalf("JetStream client: %v", err)
 	}
 	return nc, js
+}
+
+// Collect reads stream through an ordered consumer made with cfg until stop
+// returns true for a message (which is included), and returns what it read.
+// It fails the test if that has not happened within timeout.
+func Collect(t testing.TB, js jetstream.JetStream, stream string, cfg jetstream.OrderedConsumerConfig, timeout time.Duration, stop func(jetstream.Msg) bool) []jetstream.Msg {
+	t.Helper()
+	cons, err := js.OrderedConsumer(Ctx(t), stream, cfg)
+	if err != nil {
+		t.Fatalf("ordered consumer on %s: %v", stream, err)
+	}
+	var out []jetstream.Msg
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		m, err := cons.Next(jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			continue
+		}
+		out = append(out, m)
+		if stop(m) {
+			return out
+		}
+	}
+	t.Fatalf("stream %s %v: stop condition not met within %v (%d messages read)", stream, cfg.FilterSubjects, timeout, len(out))
+	return nil
+}
+
+// CollectN reads n messages of stream with Collect.
+func CollectN(t testing.TB, js jetstream.JetStream, stream string, cfg jetstream.OrderedConsumerConfig, timeout time.Duration, n int) []jetstream.Msg {
+	t.Helper()
+	count := 0
+	return Collect(t, js, stream, cfg, timeout, func(jetstream.Msg) bool { count++; return count == n })
+}
+
+// Proxy listens on a loopback port and forwards every connection to
+// target, copying each way with pipe (io.Copy's when nil). It returns its
+// address; when the test ends it closes the listener and every connection
+// and waits for its goroutines.
+func Proxy(t testing.TB, target string, pipe func(dst io.Writer, src io.Reader)) string {
+	t.Helper()
+	if pipe == nil {
+		pipe = func(dst io.Writer, src io.Reader) { _, _ = io.Copy(dst, src) }
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("proxy: listen: %v", err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var conns []net.Conn
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			mu.Lock()
+			conns = append(conns, c, u)
+			mu.Unlock()
+			wg.Add(2)
+			go func() { defer wg.Done(); pipe(u, c); u.Close() }()
+			go func() { defer wg.Done(); pipe(c, u); c.Close() }()
+		}
+	}()
+	return ln.Addr().String()
 }
 
 // Option adjusts StartRelay.
@@ -189,6 +289,42 @@ func StartRelay(t testing.TB, cfg config.Config, opts ...Option) *Relay {
 	return r
 }
 
+// UsersConfig is the config the producer and consumer libraries' tests and
+// the examples run the relay with: the (migrated) database at dbURL, its
+// slot named after the database (slot names are cluster-wide), NATS at
+// natsURL with stream USERS for user.>, retries from 100 ms to 1 s and no
+// metrics listener.
+func UsersConfig(t testing.TB, dbURL, natsURL string) config.Config {
+	t.Helper()
+	pc, err := pgx.ParseConfig(dbURL)
+	if err != nil {
+		t.Fatalf("parse the database URL: %v", err)
+	}
+	cfg := config.Default()
+	cfg.Postgres.URL = dbURL
+	cfg.Postgres.Slot = pc.Database
+	cfg.NATS.URL = natsURL
+	cfg.NATS.Streams = []config.Stream{{Name: "USERS", Subjects: []string{"user.>"}, DuplicateWindow: 2 * time.Minute}}
+	cfg.Retry.Initial, cfg.Retry.Max = 100*time.Millisecond, time.Second
+	cfg.Metrics.Listen = ""
+	return cfg
+}
+
+// StartUsersRelay migrates the database at dbURL and runs the relay with
+// UsersConfig, changed by mutate, until the test ends.
+func StartUsersRelay(t testing.TB, dbURL, natsURL string, mutate ...func(*config.Config)) *Relay {
+	t.Helper()
+	Migrate(t, dbURL, walboxsql.Params{})
+	cfg := UsersConfig(t, dbURL, natsURL)
+	for _, f := range mutate {
+		f(&cfg)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("relay config: %v", err)
+	}
+	return StartRelay(t, cfg)
+}
+
 // Done is closed once the relay has returned.
 func (r *Relay) Done() <-chan struct{} { return r.exited }
 
@@ -242,19 +378,4 @@ func Metric(t testing.TB, g prometheus.Gatherer, name string, labels map[string]
 
 // Buffer is a bytes.Buffer safe for concurrent writers, e.g. a relay's log
 // read while it runs.
-type Buffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *Buffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *Buffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
+type Buffer = syncbuf.Buffer

@@ -38,15 +38,11 @@ func newSink(t *testing.T, c *kfake.Cluster) *kafkasink.Sink {
 
 func wait(t *testing.T, ctx context.Context, f relay.Future) (*relay.Ack, error) {
 	t.Helper()
-	select {
-	case a := <-f.Ok():
-		return a, nil
-	case err := <-f.Err():
-		return nil, err
-	case <-ctx.Done():
+	a, err := relay.Await(ctx, f)
+	if err != nil && ctx.Err() != nil {
 		t.Fatal("no answer from the broker")
 	}
-	return nil, nil
+	return a, err
 }
 
 func TestClassify(t *testing.T) {

@@ -119,6 +119,17 @@ func spans(ctx context.Context, adm *kadm.Client, topic string, n int, first, la
 	return out, lerr
 }
 
+// FetchErr is the first error of fs, as "what topic/partition: error".
+func FetchErr(fs kgo.Fetches, what string) error {
+	var ferr error
+	fs.EachError(func(topic string, p int32, err error) {
+		if ferr == nil {
+			ferr = fmt.Errorf("%s %s/%d: %w", what, topic, p, err)
+		}
+	})
+	return ferr
+}
+
 // read calls fn with every record of topic in the given spans, partition by
 // partition in offset order.
 func (s *Sink) read(ctx context.Context, topic string, sp map[int32]span, fn func(*kgo.Record)) error {
@@ -142,14 +153,8 @@ func (s *Sink) read(ctx context.Context, topic string, sp map[int32]span, fn fun
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("read back %s: %w", topic, err)
 		}
-		var ferr error
-		fs.EachError(func(_ string, p int32, err error) {
-			if ferr == nil {
-				ferr = fmt.Errorf("read back %s/%d: %w", topic, p, err)
-			}
-		})
-		if ferr != nil {
-			return ferr
+		if err := FetchErr(fs, "read back"); err != nil {
+			return err
 		}
 		fs.EachRecord(func(r *kgo.Record) {
 			want, ok := sp[r.Partition]

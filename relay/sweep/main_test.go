@@ -55,24 +55,37 @@ func (d *db) exec(sql string, args ...any) {
 
 func (d *db) int(sql string, args ...any) int64 {
 	d.t.Helper()
-	var n int64
-	if err := d.pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
-		d.t.Fatalf("%s: %v", sql, err)
-	}
-	return n
+	return queryOne[int64](d, sql, args...)
 }
 
-func (d *db) bool(sql string, args ...any) bool {
+func (d *db) bool(sql string, args ...any) bool { d.t.Helper(); return queryOne[bool](d, sql, args...) }
+
+// queryOne is the one value sql returns.
+func queryOne[T any](d *db, sql string, args ...any) T {
 	d.t.Helper()
-	var b bool
-	if err := d.pool.QueryRow(context.Background(), sql, args...).Scan(&b); err != nil {
+	var v T
+	if err := d.pool.QueryRow(context.Background(), sql, args...).Scan(&v); err != nil {
 		d.t.Fatalf("%s: %v", sql, err)
 	}
-	return b
+	return v
 }
 
 func testLogger(t *testing.T) zerolog.Logger {
 	return zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel)
+}
+
+// sweeperOn builds a sweeper on d for table public.name, whose default
+// columns lack the roles unmapped.
+func (d *db) sweeperOn(name string, unmapped ...cdc.Role) *sweep.Sweeper {
+	d.t.Helper()
+	cols := cdc.DefaultColumns()
+	for _, r := range unmapped {
+		cols[r] = ""
+	}
+	return d.sweeper(func(c *sweep.Config) {
+		c.Table = cdc.TableName{Schema: "public", Name: name}
+		c.Columns = cols
+	})
 }
 
 // newSweeper builds a sweeper on d for the default table.

@@ -2,11 +2,12 @@ package sweep_test
 
 import (
 	"context"
-
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/walbox/walbox/cdc"
 	"github.com/walbox/walbox/internal/config"
@@ -194,14 +195,7 @@ func TestMarksDAARIONLayoutByID(t *testing.T) {
 	d.exec(`CREATE TABLE daarion_outbox (id text PRIMARY KEY, stream text, topic text, payload jsonb,
 		created_at timestamptz NOT NULL DEFAULT now(), processed boolean NOT NULL DEFAULT false, processed_at timestamptz, error text)`)
 	d.exec(`INSERT INTO daarion_outbox (id, topic, payload) VALUES ('a', 'orders.a', '{}'), ('b', 'orders.b', '{}'), ('c', 'orders.c', '{}'), ('d', 'orders.d', '{}')`)
-	cols := cdc.DefaultColumns()
-	for _, r := range []cdc.Role{cdc.RoleEventType, cdc.RoleAggregateType, cdc.RoleAggregateID, cdc.RolePartitionKey, cdc.RoleHeaders, cdc.RoleCreatedAt} {
-		cols[r] = ""
-	}
-	sw := d.sweeper(func(c *sweep.Config) {
-		c.Table = cdc.TableName{Schema: "public", Name: "daarion_outbox"}
-		c.Columns = cols
-	})
+	sw := d.sweeperOn("daarion_outbox", cdc.RoleEventType, cdc.RoleAggregateType, cdc.RoleAggregateID, cdc.RolePartitionKey, cdc.RoleHeaders, cdc.RoleCreatedAt)
 	stop := sw.Start(context.Background())
 	at := time.Date(2030, 1, 2, 3, 4, 5, 6000, time.UTC)
 	sw.OnDelivered(relay.Delivered{ID: "a", AckedAt: at, Stream: "ORDERS", Seq: 1})
@@ -236,14 +230,22 @@ func TestMarksDAARIONLayoutByID(t *testing.T) {
 	}
 }
 
-// mark_processed: false turns marking off.
-func TestMarkProcessedOff(t *testing.T) {
+// deliveredUnmarked runs the relay with mark_processed: false until n new
+// rows are in stream ORDERS, and stops it.
+func deliveredUnmarked(t *testing.T, n int) (*db, *relayEnv) {
+	t.Helper()
 	d := newDB(t, true)
 	e := newRelayEnv(t, d, func(c *config.Config) { c.Sweeper.MarkProcessed = false })
 	e.start()
-	d.exec(`INSERT INTO outbox_events (topic, payload) SELECT 'orders.x', '{}' FROM generate_series(1, 10)`)
-	relaytest.Eventually(t, 30*time.Second, "delivery", func() bool { return e.streamMsgs("ORDERS") == 10 })
+	d.exec(`INSERT INTO outbox_events (topic, payload) SELECT 'orders.x', '{}' FROM generate_series(1, $1)`, n)
+	relaytest.Eventually(t, 30*time.Second, fmt.Sprintf("%d events published", n), func() bool { return e.streamMsgs("ORDERS") == uint64(n) })
 	e.stop()
+	return d, e
+}
+
+// mark_processed: false turns marking off.
+func TestMarkProcessedOff(t *testing.T) {
+	d, _ := deliveredUnmarked(t, 10)
 	if n := d.int(`SELECT count(*) FROM outbox_events WHERE processed`); n != 0 {
 		t.Fatalf("%d rows marked with mark_processed off", n)
 	}
@@ -281,12 +283,7 @@ func TestDroppedMarksAreCaughtUpFromTheStreamOnly(t *testing.T) {
 // Marks a crash left unwritten are caught up at the next start from the
 // newest messages of each stream.
 func TestMarksLostInACrashAreCaughtUpAtStart(t *testing.T) {
-	d := newDB(t, true)
-	e := newRelayEnv(t, d, func(c *config.Config) { c.Sweeper.MarkProcessed = false })
-	e.start()
-	d.exec(`INSERT INTO outbox_events (topic, payload) SELECT 'orders.a', '{}' FROM generate_series(1, 300)`)
-	relaytest.Eventually(t, 30*time.Second, "the events published", func() bool { return e.streamMsgs("ORDERS") == 300 })
-	e.stop() // delivered, never marked: as if the marks died with the process
+	d, e := deliveredUnmarked(t, 300) // as if the marks died with the process
 	if n := d.int(`SELECT count(*) FROM outbox_events WHERE processed`); n != 0 {
 		t.Fatalf("%d rows marked with marking off", n)
 	}
@@ -306,14 +303,7 @@ func TestNullProcessedIsUnprocessed(t *testing.T) {
 	d.exec(`CREATE TABLE nullable_outbox (id text PRIMARY KEY, topic text, payload jsonb,
 		created_at timestamptz NOT NULL DEFAULT now(), processed boolean, processed_at timestamptz)`)
 	d.exec(`INSERT INTO nullable_outbox (id, topic, payload) VALUES ('a', 'orders.a', '{}'), ('b', 'orders.b', '{}')`)
-	cols := cdc.DefaultColumns()
-	for _, r := range []cdc.Role{cdc.RoleStream, cdc.RoleEventType, cdc.RoleAggregateType, cdc.RoleAggregateID, cdc.RolePartitionKey, cdc.RoleHeaders} {
-		cols[r] = ""
-	}
-	sw := d.sweeper(func(c *sweep.Config) {
-		c.Table = cdc.TableName{Schema: "public", Name: "nullable_outbox"}
-		c.Columns = cols
-	})
+	sw := d.sweeperOn("nullable_outbox", cdc.RoleStream, cdc.RoleEventType, cdc.RoleAggregateType, cdc.RoleAggregateID, cdc.RolePartitionKey, cdc.RoleHeaders)
 	st, err := sw.Status(context.Background())
 	if err != nil {
 		t.Fatal(err)
