@@ -79,9 +79,10 @@ type bigResult struct {
 	Span         time.Duration
 }
 
-// livePool is a pool for the paced SQL producers of every rate.
-func (b *bench) livePool(ctx context.Context) (*pgxpool.Pool, error) {
-	maxProducers := 0
+// livePool is a pool for the paced SQL producers of every rate, and at
+// least need connections.
+func (b *bench) livePool(ctx context.Context, need int) (*pgxpool.Pool, error) {
+	maxProducers := need
 	for _, r := range b.p.Rates {
 		maxProducers = max(maxProducers, producersFor(r))
 	}
@@ -95,7 +96,7 @@ func (b *bench) livePool(ctx context.Context) (*pgxpool.Pool, error) {
 }
 
 func (b *bench) live(ctx context.Context) error {
-	pool, err := b.livePool(ctx)
+	pool, err := b.livePool(ctx, b.p.MaxConns)
 	if err != nil {
 		return err
 	}
@@ -103,15 +104,28 @@ func (b *bench) live(ctx context.Context) error {
 
 	// The catch-up rounds left dead row versions for autovacuum to chew
 	// on in the middle of a rate: clean up first, with the relay stopped.
-	b.logf("live: VACUUM ANALYZE outbox_events and CHECKPOINT first (the catch-up rounds left dead rows)")
-	qctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-	_, err = b.env.pool.Exec(qctx, "VACUUM ANALYZE outbox_events")
-	if err == nil {
-		_, err = b.env.pool.Exec(qctx, "CHECKPOINT")
+	vacuum := func(why string) error {
+		b.logf("live: VACUUM ANALYZE outbox_events and CHECKPOINT first (%s)", why)
+		qctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+		defer cancel()
+		_, err := b.env.pool.Exec(qctx, "VACUUM ANALYZE outbox_events")
+		if err == nil {
+			_, err = b.env.pool.Exec(qctx, "CHECKPOINT")
+		}
+		if err != nil {
+			return fmt.Errorf("vacuum before the live phase: %w", err)
+		}
+		return nil
 	}
-	cancel()
-	if err != nil {
-		return fmt.Errorf("vacuum before the live phase: %w", err)
+	if err := vacuum("the catch-up rounds left dead rows"); err != nil {
+		return err
+	}
+	// The floor and the producers' maximum rate, with the relay stopped.
+	if err := b.floor(ctx, pool); err != nil {
+		return fmt.Errorf("floor: %w", err)
+	}
+	if err := vacuum("the floor's events were marked processed"); err != nil {
+		return err
 	}
 	b.logf("live: starting the relay (a fresh process)")
 	r, err := b.startRelay("live")
@@ -135,6 +149,23 @@ func (b *bench) live(ctx context.Context) error {
 		}
 		b.res.live = append(b.res.live, res)
 	}
+	// The producers' maximum rate alone, offered with the relay running.
+	mr := b.res.maxTarget()
+	if producersFor(mr) > b.p.MaxConns {
+		mp, err := b.livePool(ctx, producersFor(mr))
+		if err != nil {
+			return err
+		}
+		defer mp.Close()
+		t.produce = b.sqlProducers(mp)
+	}
+	b.logf("live walbox: the producers' maximum rate alone (%.0f/s), offered as %d/s with the relay running", b.res.maxAlone.Achieved, mr)
+	t.subject = "bench.live.max" // its own subject, even if the rate is one of the above
+	res, err := b.liveRate(ctx, t, mr)
+	if err != nil {
+		return err
+	}
+	b.res.maxRelay = res
 	return b.stopRelay(r)
 }
 
