@@ -150,14 +150,16 @@ func (b *bench) live(ctx context.Context) error {
 		b.res.live = append(b.res.live, res)
 	}
 	// The producers' maximum rate alone, offered with the relay running.
+	// As many producers as reached it (at least), each paced.
 	mr := b.res.maxTarget()
+	t.produce = b.sqlProducersN(pool, b.p.MaxConns)
 	if producersFor(mr) > b.p.MaxConns {
 		mp, err := b.livePool(ctx, producersFor(mr))
 		if err != nil {
 			return err
 		}
 		defer mp.Close()
-		t.produce = b.sqlProducers(mp)
+		t.produce = b.sqlProducersN(mp, b.p.MaxConns)
 	}
 	b.logf("live walbox: the producers' maximum rate alone (%.0f/s), offered as %d/s with the relay running", b.res.maxAlone.Achieved, mr)
 	t.subject = "bench.live.max" // its own subject, even if the rate is one of the above
@@ -228,8 +230,13 @@ func (b *bench) insertOne(ctx context.Context, pool *pgxpool.Pool, subject strin
 // sqlProducers returns paced producers that commit single-event
 // transactions into outbox_events (walbox and the polling baseline).
 func (b *bench) sqlProducers(pool *pgxpool.Pool) func(ctx context.Context, subject string, rate int, start, end time.Time) (produced, error) {
+	return b.sqlProducersN(pool, 0)
+}
+
+// sqlProducersN is sqlProducers with at least n producers.
+func (b *bench) sqlProducersN(pool *pgxpool.Pool, n int) func(ctx context.Context, subject string, rate int, start, end time.Time) (produced, error) {
 	return func(ctx context.Context, subject string, rate int, start, end time.Time) (produced, error) {
-		g := producersFor(rate)
+		g := max(n, producersFor(rate))
 		res := produced{Producers: g}
 		interval := time.Duration(int64(time.Second) * int64(g) / int64(rate))
 		// Warm every connection, so connecting is not measured.

@@ -3,7 +3,7 @@
 // commit-to-ack latency at fixed rates, and the relay's CPU and memory.
 //
 //	cd bench && go run .          # make bench: the full run (~10 min)
-//	cd bench && go run . -quick   # make bench-quick: smaller figures (< 2 min)
+//	cd bench && go run . -quick   # make bench-quick: smaller figures (~3 min)
 //
 // It needs nothing but the PostgreSQL server binaries: it starts a throwaway
 // cluster (internal/pgtest, wal_level=logical), an in-process nats-server

@@ -86,11 +86,18 @@ func perEventWhere(w []cpuShare, n int) string {
 		return "n/a"
 	}
 	var parts []string
-	for i, s := range w {
-		if i == 8 || s.CPU < 10*time.Millisecond {
-			break
+	var other time.Duration
+	for _, s := range w {
+		if strings.HasPrefix(s.Label, "other: ") {
+			other += s.CPU
+			continue
 		}
-		parts = append(parts, fmt.Sprintf("%s %.1f", s.Label, us(perEvent(s.CPU, n))))
+		if s.CPU >= 10*time.Millisecond {
+			parts = append(parts, fmt.Sprintf("%s %.1f", s.Label, us(perEvent(s.CPU, n))))
+		}
+	}
+	if other >= 10*time.Millisecond {
+		parts = append(parts, fmt.Sprintf("processes not part of the benchmark %.1f", us(perEvent(other, n))))
 	}
 	if len(parts) == 0 {
 		return "nothing measurable"
