@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -117,15 +118,20 @@ func (b *bench) catchUp(ctx context.Context) error {
 		b.logf("catch-up round %d of %d", i+1, rounds)
 		var c, nf catchupResult
 		var dec, pub ceilingResult
+		var conc concurrentResult
 		if err := b.catchUpRound(ctx, &c); err != nil {
 			return err
 		}
-		if err := b.decodeCeiling(ctx, c.endLSN, &dec); err != nil {
+		if err := b.decodeCeiling(ctx, ceilingSlot, c.endLSN, &dec, nil); err != nil {
 			return fmt.Errorf("decoding ceiling: %w", err)
 		}
-		if err := b.publishCeiling(ctx, &pub); err != nil {
+		if err := b.publishCeiling(ctx, &pub, nil); err != nil {
 			return fmt.Errorf("publishing ceiling: %w", err)
 		}
+		if err := b.concurrentCeiling(ctx, c.endLSN, &conc); err != nil {
+			return fmt.Errorf("concurrent ceiling: %w", err)
+		}
+		b.res.concRuns = append(b.res.concRuns, conc)
 		if err := b.catchUpNoFlag(ctx, &nf); err != nil {
 			return fmt.Errorf("without the processed flag: %w", err)
 		}
@@ -137,6 +143,7 @@ func (b *bench) catchUp(ctx context.Context) error {
 	b.res.noflag = medianRun(b.res.noflagRuns, func(c catchupResult) float64 { return rate(c.Events, c.Took) })
 	b.res.decode = medianRun(b.res.decodeRuns, func(c ceilingResult) float64 { return rate(c.Events, c.Took) })
 	b.res.publish = medianRun(b.res.publishRuns, func(c ceilingResult) float64 { return rate(c.Events, c.Took) })
+	b.res.conc = medianRun(b.res.concRuns, concurrentResult.ceiling)
 	return nil
 }
 
@@ -153,13 +160,18 @@ func medianRun[T any](runs []T, value func(T) float64) T {
 // exactly the same WAL) and times the relay draining it.
 func (b *bench) catchUpRound(ctx context.Context, res *catchupResult) error {
 	p := b.p
-	var out tailBuffer
-	cmd := b.recvlogical(ctx, &out, "--slot", ceilingSlot, "--create-slot", "--plugin", "pgoutput")
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("pg_recvlogical --create-slot: %w\n%s", err, out.String())
+	// Two slots for pg_recvlogical, created before the backlog so that
+	// both decode exactly its WAL: one for the decoding ceiling alone, one
+	// for the concurrent ceiling.
+	for _, slot := range []string{ceilingSlot, concSlot} {
+		var out tailBuffer
+		cmd := b.recvlogical(ctx, &out, "--slot", slot, "--create-slot", "--plugin", "pgoutput")
+		if err := cmd.Run(); err != nil {
+			return fmt.Errorf("pg_recvlogical --create-slot %s: %w\n%s", slot, err, out.String())
+		}
 	}
-	b.logf("catch-up: slot %q (pg_recvlogical) created; loading %d events (%d per transaction, %d connections)",
-		ceilingSlot, p.Events, p.TxnRows, p.Loaders)
+	b.logf("catch-up: slots %q and %q (pg_recvlogical) created; loading %d events (%d per transaction, %d connections)",
+		ceilingSlot, concSlot, p.Events, p.TxnRows, p.Loaders)
 	var err error
 	res.Events = p.Events
 	res.LoadTook, err = b.loadBacklog(ctx, "bench.catchup", p.Events)
@@ -415,16 +427,44 @@ func (b *bench) recvlogical(ctx context.Context, out *tailBuffer, args ...string
 	return cmd
 }
 
-// decodeCeiling times pg_recvlogical draining the backlog with pgoutput.
-func (b *bench) decodeCeiling(ctx context.Context, endLSN string, res *ceilingResult) error {
-	b.logf("decoding ceiling: pg_recvlogical --start on slot %q to %s (pgoutput, proto_version=1, -f /dev/null)", ceilingSlot, endLSN)
+// gate lines up the two halves of the concurrent ceiling: each says when it
+// is ready, then waits for go. A nil gate (the ceilings alone) does nothing.
+type gate struct {
+	ready chan struct{}
+	start chan struct{}
+}
+
+func (g *gate) wait(ctx context.Context) error {
+	if g == nil {
+		return nil
+	}
+	g.ready <- struct{}{}
+	select {
+	case <-g.start:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// decodeCeiling times pg_recvlogical draining the backlog with pgoutput
+// from slot, which it drops at the end. With a gate (the concurrent
+// ceiling) it starts on the gate's signal and the caller measures the CPU.
+func (b *bench) decodeCeiling(ctx context.Context, slot, endLSN string, res *ceilingResult, g *gate) error {
+	b.logf("decoding ceiling: pg_recvlogical --start on slot %q to %s (pgoutput, proto_version=1, -f /dev/null)", slot, endLSN)
 	var wsCPU atomic.Int64
 	wctx, done := b.watch(ctx, "pg_recvlogical", wsCPU.Load, nil)
 	defer done()
 	var out tailBuffer
-	cmd := b.recvlogical(wctx, &out, "--slot", ceilingSlot, "--start", "-f", "/dev/null", "-F", "0", "--no-loop",
+	cmd := b.recvlogical(wctx, &out, "--slot", slot, "--start", "-f", "/dev/null", "-F", "0", "--no-loop",
 		"--endpos", endLSN, "-o", "proto_version=1", "-o", "publication_names="+publication)
-	meter := b.startPhase(0)
+	if err := g.wait(wctx); err != nil {
+		return err
+	}
+	var meter *phaseMeter
+	if g == nil {
+		meter = b.startPhase(0)
+	}
 	t0 := time.Now()
 	if err := cmd.Start(); err != nil {
 		return err
@@ -443,7 +483,7 @@ wait:
 		case <-tk.C:
 		}
 		if wsPID == 0 {
-			if active, pid, err := b.slotState(wctx, ceilingSlot); err == nil && active {
+			if active, pid, err := b.slotState(wctx, slot); err == nil && active {
 				wsPID = pid
 			}
 		}
@@ -461,23 +501,25 @@ wait:
 	res.ServerCPU = time.Duration(wsCPU.Load())
 	// Let the walsender exit and the postmaster reap it, so that its CPU is
 	// in the postmaster's reaped CPU when the phase's CPU is read.
-	if _, err := b.waitSlot(ctx, ceilingSlot, false, nil); err != nil {
+	if _, err := b.waitSlot(ctx, slot, false, nil); err != nil {
 		return err
 	}
 	time.Sleep(200 * time.Millisecond)
-	res.Busy, res.Where, res.Span = meter.stop()
+	if meter != nil {
+		res.Busy, res.Where, res.Span = meter.stop()
+	}
 	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
 		res.ClientCPU = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 	}
 	done()
 	// Drop the slot so it holds no WAL back during the later phases.
-	if _, err := b.waitSlot(ctx, ceilingSlot, false, nil); err != nil {
+	if _, err := b.waitSlot(ctx, slot, false, nil); err != nil {
 		return err
 	}
 	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if _, err := b.env.pool.Exec(qctx, "SELECT pg_drop_replication_slot($1)", ceilingSlot); err != nil {
-		return fmt.Errorf("drop slot %s: %w", ceilingSlot, err)
+	if _, err := b.env.pool.Exec(qctx, "SELECT pg_drop_replication_slot($1)", slot); err != nil {
+		return fmt.Errorf("drop slot %s: %w", slot, err)
 	}
 	b.logf("decoding ceiling: %d events decoded in %.2fs: %.0f events/s (walsender CPU %.2fs)",
 		res.Events, took.Seconds(), rate(res.Events, took), res.ServerCPU.Seconds())
@@ -485,8 +527,10 @@ wait:
 }
 
 // publishCeiling times an async JetStream publisher with a bounded window
-// writing N pre-built messages into a file stream.
-func (b *bench) publishCeiling(ctx context.Context, res *ceilingResult) error {
+// writing N pre-built messages into a file stream. With a gate (the
+// concurrent ceiling) it starts on the gate's signal and the caller
+// measures the CPU.
+func (b *bench) publishCeiling(ctx context.Context, res *ceilingResult, g *gate) error {
 	p := b.p
 	n := p.Events
 	b.logf("publishing ceiling: building %d messages of %d bytes with Nats-Msg-Id", n, p.PayloadBytes)
@@ -537,7 +581,14 @@ func (b *bench) publishCeiling(ctx context.Context, res *ceilingResult) error {
 		acked.Add(1)
 		return nil
 	}
-	meter, self0 := b.startPhase(0), selfCPU()
+	if err := g.wait(wctx); err != nil {
+		return err
+	}
+	var meter *phaseMeter
+	if g == nil {
+		meter = b.startPhase(0)
+	}
+	self0 := selfCPU()
 	t0 := time.Now()
 	for _, m := range msgs {
 		if inflight == len(ring) {
@@ -559,7 +610,9 @@ func (b *bench) publishCeiling(ctx context.Context, res *ceilingResult) error {
 	}
 	took := time.Since(t0)
 	res.Events, res.Took, res.ServerCPU = n, took, selfCPU()-self0
-	res.Busy, res.Where, res.Span = meter.stop()
+	if meter != nil {
+		res.Busy, res.Where, res.Span = meter.stop()
+	}
 	done()
 	got, err := b.streamMsgs(ctx, ceilStream)
 	if err != nil {
@@ -601,4 +654,83 @@ func (b *bench) waitBackfillDone(ctx context.Context, r *relayProc) error {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// concurrentResult is the concurrent ceiling: pg_recvlogical draining the
+// backlog while the async publisher writes as many messages, both started
+// at the same moment on the same cores.
+type concurrentResult struct {
+	Decode, Publish ceilingResult
+	DriverCPU       time.Duration // this process (nats-server, publisher, the bench's polling) over the phase
+	Busy            float64
+	Where           []cpuShare
+	Span            time.Duration
+}
+
+// ceiling is the lower of the two rates reached together: the rate of a
+// relay that had to do both jobs, costing nothing itself.
+func (c concurrentResult) ceiling() float64 {
+	return min(rate(c.Decode.Events, c.Decode.Took), rate(c.Publish.Events, c.Publish.Took))
+}
+
+// concurrentCeiling runs the decoding and the publishing ceiling at the
+// same time (the decoder on its own slot holding the same backlog).
+func (b *bench) concurrentCeiling(ctx context.Context, endLSN string, res *concurrentResult) error {
+	b.logf("concurrent ceiling: pg_recvlogical and the async publisher together")
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	g := &gate{ready: make(chan struct{}, 2), start: make(chan struct{})}
+	errs := make(chan error, 2)
+	go func() {
+		err := b.decodeCeiling(cctx, concSlot, endLSN, &res.Decode, g)
+		if err != nil {
+			err = fmt.Errorf("decoding: %w", err)
+		}
+		errs <- err
+	}()
+	go func() {
+		err := b.publishCeiling(cctx, &res.Publish, g)
+		if err != nil {
+			err = fmt.Errorf("publishing: %w", err)
+		}
+		errs <- err
+	}()
+	var firstErr error
+	pending := 2
+	for ready := 0; ready < 2 && firstErr == nil; {
+		select {
+		case <-g.ready:
+			ready++
+		case err := <-errs:
+			pending--
+			if err == nil {
+				err = errors.New("a half ended before the start")
+			}
+			firstErr = err
+		}
+	}
+	if firstErr != nil {
+		cancel() // the other half may wait at the gate
+	}
+	var meter *phaseMeter
+	var self0 time.Duration
+	if firstErr == nil {
+		meter, self0 = b.startPhase(0), selfCPU()
+		close(g.start)
+	}
+	for ; pending > 0; pending-- {
+		if err := <-errs; err != nil && firstErr == nil {
+			firstErr = err
+			cancel()
+		}
+	}
+	if firstErr != nil {
+		cancel()
+		return firstErr
+	}
+	res.DriverCPU = selfCPU() - self0
+	res.Busy, res.Where, res.Span = meter.stop()
+	b.logf("concurrent ceiling: decoding %.0f events/s and publishing %.0f msgs/s together: %.0f events/s",
+		rate(res.Decode.Events, res.Decode.Took), rate(res.Publish.Events, res.Publish.Took), res.ceiling())
+	return nil
 }

@@ -36,6 +36,8 @@ const (
 	dbName      = "walbox_bench"
 	slotName    = "walbox"
 	ceilingSlot = "bench_ceiling"
+	concSlot    = "bench_ceiling_conc"
+	floorSlot   = "bench_floor"
 	publication = "walbox_outbox"
 	benchStream = "BENCH"
 	ceilStream  = "CEIL"
@@ -105,7 +107,12 @@ func (b *bench) setup(ctx context.Context) (*environment, error) {
 	}
 
 	pctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	env.pg, err = pgtest.Start(pctx)
+	var opts []pgtest.Option
+	if b.p.Fsync { // as users run PostgreSQL; pgtest's defaults are the fast fsync=off variant
+		opts = append(opts, pgtest.WithSetting("fsync", "on"), pgtest.WithSetting("synchronous_commit", "on"),
+			pgtest.WithSetting("full_page_writes", "on"))
+	}
+	env.pg, err = pgtest.Start(pctx, opts...)
 	cancel()
 	if err != nil {
 		return nil, fmt.Errorf("start PostgreSQL: %w", err)

@@ -84,9 +84,10 @@ type bigResult struct {
 	Span         time.Duration
 }
 
-// livePool is a pool for the paced SQL producers of every rate.
-func (b *bench) livePool(ctx context.Context) (*pgxpool.Pool, error) {
-	maxProducers := 0
+// livePool is a pool for the paced SQL producers of every rate, and at
+// least need connections.
+func (b *bench) livePool(ctx context.Context, need int) (*pgxpool.Pool, error) {
+	maxProducers := need
 	for _, r := range b.p.Rates {
 		maxProducers = max(maxProducers, producersFor(r))
 	}
@@ -100,7 +101,7 @@ func (b *bench) livePool(ctx context.Context) (*pgxpool.Pool, error) {
 }
 
 func (b *bench) live(ctx context.Context) error {
-	pool, err := b.livePool(ctx)
+	pool, err := b.livePool(ctx, b.p.MaxConns)
 	if err != nil {
 		return err
 	}
@@ -108,15 +109,28 @@ func (b *bench) live(ctx context.Context) error {
 
 	// The catch-up rounds left dead row versions for autovacuum to chew
 	// on in the middle of a rate: clean up first, with the relay stopped.
-	b.logf("live: VACUUM ANALYZE outbox_events and CHECKPOINT first (the catch-up rounds left dead rows)")
-	qctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-	_, err = b.env.pool.Exec(qctx, "VACUUM ANALYZE outbox_events")
-	if err == nil {
-		_, err = b.env.pool.Exec(qctx, "CHECKPOINT")
+	vacuum := func(why string) error {
+		b.logf("live: VACUUM ANALYZE outbox_events and CHECKPOINT first (%s)", why)
+		qctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+		defer cancel()
+		_, err := b.env.pool.Exec(qctx, "VACUUM ANALYZE outbox_events")
+		if err == nil {
+			_, err = b.env.pool.Exec(qctx, "CHECKPOINT")
+		}
+		if err != nil {
+			return fmt.Errorf("vacuum before the live phase: %w", err)
+		}
+		return nil
 	}
-	cancel()
-	if err != nil {
-		return fmt.Errorf("vacuum before the live phase: %w", err)
+	if err := vacuum("the catch-up rounds left dead rows"); err != nil {
+		return err
+	}
+	// The floor and the producers' maximum rate, with the relay stopped.
+	if err := b.floor(ctx, pool); err != nil {
+		return fmt.Errorf("floor: %w", err)
+	}
+	if err := vacuum("the floor's events were marked processed"); err != nil {
+		return err
 	}
 	b.logf("live: starting the relay (a fresh process)")
 	r, wsPID, err := b.startStreaming(ctx, "live")
@@ -135,6 +149,25 @@ func (b *bench) live(ctx context.Context) error {
 		}
 		b.res.live = append(b.res.live, res)
 	}
+	// The producers' maximum rate alone, offered with the relay running.
+	// As many producers as reached it (at least), each paced.
+	mr := b.res.maxTarget()
+	t.produce = b.sqlProducersN(pool, b.p.MaxConns)
+	if producersFor(mr) > b.p.MaxConns {
+		mp, err := b.livePool(ctx, producersFor(mr))
+		if err != nil {
+			return err
+		}
+		defer mp.Close()
+		t.produce = b.sqlProducersN(mp, b.p.MaxConns)
+	}
+	b.logf("live walbox: the producers' maximum rate alone (%.0f/s), offered as %d/s with the relay running", b.res.maxAlone.Achieved, mr)
+	t.subject = "bench.live.max" // its own subject, even if the rate is one of the above
+	res, err := b.liveRate(ctx, t, mr)
+	if err != nil {
+		return err
+	}
+	b.res.maxRelay = res
 	return b.stopRelay(r)
 }
 
@@ -206,8 +239,13 @@ func (b *bench) sqlLoad(pool *pgxpool.Pool) producers {
 // sqlProducers returns paced producers that commit single-event
 // transactions into outbox_events (walbox and the polling baseline).
 func (b *bench) sqlProducers(pool *pgxpool.Pool) func(ctx context.Context, subject string, rate int, start, end time.Time) (produced, error) {
+	return b.sqlProducersN(pool, 0)
+}
+
+// sqlProducersN is sqlProducers with at least n producers.
+func (b *bench) sqlProducersN(pool *pgxpool.Pool, n int) func(ctx context.Context, subject string, rate int, start, end time.Time) (produced, error) {
 	return func(ctx context.Context, subject string, rate int, start, end time.Time) (produced, error) {
-		g := producersFor(rate)
+		g := max(n, producersFor(rate))
 		res := produced{Producers: g}
 		interval := time.Duration(int64(time.Second) * int64(g) / int64(rate))
 		// Warm every connection, so connecting is not measured.

@@ -3,7 +3,7 @@
 // commit-to-ack latency at fixed rates, and the relay's CPU and memory.
 //
 //	cd bench && go run .          # make bench: the full run (~10 min)
-//	cd bench && go run . -quick   # make bench-quick: smaller figures (< 2 min)
+//	cd bench && go run . -quick   # make bench-quick: smaller figures (~3 min)
 //
 // It needs nothing but the PostgreSQL server binaries: it starts a throwaway
 // cluster (internal/pgtest, wal_level=logical), an in-process nats-server
@@ -50,6 +50,9 @@ type params struct {
 	Sets         []string      // overrides of the relay config, key.path=value
 	Peers        bool          // run the polling baseline and Watermill too
 	RelayEnv     string        // KEY=VAL,... added to the relay's environment
+	Fsync        bool          // the cluster's fsync and synchronous_commit (on: as users run it)
+	Profiles     bool          // -cpuprofile into bench/results/profiles
+	MaxConns     int           // closed-loop producers of the maximum-rate phase
 }
 
 func parseFlags() (params, error) {
@@ -67,6 +70,8 @@ func parseFlags() (params, error) {
 	cpuprof := flag.String("cpuprofile", "", "run the relay in-process of a bench child with a CPU profile per phase in DIR (figures include profiling overhead)")
 	peers := flag.Bool("peers", true, "also run the polling baseline and the Watermill forwarder on the same workloads")
 	relayEnv := flag.String("relay-env", "", "extra environment of the walbox relay, KEY=VAL,... (e.g. GOMAXPROCS=1, GOGC=200)")
+	fsync := flag.String("fsync", "on", "the cluster's fsync, synchronous_commit and full_page_writes: on (as users run PostgreSQL) or off (a labelled variant, pgtest's fast defaults)")
+	profiles := flag.Bool("profiles", false, "like -cpuprofile, into bench/results/profiles (see its README)")
 	var sets multiFlag
 	flag.Var(&sets, "set", "override a key of the relay's config, e.g. -set sweeper.mark_processed=false (repeatable)")
 	flag.Parse()
@@ -74,6 +79,17 @@ func parseFlags() (params, error) {
 		Quick: *quick, Events: 300_000, TxnRows: 10, Loaders: 4, PayloadBytes: 200,
 		Rates: []int{1000, 2000, 5000}, LiveFor: 20 * time.Second, BigRows: 1_000_000,
 		PeerEvents: 100_000, Rounds: 3, Window: 1024, Stall: *stall, SyncCommit: *sync, Out: *out, LatencyCSV: *latCSV, CPUProfile: *cpuprof, Sets: sets, Peers: *peers, RelayEnv: *relayEnv,
+		Profiles: *profiles, MaxConns: 40,
+	}
+	switch *fsync {
+	case "on":
+		p.Fsync = true
+	case "off":
+	default:
+		return p, fmt.Errorf("-fsync: %q is neither on nor off", *fsync)
+	}
+	if p.Profiles && p.CPUProfile != "" {
+		return p, errors.New("-profiles and -cpuprofile: give one")
 	}
 	if p.Quick {
 		p.Events, p.Rates, p.LiveFor, p.BigRows, p.PeerEvents = 50_000, []int{1000, 2000}, 4*time.Second, 200_000, 5_000
@@ -192,6 +208,10 @@ func (b *bench) run(ctx context.Context) error {
 	}
 	b.env = env
 	b.res.env = env.info
+	if b.p.Profiles {
+		b.p.CPUProfile = filepath.Join(env.moduleDir, "bench", "results", "profiles")
+		b.logf("relay CPU profiles go to %s", b.p.CPUProfile)
+	}
 	// Other load on the machine skews every figure: measure it for a second.
 	m := b.startPhase(0)
 	select {
@@ -236,6 +256,9 @@ func (b *bench) run(ctx context.Context) error {
 			out = filepath.Join(b.p.CPUProfile, "results.md")
 		case len(b.p.Sets) > 0: // neither are those of another config
 			out = filepath.Join(env.moduleDir, "bench", "results", "latest-custom.md")
+		case !b.p.Fsync: // nor those of the fsync=off variant
+			name = strings.TrimSuffix(name, ".md") + "-fsync-off.md"
+			out = filepath.Join(env.moduleDir, "bench", "results", name)
 		}
 	}
 	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {

@@ -58,7 +58,7 @@ func (b *bench) peers(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	pool, err := b.livePool(ctx)
+	pool, err := b.livePool(ctx, 0)
 	if err != nil {
 		return err
 	}

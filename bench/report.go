@@ -18,9 +18,14 @@ type results struct {
 	noflag   catchupResult // catch-up with sweeper.mark_processed=false
 	decode   ceilingResult
 	publish  ceilingResult
+	conc     concurrentResult // the two ceilings at the same time
+	floor    []floorResult    // each live rate, pg_recvlogical the only reader
+	maxAlone maxResult        // the producers' maximum rate, relay stopped
+	maxRelay liveResult       // that rate offered with the relay running
 	// Every round's figures; the four above are their medians.
 	catchupRuns, noflagRuns []catchupResult
 	decodeRuns, publishRuns []ceilingResult
+	concRuns                []concurrentResult
 	live                    []liveResult
 	big                     bigResult
 	peers                   []peerResult
@@ -32,16 +37,83 @@ type results struct {
 	chart         string   // the PNG's file name, next to the report
 }
 
-// Targets from issue 7.
+// Targets from issues 7 and 17.
 const (
-	targetRatio     = 0.9
-	targetCPUPerEv  = 8 * time.Microsecond
-	targetRSS       = 64 << 20
-	targetP50At2k   = 2 * time.Millisecond
-	targetP99At2k   = 10 * time.Millisecond
-	targetP99At5k   = 25 * time.Millisecond
-	targetRSSString = "≤ 64 MB"
+	targetRatio       = 0.9 // relay / concurrent ceiling
+	targetCPUPerEv    = 8 * time.Microsecond
+	targetRSS         = 64 << 20
+	targetP50At2k     = 1 * time.Millisecond // added over the floor where the floor is above
+	targetP99At2k     = 10 * time.Millisecond
+	targetP99At5k     = 25 * time.Millisecond
+	targetRSSString   = "≤ 64 MB"
+	targetCPUCatchup  = 0.5  // relay CPU per event / walsender's, catch-up
+	targetCPULive     = 1.0  // the same at 1,000 and 2,000/s
+	targetTuned       = 2.0  // catch-up, walbox / polling-tuned
+	targetMaxKept     = 0.95 // the producers' maximum rate kept with the relay running
+	targetMaxP99      = 25 * time.Millisecond
+	targetFlagCost    = 0.10
+	targetFlagCostStr = "≤ 10%"
 )
+
+// vsFloor checks a latency against its target, or, where the floor itself
+// is above the target, what the relay adds over the floor.
+func vsFloor(got, floor time.Duration, haveFloor bool, target time.Duration) (string, string) {
+	if !haveFloor {
+		return ms(got) + " (no floor measured)", verdict(got <= target)
+	}
+	if floor > target {
+		added := got - floor
+		return fmt.Sprintf("%s; floor %s is above the target: added over the floor %s", ms(got), ms(floor), ms(added)), verdict(added <= target)
+	}
+	return fmt.Sprintf("%s (floor %s)", ms(got), ms(floor)), verdict(got <= target)
+}
+
+// ratioRow formats a CPU ratio x/y with both per-event figures.
+func ratioString(x, y time.Duration, n int) (string, float64) {
+	if y <= 0 || n <= 0 {
+		return "n/a (no walsender CPU measured)", math.Inf(1)
+	}
+	r := float64(x) / float64(y)
+	return fmt.Sprintf("%.2f× (%.1f / %.1f µs/event)", r, us(perEvent(x, n)), us(perEvent(y, n))), r
+}
+
+// perEventWhere is a phase's CPU by process group per event, largest
+// first. "bench driver + nats-server" is this process: the embedded
+// nats-server and the drivers (producers' client side, consumers, the
+// publisher) together; one process cannot be split further from /proc.
+func perEventWhere(w []cpuShare, n int) string {
+	if n <= 0 {
+		return "n/a"
+	}
+	var parts []string
+	var other time.Duration
+	for _, s := range w {
+		if strings.HasPrefix(s.Label, "other: ") {
+			other += s.CPU
+			continue
+		}
+		if s.CPU >= 10*time.Millisecond {
+			parts = append(parts, fmt.Sprintf("%s %.1f", s.Label, us(perEvent(s.CPU, n))))
+		}
+	}
+	if other >= 10*time.Millisecond {
+		parts = append(parts, fmt.Sprintf("processes not part of the benchmark %.1f", us(perEvent(other, n))))
+	}
+	if len(parts) == 0 {
+		return "nothing measurable"
+	}
+	return strings.Join(parts, "; ") + " µs/event"
+}
+
+// floorAt returns the floor measured at a rate.
+func (r *results) floorAt(rate int) (floorResult, bool) {
+	for _, f := range r.floor {
+		if f.Rate == rate {
+			return f, true
+		}
+	}
+	return floorResult{}, false
+}
 
 type row struct {
 	section bool // a heading row: only measure is set
@@ -93,6 +165,12 @@ func (r *results) render() table {
 		runsString(r.decodeRuns, func(x ceilingResult) float64 { return rate(x.Events, x.Took) })), "", "")
 	add(fmt.Sprintf("publishing ceiling: async JetStream, window %d", r.params.Window), fmt.Sprintf("%.0f msgs/s (%.2f s)%s", pubRate, p.Took.Seconds(),
 		runsString(r.publishRuns, func(x ceilingResult) float64 { return rate(x.Events, x.Took) })), "", "")
+	cc := r.conc
+	ccDec, ccPub := rate(cc.Decode.Events, cc.Decode.Took), rate(cc.Publish.Events, cc.Publish.Took)
+	add("concurrent ceiling: pg_recvlogical and the async publisher at the same time, same backlog size",
+		fmt.Sprintf("%.0f events/s (decoding %.0f events/s in %.2f s and publishing %.0f msgs/s in %.2f s, together)%s",
+			cc.ceiling(), ccDec, cc.Decode.Took.Seconds(), ccPub, cc.Publish.Took.Seconds(),
+			runsString(r.concRuns, concurrentResult.ceiling)), "", "")
 	ceil := min(decRate, pubRate)
 	ratio := 0.0
 	if ceil > 0 {
@@ -102,33 +180,84 @@ func (r *results) render() table {
 	if pubRate < decRate {
 		which = "publishing"
 	}
-	add("relay / min(ceilings)", fmt.Sprintf("%.2f (of the %s ceiling)", ratio, which), fmt.Sprintf("≥ %.1f", targetRatio), verdict(ratio >= targetRatio))
+	add("relay / min(ceilings measured alone)", fmt.Sprintf("%.2f (of the %s ceiling)", ratio, which), "", "")
+	cratio := 0.0
+	if cc.ceiling() > 0 {
+		cratio = relayRate / cc.ceiling()
+	}
+	add("relay / concurrent ceiling", fmt.Sprintf("%.2f", cratio), fmt.Sprintf("≥ %.1f", targetRatio), verdict(cratio >= targetRatio))
 	add("relay CPU (user+sys) per 100,000 events", per100k(c.CPU, n), "≤ 0.80 s (8 µs/event)", verdict(perEvent(c.CPU, n) <= targetCPUPerEv))
+	{
+		s, x := ratioString(c.CPU, c.WalsenderCPU, n)
+		add("relay CPU per event / its walsender's, same run", s, fmt.Sprintf("≤ %.1f×", targetCPUCatchup), verdict(x <= targetCPUCatchup))
+	}
 	add("relay peak RSS (VmHWM)", fmt.Sprintf("%.1f MB", mb(c.HWM)), targetRSSString, verdict(c.HWM <= targetRSS))
 	add("  walsender CPU per 100,000: relay run / pg_recvlogical run", per100k(c.WalsenderCPU, n)+" / "+per100k(d.ServerCPU, d.Events), "", "")
 	add("  nats-server (in-process) + driver CPU per 100,000: relay run / publisher", per100k(c.DriverCPU, n)+" / "+per100k(p.ServerCPU, p.Events), "", "")
 	add("  pg_recvlogical's own CPU per 100,000", per100k(d.ClientCPU, d.Events), "", "")
-	add("  machine CPU busy: relay run / decoding / publishing",
-		fmt.Sprintf("%.0f%% / %.0f%% / %.0f%% of %d CPUs", c.Busy*100, d.Busy*100, p.Busy*100, int(cores)), "", "")
+	add("  concurrent ceiling: walsender / pg_recvlogical / nats-server + publisher CPU per 100,000",
+		per100k(cc.Decode.ServerCPU, cc.Decode.Events)+" / "+per100k(cc.Decode.ClientCPU, cc.Decode.Events)+" / "+per100k(cc.DriverCPU, cc.Publish.Events), "", "")
+	add("  machine CPU busy: relay run / decoding / publishing / concurrent",
+		fmt.Sprintf("%.0f%% / %.0f%% / %.0f%% / %.0f%% of %d CPUs", c.Busy*100, d.Busy*100, p.Busy*100, cc.Busy*100, int(cores)), "", "")
+	add("  CPU by process group, relay run", perEventWhere(c.Where, n), "", "")
+	add("  CPU by process group, decoding ceiling", perEventWhere(d.Where, d.Events), "", "")
+	add("  CPU by process group, publishing ceiling", perEventWhere(p.Where, p.Events), "", "")
+	add("  CPU by process group, concurrent ceiling", perEventWhere(cc.Where, cc.Publish.Events), "", "")
 	add("  backlog load (4 connections, not a target)", fmt.Sprintf("%.0f events/s", rate(n, c.LoadTook)), "", "")
 
 	head(fmt.Sprintf("2. Live: single-event transactions at a fixed rate, %v each, producer synchronous_commit=%s", r.params.LiveFor, r.params.SyncCommit))
 	for _, l := range r.live {
+		fl, haveFloor := r.floorAt(l.Rate)
+		if haveFloor {
+			add(fmt.Sprintf("%d/s floor: pg_recvlogical the only reader, commit → received p50 / p99", l.Rate),
+				fmt.Sprintf("%.2f / %.2f ms (%.0f events/s achieved)", msf(fl.P50), msf(fl.P99), fl.Achieved), "", "")
+			add(fmt.Sprintf("  %d/s floor: insert (time in payload) → received p50 / p99", l.Rate),
+				fmt.Sprintf("%.2f / %.2f ms", msf(fl.StoreP50), msf(fl.StoreP99)), "", "")
+			add(fmt.Sprintf("  %d/s floor: CPU by process group", l.Rate), perEventWhere(fl.Where, fl.Events), "", "")
+		}
 		add(fmt.Sprintf("%d/s: achieved rate (%d producers)", l.Rate, l.Producers), fmt.Sprintf("%.0f events/s (%d events)", l.Achieved, l.Events), "", "")
 		add(fmt.Sprintf("%d/s: commit → ack p50 / p90 / p99 / max", l.Rate),
 			fmt.Sprintf("%.2f / %.2f / %.2f / %.2f ms", msf(l.P50), msf(l.P90), msf(l.P99), msf(l.Max)), "", "")
 		add(fmt.Sprintf("%d/s: insert (time in payload) → stored p50 / p90 / p99 / max", l.Rate),
 			fmt.Sprintf("%.2f / %.2f / %.2f / %.2f ms", msf(l.StoreP50), msf(l.StoreP90), msf(l.StoreP99), msf(l.StoreMax)), "", "")
 		add(fmt.Sprintf("  %d/s: producer INSERT+COMMIT round trip p50 / p99", l.Rate), fmt.Sprintf("%.2f / %.2f ms", msf(l.InsertP50), msf(l.InsertP99)), "", "")
+		if haveFloor {
+			add(fmt.Sprintf("%d/s: commit → ack added over the floor p50 / p99", l.Rate),
+				fmt.Sprintf("%.2f / %.2f ms", msf(l.P50-fl.P50), msf(l.P99-fl.P99)), "", "")
+		}
 		switch l.Rate {
 		case 2000:
-			add("2000/s: p50", ms(l.P50), "≤ 2 ms", verdict(l.P50 <= targetP50At2k))
-			add("2000/s: p99", ms(l.P99), "≤ 10 ms", verdict(l.P99 <= targetP99At2k))
+			res, v := vsFloor(l.P50, fl.P50, haveFloor, targetP50At2k)
+			add("2000/s: commit → ack p50", res, "≤ 1 ms (over the floor where the floor is above)", v)
+			res, v = vsFloor(l.P99, fl.P99, haveFloor, targetP99At2k)
+			add("2000/s: commit → ack p99", res, "≤ 10 ms (over the floor where the floor is above)", v)
 		case 5000:
 			add("5000/s: p99", ms(l.P99), "≤ 25 ms", verdict(l.P99 <= targetP99At5k))
 		}
 		add(fmt.Sprintf("  %d/s: relay / walsender CPU per event; machine busy", l.Rate),
 			fmt.Sprintf("%.1f / %.1f µs; %.0f%% of %d CPUs", us(perEvent(l.CPU, l.Events)), us(perEvent(l.WalsenderCPU, l.Events)), l.Busy*100, int(cores)), "", "")
+		if l.Rate == 1000 || l.Rate == 2000 {
+			s, x := ratioString(l.CPU, l.WalsenderCPU, l.Events)
+			add(fmt.Sprintf("%d/s: relay CPU per event / its walsender's", l.Rate), s, fmt.Sprintf("≤ %.1f×", targetCPULive), verdict(x <= targetCPULive))
+		}
+		add(fmt.Sprintf("  %d/s: CPU by process group", l.Rate), perEventWhere(l.Where, l.Events), "", "")
+	}
+	if ma := r.maxAlone; ma.Events > 0 {
+		add(fmt.Sprintf("producers alone, relay stopped: highest single-row-transaction rate (%d connections back to back)", ma.Conns),
+			fmt.Sprintf("%.0f events/s; INSERT+COMMIT p50 / p99 %.2f / %.2f ms", ma.Achieved, msf(ma.InsertP50), msf(ma.InsertP99)), "", "")
+		add("  producers alone: CPU by process group", perEventWhere(ma.Where, ma.Events), "", "")
+		mr := r.maxRelay
+		kept := 0.0
+		if ma.Achieved > 0 {
+			kept = mr.Achieved / ma.Achieved
+		}
+		add(fmt.Sprintf("the same, offered at %d/s with the relay running: achieved / alone", mr.Rate),
+			fmt.Sprintf("%.2f× (%.0f events/s, %d producers; INSERT+COMMIT p99 %.2f ms)", kept, mr.Achieved, mr.Producers, msf(mr.InsertP99)),
+			fmt.Sprintf("≥ %.2f×", targetMaxKept), verdict(kept >= targetMaxKept))
+		add(fmt.Sprintf("%d/s with the relay: commit → ack p50 / p99", mr.Rate), fmt.Sprintf("%.2f / %.2f ms", msf(mr.P50), msf(mr.P99)),
+			"p99 ≤ 25 ms", verdict(mr.P99 <= targetMaxP99 && mr.Events > 0))
+		add(fmt.Sprintf("  %d/s with the relay: relay / walsender CPU per event; CPU by process group", mr.Rate),
+			fmt.Sprintf("%.1f / %.1f µs; %s", us(perEvent(mr.CPU, mr.Events)), us(perEvent(mr.WalsenderCPU, mr.Events)), perEventWhere(mr.Where, mr.Events)), "", "")
 	}
 
 	g := r.big
@@ -138,6 +267,7 @@ func (r *results) render() table {
 	add("relay CPU (user+sys) per 100,000 events", per100k(g.CPU, g.Rows), "(catch-up target: 0.80 s)", "")
 	add("relay peak RSS (VmHWM, fresh process)", fmt.Sprintf("%.1f MB", mb(g.HWM)), targetRSSString, verdict(g.HWM <= targetRSS))
 	add("  walsender CPU per 100,000; machine busy", fmt.Sprintf("%s; %.0f%% of %d CPUs", per100k(g.WalsenderCPU, g.Rows), g.Busy*100, int(cores)), "", "")
+	add("  CPU by process group (insert + relay)", perEventWhere(g.Where, g.Rows), "", "")
 
 	if len(r.peers) > 0 {
 		head("4. Peers: the same backlog and live producers, the same PostgreSQL and nats-server")
@@ -167,8 +297,11 @@ func (r *results) render() table {
 				ratio = relayRate / x
 			}
 			tgt, v := "", ""
-			if pr.System == "polling" {
+			switch pr.System {
+			case "polling":
 				tgt, v = "≥ 5×", verdict(ratio >= 5)
+			case "polling-tuned":
+				tgt, v = fmt.Sprintf("≥ %.0f×", targetTuned), verdict(ratio >= targetTuned)
 			}
 			add(fmt.Sprintf("catch-up throughput, walbox / %s", pr.System), fmt.Sprintf("%.1f×", ratio), tgt, v)
 		}
@@ -223,7 +356,8 @@ func (r *results) render() table {
 		if off > 0 {
 			cost = 1 - relayRate/off
 		}
-		add("throughput the processed flag costs", costString(cost), "≤ 15%", verdict(cost <= 0.15))
+		add("throughput the processed flag costs", costString(cost), targetFlagCostStr, verdict(cost <= targetFlagCost))
+		add("  catch-up, flag off: CPU by process group", perEventWhere(nf.Where, nf.Events), "", "")
 	}
 
 	name, f := r.worstForeign()
@@ -266,6 +400,9 @@ func (r *results) text(t table) string {
 	if r.params.CPUProfile != "" {
 		mode += ", relay profiled"
 	}
+	if !r.params.Fsync {
+		mode += ", PostgreSQL fsync=off variant (-fsync=off)"
+	}
 	if len(r.params.Sets) > 0 {
 		mode += ", relay config: " + strings.Join(r.params.Sets, ", ")
 	}
@@ -294,6 +431,9 @@ func (r *results) markdown(t table) string {
 	}
 	if len(r.params.Sets) > 0 {
 		mode += fmt.Sprintf(", relay config overrides: %s", strings.Join(r.params.Sets, ", "))
+	}
+	if !r.params.Fsync {
+		mode += ", **PostgreSQL fsync=off variant** (`-fsync=off`: not how users run it)"
 	}
 	fmt.Fprintf(&sb, "- Mode: %s\n", mode)
 	fmt.Fprintf(&sb, "- Machine: %d CPUs (%s), %s memory, Linux %s\n", e.CPUs, e.CPUModel, e.MemTotal, e.Kernel)
@@ -340,7 +480,28 @@ How it is measured:
   start, connecting and stream set-up. The decoding ceiling is pg_recvlogical (pgoutput,
   proto_version=1, the same publication) draining an identical backlog from a slot created just
   before it; the publishing ceiling is one async publisher with Nats-Msg-Id headers and at most
-  1,024 messages in flight, into a file stream like the relay's.
+  1,024 messages in flight, into a file stream like the relay's. The concurrent ceiling runs
+  both at the same moment (pg_recvlogical on a second slot created before the same backlog, the
+  publisher writing as many messages): each one's rate is its count over its own time, and the
+  lower one, the count over the time until both were done, is the concurrent ceiling: what a
+  relay that costs nothing could reach on these cores. The catch-up target is relative to it.
+- Floor: before the relay's live phase, with the relay stopped (its slot exists, inactive), the
+  same paced producers at every live rate, with pg_recvlogical (pgoutput, proto_version=1, the
+  same publication) as the only reader of a slot of its own, writing to a pipe the benchmark
+  reads and parses. Commit → received = the time the benchmark parses an Insert minus the commit
+  timestamp in its transaction's Begin message (the same commit timestamp walbox puts in
+  Walbox-Commit-Time); insert → received uses the payload's time. The relay's slot is then
+  moved past these events (pg_replication_slot_advance) and they are marked processed, so the
+  relay never sees them. Where the floor is above a latency target, the target applies to what
+  walbox adds over it.
+- Producers' maximum rate: with the relay stopped and no reader at all, 40 connections commit
+  single-event transactions back to back; that rate (rounded down to 100/s) is then offered,
+  paced, with the relay running: it should keep 95% of it, commit → ack p99 ≤ 25 ms.
+- CPU by process group: every phase reads /proc for every process; the rows give each group's
+  CPU per event of that phase. "bench driver + nats-server" is the benchmark process: the
+  embedded nats-server together with the drivers (producers' client side, consumers, the
+  publisher), which one process's counters cannot split; "postgres backends" are mostly the
+  producers' (and the sweeper's) sessions.
 - Live: after VACUUM ANALYZE and a CHECKPOINT (the catch-up rounds leave dead rows for
   autovacuum) and a 3 s unmeasured warm-up at the first rate, paced producers (one ticker each,
   spread over the interval) commit single-event transactions; latency = JetStream stored timestamp (ordered consumer's metadata) minus the
@@ -374,9 +535,19 @@ func (r *results) whereLines() []string {
 		line("catch-up, relay", r.catchup.Span, r.catchup.Busy, r.catchup.Where),
 		line("decoding ceiling", r.decode.Span, r.decode.Busy, r.decode.Where),
 		line("publishing ceiling", r.publish.Span, r.publish.Busy, r.publish.Where),
+		line("concurrent ceiling", r.conc.Span, r.conc.Busy, r.conc.Where),
+	}
+	for _, f := range r.floor {
+		out = append(out, line(fmt.Sprintf("floor %d/s (pg_recvlogical)", f.Rate), f.Span, f.Busy, f.Where))
+	}
+	if r.maxAlone.Events > 0 {
+		out = append(out, line("producers alone, maximum rate", r.maxAlone.Span, r.maxAlone.Busy, r.maxAlone.Where))
 	}
 	for _, l := range r.live {
 		out = append(out, line(fmt.Sprintf("live %d/s", l.Rate), l.Span, l.Busy, l.Where))
+	}
+	if r.maxRelay.Events > 0 {
+		out = append(out, line(fmt.Sprintf("live %d/s (the producers' maximum, relay running)", r.maxRelay.Rate), r.maxRelay.Span, r.maxRelay.Busy, r.maxRelay.Where))
 	}
 	out = append(out, line("large transaction (insert + relay)", r.big.Span, r.big.Busy, r.big.Where))
 	if r.noflag.Events > 0 {
@@ -432,6 +603,12 @@ func (r *results) worstForeign() (string, float64) {
 	check("catch-up", r.catchup.Where, r.catchup.Span)
 	check("decoding ceiling", r.decode.Where, r.decode.Span)
 	check("publishing ceiling", r.publish.Where, r.publish.Span)
+	check("concurrent ceiling", r.conc.Where, r.conc.Span)
+	for _, f := range r.floor {
+		check(fmt.Sprintf("floor %d/s", f.Rate), f.Where, f.Span)
+	}
+	check("producers alone", r.maxAlone.Where, r.maxAlone.Span)
+	check("live, producers' maximum", r.maxRelay.Where, r.maxRelay.Span)
 	for _, l := range r.live {
 		check(fmt.Sprintf("live %d/s", l.Rate), l.Where, l.Span)
 	}
