@@ -264,10 +264,10 @@ func (st *fakeStream) store(id string, h Header) uint64 {
 	return st.lastSeq
 }
 
+// Classify knows only its own refusal: the relay sorts PoisonError itself.
 func (s *fakeSink) Classify(err error) ErrorClass {
-	var pe *PoisonError
 	var re *refusedError
-	if errors.As(err, &pe) || errors.As(err, &re) {
+	if errors.As(err, &re) {
 		return Permanent
 	}
 	return Transient

@@ -458,9 +458,19 @@ func (l *loop) send(p *pending) {
 	l.r.m.InFlight.Set(float64(len(l.window)))
 }
 
+// classify sorts an error: an undeliverable event (the router's
+// PoisonError) is permanent whatever the bus; the sink sorts the rest.
+func (r *Relay) classify(err error) ErrorClass {
+	var pe *PoisonError
+	if errors.As(err, &pe) {
+		return Permanent
+	}
+	return r.sink.Classify(err)
+}
+
 // publishFailed handles an error for p, either from PublishAsync or its ack.
 func (l *loop) publishFailed(p *pending, err error) {
-	class := l.r.sink.Classify(err)
+	class := l.r.classify(err)
 	if !p.dlq && errors.Is(err, ErrOrderRefused) {
 		if l.seqRefused == nil {
 			l.seqRefused = make(map[string]bool)

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"errors"
 	"sync"
 	"testing"
 
@@ -69,5 +70,17 @@ func TestRouterSetTableWhileRouting(t *testing.T) {
 	wg.Wait()
 	if m, _, _ := r.Message(&cdc.Event{Table: 49, ID: "x", Topic: "a", Payload: []byte(`1`), PayloadIsJSON: true}); m.Subject != "t.a" {
 		t.Fatalf("subject %q after SetTable", m.Subject)
+	}
+}
+
+// An undeliverable event is permanent on every bus: the relay, not each
+// sink, says so.
+func TestRelayClassifiesPoisonItself(t *testing.T) {
+	r := &Relay{sink: &fakeSink{}}
+	if got := r.classify(&PoisonError{Reason: "topic is NULL"}); got != Permanent {
+		t.Errorf("poison: %v", got)
+	}
+	if got := r.classify(errors.New("connection reset")); got != Transient {
+		t.Errorf("other: %v", got)
 	}
 }

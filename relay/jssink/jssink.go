@@ -133,10 +133,6 @@ func (s *Sink) Classify(err error) relay.ErrorClass { return Classify(err) }
 
 // Classify sorts JetStream publish errors.
 func Classify(err error) relay.ErrorClass {
-	var pe *relay.PoisonError
-	if errors.As(err, &pe) {
-		return relay.Permanent
-	}
 	switch {
 	case errors.Is(err, nats.ErrMaxPayload), errors.Is(err, nats.ErrBadSubject),
 		errors.Is(err, nats.ErrHeadersNotSupported), errors.Is(err, nats.ErrBadHeaderMsg):

@@ -21,7 +21,6 @@ func TestClassify(t *testing.T) {
 		err  error
 		want relay.ErrorClass
 	}{
-		{"poison", &relay.PoisonError{Reason: "topic is NULL"}, relay.Permanent},
 		{"max payload", nats.ErrMaxPayload, relay.Permanent},
 		{"bad subject", fmt.Errorf("publish: %w", nats.ErrBadSubject), relay.Permanent},
 		{"no responders", nats.ErrNoResponders, relay.Transient},

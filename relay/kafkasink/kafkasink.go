@@ -165,10 +165,6 @@ func (s *Sink) Classify(err error) relay.ErrorClass { return Classify(err) }
 // itself is permanent (dead-lettered); everything else, including an
 // unknown topic or missing authorization, waits and is resent in order.
 func Classify(err error) relay.ErrorClass {
-	var pe *relay.PoisonError
-	if errors.As(err, &pe) {
-		return relay.Permanent
-	}
 	switch {
 	case errors.Is(err, kerr.MessageTooLarge), errors.Is(err, kerr.RecordListTooLarge),
 		errors.Is(err, kerr.InvalidTopicException), errors.Is(err, kerr.InvalidRecord),

@@ -50,7 +50,6 @@ func TestClassify(t *testing.T) {
 		err  error
 		want relay.ErrorClass
 	}{
-		{&relay.PoisonError{Reason: "x"}, relay.Permanent},
 		{fmt.Errorf("produce: %w", kerr.MessageTooLarge), relay.Permanent},
 		{kerr.InvalidTopicException, relay.Permanent},
 		{kerr.UnknownTopicOrPartition, relay.Transient},
