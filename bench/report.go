@@ -63,6 +63,11 @@ func vsFloor(got, floor time.Duration, haveFloor bool, target time.Duration) (st
 	}
 	if floor > target {
 		added := got - floor
+		if added < 0 {
+			// Below the floor: the floor's run was noisier than the
+			// relay's, so the difference says nothing either way.
+			return fmt.Sprintf("%s; floor %s is above the target and above the relay's figure: runs too noisy to judge", ms(got), ms(floor)), "NOISY"
+		}
 		return fmt.Sprintf("%s; floor %s is above the target: added over the floor %s", ms(got), ms(floor), ms(added)), verdict(added <= target)
 	}
 	return fmt.Sprintf("%s (floor %s)", ms(got), ms(floor)), verdict(got <= target)
