@@ -2,12 +2,12 @@ package cdc
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/walbox/walbox/internal/fault"
 )
 
 // The backfill marker (walbox.slot_backfill) makes a backfill durable: the
@@ -19,8 +19,7 @@ import (
 // (migrations not applied, or grants missing). The relay then runs without
 // the marker rather than not at all.
 func isMissingTable(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000" || pgErr.Code == "42501")
+	return fault.MissingRelation(err) || fault.SQLState(err) == fault.InsufficientPrivilege
 }
 
 // markerExec runs one statement on a short-lived regular connection.

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/walbox/walbox/internal/fault"
 )
 
 // query runs a simple-protocol SQL query on conn (which may be a replication
@@ -147,7 +148,7 @@ func createPublication(ctx context.Context, conn *pgconn.PgConn, name, all, name
 		QuoteIdent(name), all))
 	if err != nil {
 		switch sqlState(err) {
-		case "42P01":
+		case fault.UndefinedTable:
 			return &PreconditionError{What: fmt.Sprintf("outbox table %s does not exist", names),
 				Fix: "run `walbox migrate` to create it, or set outbox.table to your existing outbox table", Err: err}
 		case stateInsufficientPrivilege:

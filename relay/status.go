@@ -2,16 +2,15 @@ package relay
 
 import (
 	"context"
-	"errors"
 	"os"
 	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/rs/zerolog"
 
 	"github.com/walbox/walbox/cdc"
+	"github.com/walbox/walbox/internal/fault"
 )
 
 // StatusWriter upserts the leader's lag into walbox.relay_status every
@@ -74,8 +73,7 @@ func (w *StatusWriter) Run(ctx context.Context) {
 				lag_bytes = EXCLUDED.lag_bytes, lag_seconds = EXCLUDED.lag_seconds, events_per_second = EXCLUDED.events_per_second`,
 			w.Slot, leader, w.Confirmed().String(), lagSeconds, rate)
 		if err != nil {
-			var pgErr *pgconn.PgError
-			if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") {
+			if fault.MissingRelation(err) {
 				w.Log.Warn().Msg("walbox.relay_status does not exist (run `walbox migrate`); producers' back-pressure and `walbox status` will not see the relay's lag")
 				return
 			}

@@ -11,7 +11,6 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/twmb/franz-go/pkg/kerr"
 
-	"github.com/walbox/walbox/cdc"
 	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/retry"
 	"github.com/walbox/walbox/relay"
@@ -72,11 +71,11 @@ func openBus(ctx context.Context, cfg config.Config, log zerolog.Logger, metrics
 func openKafka(ctx context.Context, cfg config.Config, log zerolog.Logger) (*bus, error) {
 	sc, err := cfg.KafkaSinkConfig(cfg.NATS.Window)
 	if err != nil {
-		return nil, &cdc.ConfigError{Key: "kafka", Msg: err.Error()}
+		return nil, &config.Error{Key: "kafka", Msg: err.Error()}
 	}
 	sink, err := kafkasink.New(sc)
 	if err != nil {
-		return nil, &cdc.ConfigError{Key: "kafka.brokers", Msg: err.Error()}
+		return nil, &config.Error{Key: "kafka.brokers", Msg: err.Error()}
 	}
 	var up atomic.Bool
 	b := &bus{

@@ -5,7 +5,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/walbox/walbox/cdc"
 	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/redact"
 )
@@ -27,7 +26,7 @@ func NATSOptions(n config.NATS) ([]nats.Option, error) {
 	case n.NKey != "":
 		o, err := nats.NkeyOptionFromSeed(n.NKey)
 		if err != nil {
-			return nil, &cdc.ConfigError{Key: "nats.nkey", Msg: "cannot use the nkey seed file " + n.NKey + ": " + scrub(err.Error(), n)}
+			return nil, &config.Error{Key: "nats.nkey", Msg: "cannot use the nkey seed file " + n.NKey + ": " + scrub(err.Error(), n)}
 		}
 		opts = append(opts, o)
 	case n.User != "" || n.Password != "":

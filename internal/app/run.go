@@ -51,7 +51,7 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 	}
 	pgcfg, err := pgconn.ParseConfig(cfg.Postgres.URL)
 	if err != nil {
-		return &cdc.ConfigError{Key: "postgres.url", Msg: err.Error()}
+		return &config.Error{Key: "postgres.url", Msg: err.Error()}
 	}
 	reg := opts.Registry
 	if reg == nil {
@@ -244,7 +244,7 @@ func connectNATS(ctx context.Context, cfg config.Config, log zerolog.Logger, m *
 		}),
 	)...)
 	if err != nil {
-		return nil, &cdc.ConfigError{Key: "nats.url", Msg: ScrubNATSError(err, cfg.NATS)}
+		return nil, &config.Error{Key: "nats.url", Msg: ScrubNATSError(err, cfg.NATS)}
 	}
 	return nc, nil
 }
@@ -301,7 +301,7 @@ func streamsError(err error) (permanent bool, out error) {
 	switch {
 	case errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.ErrorCode(10074):
 		// replicas > 1 on a server that is not clustered: no retry helps.
-		return true, &cdc.ConfigError{Key: "nats.streams[].replicas",
+		return true, &config.Error{Key: "nats.streams[].replicas",
 			Msg: fmt.Sprintf("%v: the NATS server is not clustered; set replicas: 1 (durable only with sync_interval: always on the server) or run a NATS cluster of at least that many nodes", err)}
 	case errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrClusterNoPeers:
 		// No suitable peers: a node is offline (a rolling restart, a
@@ -327,7 +327,7 @@ func serveHTTP(addr string, reg *prometheus.Registry, h *health) (*http.Server, 
 	})
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, &cdc.ConfigError{Key: "metrics.listen", Msg: fmt.Sprintf("cannot listen on %s: %v (set metrics.listen to a free address, or \"\" to disable)", addr, err)}
+		return nil, &config.Error{Key: "metrics.listen", Msg: fmt.Sprintf("cannot listen on %s: %v (set metrics.listen to a free address, or \"\" to disable)", addr, err)}
 	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go srv.Serve(ln)

@@ -4,7 +4,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
-	"github.com/walbox/walbox/cdc"
 	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/relay/sweep"
 )
@@ -35,13 +34,13 @@ func NewTableSweeper(cfg config.Config, t config.Table, log zerolog.Logger, reg 
 		switch {
 		case a.Dir != "":
 			if store, err = sweep.NewDirStore(a.Dir); err != nil {
-				return nil, &cdc.ConfigError{Key: "archive.dir", Msg: err.Error()}
+				return nil, &config.Error{Key: "archive.dir", Msg: err.Error()}
 			}
 		case a.S3.Bucket != "":
 			store, err = sweep.NewS3Store(sweep.S3Config{Endpoint: a.S3.Endpoint, Bucket: a.S3.Bucket, Prefix: a.S3.Prefix,
 				AccessKey: a.S3.AccessKey, SecretKey: a.S3.SecretKey, UseSSL: a.S3.UseSSL})
 			if err != nil {
-				return nil, &cdc.ConfigError{Key: "archive.s3", Msg: err.Error()}
+				return nil, &config.Error{Key: "archive.s3", Msg: err.Error()}
 			}
 		}
 	}
@@ -62,7 +61,7 @@ func NewTableSweeper(cfg config.Config, t config.Table, log zerolog.Logger, reg 
 		Registry:        reg,
 	})
 	if err != nil {
-		return nil, &cdc.ConfigError{Key: "sweeper", Msg: err.Error()}
+		return nil, &config.Error{Key: "sweeper", Msg: err.Error()}
 	}
 	return sw, nil
 }

@@ -91,7 +91,7 @@ func (ts *tableSet) start(ctx context.Context) error {
 	ts.sweeperCtx = ctx
 	for i, t := range ts.tables {
 		if err := ts.router.SetTable(i, ts.routerOptions(t)); err != nil {
-			return &cdc.ConfigError{Key: t.Key, Msg: err.Error()}
+			return &config.Error{Key: t.Key, Msg: err.Error()}
 		}
 		if err := ts.addSweeper(t); err != nil {
 			return err

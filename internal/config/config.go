@@ -22,6 +22,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/walbox/walbox/cdc"
+	"github.com/walbox/walbox/internal/fault"
 	"github.com/walbox/walbox/relay"
 	"github.com/walbox/walbox/relay/jssink"
 )
@@ -273,16 +274,16 @@ func (c *Config) ApplyPasswordFile() error {
 	}
 	b, err := os.ReadFile(c.Postgres.PasswordFile)
 	if err != nil {
-		return &cdc.ConfigError{Key: "postgres.password_file", Msg: fmt.Sprintf("cannot read it: %v", err)}
+		return &Error{Key: "postgres.password_file", Msg: fmt.Sprintf("cannot read it: %v", err)}
 	}
 	pw := strings.TrimRight(string(b), "\r\n")
 	if pw == "" {
-		return &cdc.ConfigError{Key: "postgres.password_file", Msg: "the file is empty"}
+		return &Error{Key: "postgres.password_file", Msg: "the file is empty"}
 	}
 	if strings.HasPrefix(c.Postgres.URL, "postgres://") || strings.HasPrefix(c.Postgres.URL, "postgresql://") {
 		u, err := url.Parse(c.Postgres.URL)
 		if err != nil {
-			return &cdc.ConfigError{Key: "postgres.url", Msg: "cannot parse it (the password is not shown)"}
+			return &Error{Key: "postgres.url", Msg: "cannot parse it (the password is not shown)"}
 		}
 		user := ""
 		if u.User != nil {
@@ -729,3 +730,7 @@ func checkEnv(m map[string]string) error {
 	}
 	return nil
 }
+
+// Error is a configuration error: it names the key and what to change
+// (fault.ConfigError; Error is the same type).
+type Error = fault.ConfigError

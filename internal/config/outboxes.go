@@ -109,7 +109,7 @@ func (c *Config) DefaultTable() (Table, error) {
 func (c *Config) resolveTable(o OutboxEntry, key string) (Table, error) {
 	name, err := cdc.ParseTableName(o.Table)
 	if err != nil {
-		return Table{}, &cdc.ConfigError{Key: key + ".table", Msg: err.Error()}
+		return Table{}, &Error{Key: key + ".table", Msg: err.Error()}
 	}
 	t := Table{Name: name, Layout: o.Layout, Default: o.Default, Key: key, Router: c.RouterOptions(), Sweeper: c.Sweeper}
 	t.Router.SubjectTemplate = "" // the sink's template, unless this table sets one
@@ -119,13 +119,13 @@ func (c *Config) resolveTable(o OutboxEntry, key string) (Table, error) {
 	switch t.Layout {
 	case LayoutWalbox:
 		if t.Columns, err = cdc.ColumnsFromMap(o.Columns, true); err != nil {
-			return Table{}, &cdc.ConfigError{Key: key + ".columns", Msg: err.Error()}
+			return Table{}, &Error{Key: key + ".columns", Msg: err.Error()}
 		}
 	case LayoutDebezium:
 		m := maps.Clone(debeziumColumns)
 		maps.Copy(m, o.Columns)
 		if t.Columns, err = cdc.ColumnsFromMap(m, false); err != nil {
-			return Table{}, &cdc.ConfigError{Key: key + ".columns", Msg: err.Error()}
+			return Table{}, &Error{Key: key + ".columns", Msg: err.Error()}
 		}
 		t.Router.SubjectTemplate = DebeziumSubjectTemplate
 		t.Router.IDHeader = DebeziumIDHeader
@@ -133,7 +133,7 @@ func (c *Config) resolveTable(o OutboxEntry, key string) (Table, error) {
 		// by walbox: its rows are deleted by the producer or a job.
 		t.Sweeper.MarkProcessed, t.Sweeper.Maintain = false, false
 	default:
-		return Table{}, &cdc.ConfigError{Key: key + ".layout", Msg: fmt.Sprintf("%q: use %s or %s", o.Layout, LayoutWalbox, LayoutDebezium)}
+		return Table{}, &Error{Key: key + ".layout", Msg: fmt.Sprintf("%q: use %s or %s", o.Layout, LayoutWalbox, LayoutDebezium)}
 	}
 	if o.SubjectTemplate != "" {
 		t.Router.SubjectTemplate = o.SubjectTemplate
@@ -184,7 +184,7 @@ func (c *Config) validateOutboxes(bad func(key, format string, args ...any), str
 		key := keys[i]
 		t, err := c.resolveTable(o, key)
 		if err != nil {
-			if ce, ok := err.(*cdc.ConfigError); ok {
+			if ce, ok := err.(*Error); ok {
 				bad(ce.Key, "%s", ce.Msg)
 			} else {
 				bad(key, "%v", err)

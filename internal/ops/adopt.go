@@ -7,10 +7,10 @@ import (
 	"io"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/walbox/walbox/cdc"
 	"github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/internal/fault"
 )
 
 // SlotAdoptOptions adjust AdoptSlot.
@@ -143,7 +143,7 @@ func AdoptSlot(ctx context.Context, cfg config.Config, opts SlotAdoptOptions) (A
 		return res, errors.New("--publication is required: the publication the slot was read with (Debezium's publication.name, by default dbz_publication)")
 	}
 	if cfg.Postgres.Publication != opts.Publication {
-		return res, &cdc.ConfigError{Key: "postgres.publication",
+		return res, &config.Error{Key: "postgres.publication",
 			Msg: fmt.Sprintf("is %q, but the adopted slot must be read with publication %q: set `postgres.publication: %s` in the config (or WALBOX_POSTGRES_PUBLICATION=%s) and run slot adopt again. "+
 				"A publication created now would not exist for the transactions the slot still holds, so walbox must keep using %s",
 				cfg.Postgres.Publication, opts.Publication, opts.Publication, opts.Publication, opts.Publication)}
@@ -186,7 +186,7 @@ func AdoptSlot(ctx context.Context, cfg config.Config, opts SlotAdoptOptions) (A
 			return res, err
 		}
 		if exists {
-			return res, &cdc.PreconditionError{What: fmt.Sprintf("walbox's slot %q (postgres.slot) already exists (plugin %s, confirmed_flush_lsn %s): walbox would continue from it, not from %s", dst, orDash(w.Plugin), orDash(w.Confirmed), src),
+			return res, &fault.PreconditionError{What: fmt.Sprintf("walbox's slot %q (postgres.slot) already exists (plugin %s, confirmed_flush_lsn %s): walbox would continue from it, not from %s", dst, orDash(w.Plugin), orDash(w.Confirmed), src),
 				Fix: fmt.Sprintf("if walbox has not published from it, drop it (`walbox slot drop`) and run slot adopt again; or set postgres.slot to %s to stream from that slot itself, or to an unused name", src)}
 		}
 	}
@@ -252,32 +252,32 @@ func checkAdoptSource(slot, db string, s adoptSlotRow, ok bool) error {
 	fresh := "stop the connector and let walbox create its own slot instead (walbox run publishes the rows still in the outbox table from a snapshot)"
 	switch {
 	case !ok:
-		return &cdc.PreconditionError{What: fmt.Sprintf("replication slot %q does not exist", slot),
+		return &fault.PreconditionError{What: fmt.Sprintf("replication slot %q does not exist", slot),
 			Fix: "pass the connector's slot.name (SELECT slot_name, plugin, database FROM pg_replication_slots lists the slots)"}
 	case s.Type != "logical":
-		return &cdc.PreconditionError{What: fmt.Sprintf("replication slot %q is a %s slot, not a logical one", slot, s.Type),
+		return &fault.PreconditionError{What: fmt.Sprintf("replication slot %q is a %s slot, not a logical one", slot, s.Type),
 			Fix: "pass the logical slot of the connector (its slot.name)"}
 	case s.Plugin != "pgoutput":
-		return &cdc.PreconditionError{What: fmt.Sprintf("replication slot %q uses plugin %s; walbox reads pgoutput only", slot, s.Plugin),
+		return &fault.PreconditionError{What: fmt.Sprintf("replication slot %q uses plugin %s; walbox reads pgoutput only", slot, s.Plugin),
 			Fix: "a slot of plugin.name=" + s.Plugin + " cannot be continued with pgoutput: " + fresh}
 	case s.Database != db:
-		return &cdc.PreconditionError{What: fmt.Sprintf("replication slot %q belongs to database %s, but postgres.url connects to %s", slot, s.Database, db),
+		return &fault.PreconditionError{What: fmt.Sprintf("replication slot %q belongs to database %s, but postgres.url connects to %s", slot, s.Database, db),
 			Fix: fmt.Sprintf("point postgres.url at database %s (where the outbox table is) and run slot adopt again", s.Database)}
 	case s.WALStatus == "lost" || s.Invalidation != "":
 		why := s.Invalidation
 		if why == "" {
 			why = "wal_status lost"
 		}
-		return &cdc.PreconditionError{What: fmt.Sprintf("replication slot %q was invalidated (%s): the WAL after its position is gone", slot, why),
+		return &fault.PreconditionError{What: fmt.Sprintf("replication slot %q was invalidated (%s): the WAL after its position is gone", slot, why),
 			Fix: "nothing can continue from it; " + fresh}
 	case s.Active:
-		return &cdc.PreconditionError{What: fmt.Sprintf("replication slot %q is in use (walsender pid %d): its client, the Debezium connector, is still streaming", slot, s.ActivePID),
+		return &fault.PreconditionError{What: fmt.Sprintf("replication slot %q is in use (walsender pid %d): its client, the Debezium connector, is still streaming", slot, s.ActivePID),
 			Fix: "stop the connector first (Kafka Connect: PUT /connectors/<name>/stop, or delete it; a paused connector keeps its connection), then run slot adopt again"}
 	case s.Temporary:
-		return &cdc.PreconditionError{What: fmt.Sprintf("replication slot %q is temporary: it ends with its session", slot),
+		return &fault.PreconditionError{What: fmt.Sprintf("replication slot %q is temporary: it ends with its session", slot),
 			Fix: "adopt a permanent slot (the connector's slot.name)"}
 	case s.Confirmed == "":
-		return &cdc.PreconditionError{What: fmt.Sprintf("replication slot %q has no confirmed position yet (it never finished starting)", slot),
+		return &fault.PreconditionError{What: fmt.Sprintf("replication slot %q has no confirmed position yet (it never finished starting)", slot),
 			Fix: fresh}
 	}
 	return nil
@@ -289,7 +289,7 @@ func checkAdoptPublication(ctx context.Context, conn *pgx.Conn, pub string, tabl
 	var ins, viaRoot bool
 	err := conn.QueryRow(ctx, `SELECT pubinsert, pubviaroot FROM pg_publication WHERE pubname = $1`, pub).Scan(&ins, &viaRoot)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return &cdc.PreconditionError{What: fmt.Sprintf("publication %q does not exist", pub),
+		return &fault.PreconditionError{What: fmt.Sprintf("publication %q does not exist", pub),
 			Fix: "pass the connector's publication.name (SELECT pubname FROM pg_publication lists them)"}
 	}
 	if err != nil {
@@ -307,16 +307,16 @@ func checkAdoptPublication(ctx context.Context, conn *pgx.Conn, pub string, tabl
 	}
 	switch {
 	case !exists:
-		return &cdc.PreconditionError{What: fmt.Sprintf("outbox table %s does not exist", table),
+		return &fault.PreconditionError{What: fmt.Sprintf("outbox table %s does not exist", table),
 			Fix: fmt.Sprintf("set %s.table to the table the connector's outbox event router reads (its table.include.list)", key)}
 	case !member:
-		return &cdc.PreconditionError{What: fmt.Sprintf("publication %q does not include the outbox table %s, so the slot never carried its events", pub, table),
+		return &fault.PreconditionError{What: fmt.Sprintf("publication %q does not include the outbox table %s, so the slot never carried its events", pub, table),
 			Fix: fmt.Sprintf("check %s.table (the connector's table.include.list) and --publication (its publication.name); adding the table now would not bring back the inserts the slot holds", key)}
 	case !ins:
-		return &cdc.PreconditionError{What: fmt.Sprintf("publication %q does not publish inserts, so the slot never carried the outbox events", pub),
+		return &fault.PreconditionError{What: fmt.Sprintf("publication %q does not publish inserts, so the slot never carried the outbox events", pub),
 			Fix: "check --publication (the connector's publication.name); changing publish now would not bring back the inserts the slot holds"}
 	case partitioned && !viaRoot:
-		return &cdc.PreconditionError{What: fmt.Sprintf("the outbox table %s is partitioned and publication %q has publish_via_partition_root off: the slot's inserts arrive under the partitions' names, which walbox does not map", table, pub),
+		return &fault.PreconditionError{What: fmt.Sprintf("the outbox table %s is partitioned and publication %q has publish_via_partition_root off: the slot's inserts arrive under the partitions' names, which walbox does not map", table, pub),
 			Fix: "such a slot cannot be continued; stop the connector and let walbox create its own slot (walbox run publishes the rows still in the outbox table)"}
 	}
 	return nil
@@ -328,8 +328,7 @@ func checkAdoptPublication(ctx context.Context, conn *pgx.Conn, pub string, tabl
 func hasBackfillMarker(ctx context.Context, conn *pgx.Conn, slot string) (bool, error) {
 	var n int
 	err := conn.QueryRow(ctx, `SELECT count(*) FROM walbox.slot_backfill WHERE slot_name = $1`, slot).Scan(&n)
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000" || pgErr.Code == "42501") {
+	if fault.MissingRelation(err) || fault.SQLState(err) == fault.InsufficientPrivilege {
 		return false, nil
 	}
 	if err != nil {

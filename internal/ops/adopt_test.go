@@ -16,6 +16,7 @@ import (
 
 	"github.com/walbox/walbox/cdc"
 	"github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/internal/fault"
 	"github.com/walbox/walbox/internal/relaytest"
 )
 
@@ -276,7 +277,7 @@ func testAdopt(t *testing.T, allTables bool) {
 	e.cfg.Postgres.Publication = pub
 	// While the reader streams, the slot is not to be taken.
 	_, err := AdoptSlot(ctx, e.cfg, SlotAdoptOptions{Slot: src, Publication: pub, Yes: true})
-	var pe *cdc.PreconditionError
+	var pe *fault.PreconditionError
 	if !errors.As(err, &pe) || !strings.Contains(pe.What, "is in use") || !strings.Contains(pe.Fix, "stop the connector") {
 		t.Fatalf("adopt of an active slot: %v", err)
 	}
@@ -441,8 +442,8 @@ func TestSlotAdoptRefuses(t *testing.T) {
 				c.prepare(t)
 			}
 			_, err := AdoptSlot(ctx, cfg, SlotAdoptOptions{Slot: c.slot, Publication: c.pub, DropSource: c.drop, Yes: true})
-			var pe *cdc.PreconditionError
-			var ce *cdc.ConfigError
+			var pe *fault.PreconditionError
+			var ce *config.Error
 			switch {
 			case c.wantCfgKey != "":
 				if !errors.As(err, &ce) || ce.Key != c.wantCfgKey || !strings.Contains(ce.Msg, "postgres.publication: "+c.pub) {

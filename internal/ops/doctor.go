@@ -18,6 +18,7 @@ import (
 	"github.com/walbox/walbox/cdc"
 	"github.com/walbox/walbox/internal/app"
 	"github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/internal/fault"
 	"github.com/walbox/walbox/relay/jssink"
 )
 
@@ -162,14 +163,13 @@ func doctorPostgres(ctx context.Context, cfg config.Config, r *DoctorReport) {
 }
 
 func pgConnectFix(err error) string {
-	var pgErr *pgconn.PgError
 	msg := err.Error()
 	switch {
-	case errors.As(err, &pgErr) && pgErr.Code == "28P01":
+	case fault.SQLState(err) == fault.InvalidPassword:
 		return "check the user and password in postgres.url (or WALBOX_POSTGRES_URL)"
 	case strings.Contains(msg, "pg_hba.conf"):
 		return "add a pg_hba.conf line for walbox's role and address (host <db> <role> <addr>/32 scram-sha-256) and reload PostgreSQL"
-	case errors.As(err, &pgErr) && pgErr.Code == "3D000":
+	case fault.SQLState(err) == fault.InvalidCatalogName:
 		return "create the database, or fix the database name in postgres.url"
 	}
 	return "check postgres.url (or WALBOX_POSTGRES_URL / --postgres-url): host, port, database, sslmode; is PostgreSQL running and reachable from here?"

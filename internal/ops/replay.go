@@ -152,7 +152,7 @@ func Replay(ctx context.Context, cfg config.Config, opts ReplayOptions) (*Replay
 	res := &ReplayResult{Table: table.String(), ByStream: map[string]int64{}, DryRun: opts.DryRun}
 	roles, err := cdc.ColumnsFromMap(cfg.Outbox.Columns, true)
 	if err != nil {
-		return nil, &cdc.ConfigError{Key: "outbox.columns", Msg: err.Error()}
+		return nil, &config.Error{Key: "outbox.columns", Msg: err.Error()}
 	}
 
 	conn, err := connectPG(ctx, cfg)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/walbox/walbox/cdc"
 	"github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/internal/fault"
 )
 
 // SlotReport is `walbox slot status`.
@@ -178,14 +179,10 @@ func CreateSlot(ctx context.Context, cfg config.Config, opts SlotCreateOptions) 
 }
 
 func slotErrorHint(err error) string {
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) {
-		return ""
-	}
-	switch pgErr.Code {
-	case "42501":
+	switch fault.SQLState(err) {
+	case fault.InsufficientPrivilege:
 		return " (the role needs REPLICATION: ALTER ROLE <role> WITH REPLICATION)"
-	case "55000":
+	case fault.ObjectNotInPrereqState:
 		return " (logical decoding needs wal_level = logical and a restart)"
 	case "53400":
 		return " (raise max_replication_slots and restart, or drop unused slots)"

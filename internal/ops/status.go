@@ -9,12 +9,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/rs/zerolog"
 
 	"github.com/walbox/walbox/cdc"
 	"github.com/walbox/walbox/internal/app"
 	"github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/internal/fault"
 	"github.com/walbox/walbox/relay/sweep"
 )
 
@@ -145,11 +145,10 @@ func readRelayState(ctx context.Context, conn *pgx.Conn, slot string, rep *Statu
 	err := conn.QueryRow(ctx, `SELECT updated_at, leader, confirmed_lsn::text, lag_bytes, lag_seconds, events_per_second,
 		extract(epoch FROM now() - updated_at)::float8 FROM walbox.relay_status WHERE slot_name = $1`, slot).
 		Scan(&rs.UpdatedAt, &leader, &lsn, &lagBytes, &lagSec, &eps, &ago)
-	var pgErr *pgconn.PgError
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		rs.Note = "no relay has written walbox.relay_status for this slot yet"
-	case errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000"):
+	case fault.MissingRelation(err):
 		rs.Note = "walbox.relay_status does not exist (run walbox migrate)"
 	case err != nil:
 		rep.Errors = append(rep.Errors, fmt.Sprintf("read walbox.relay_status: %v", err))

@@ -17,7 +17,6 @@ package sweep
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"sync"
@@ -25,12 +24,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
 	"github.com/walbox/walbox/cdc"
+	"github.com/walbox/walbox/internal/fault"
 	"github.com/walbox/walbox/internal/retry"
 	"github.com/walbox/walbox/relay"
 )
@@ -423,7 +422,7 @@ func (s *Sweeper) write(ctx context.Context, batch []mark) {
 			return
 		}
 		s.info.Store(nil) // the table may have changed: look again
-		if !transient(err) {
+		if !fault.Transient(err) {
 			permanentFailures++
 			if permanentFailures >= 2 {
 				s.log.Error().Err(err).Int("marks", len(batch)).Msg("marking rows failed; dropping this batch (the rows stay unprocessed)")
@@ -446,21 +445,6 @@ func (s *Sweeper) write(ctx context.Context, batch []mark) {
 		case <-time.After(wait):
 		}
 	}
-}
-
-// transient reports whether err may go away by itself: a broken connection,
-// a restart, a lock or resource shortage. Anything else (permissions, a
-// missing column) is permanent.
-func transient(err error) bool {
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) {
-		return true // network, EOF, closed connection, timeout
-	}
-	switch pgErr.Code[:2] {
-	case "08", "40", "53", "57", "58", "25":
-		return true
-	}
-	return pgErr.Code == "55P03" || pgErr.Code == "55006"
 }
 
 // tableInfo returns the outbox table's shape, inspecting it when unknown.
@@ -751,8 +735,7 @@ func (s *Sweeper) maintenanceLoop(ctx context.Context, stopping <-chan struct{})
 				return
 			}
 			wait = bo.NextBackOff()
-			var pgErr *pgconn.PgError
-			if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+			if fault.SQLState(err) == fault.InsufficientPrivilege {
 				s.m.MaintainFailures.WithLabelValues("privilege").Inc()
 				// Not an outage: the role may not maintain the table. Say
 				// so once with the fix, then try again at the normal pace.
