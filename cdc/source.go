@@ -80,9 +80,13 @@ type Config struct {
 	Logger            zerolog.Logger
 }
 
+// DefaultStatusInterval is the longest gap between standby status updates
+// (postgres.status_interval): well below wal_sender_timeout's 60 s.
+const DefaultStatusInterval = 10 * time.Second
+
 func (c *Config) setDefaults() {
 	if c.StatusInterval <= 0 {
-		c.StatusInterval = 10 * time.Second
+		c.StatusInterval = DefaultStatusInterval
 	}
 	if c.BatchSize <= 0 {
 		c.BatchSize = 512
@@ -90,12 +94,7 @@ func (c *Config) setDefaults() {
 	if c.BatchBytes <= 0 {
 		c.BatchBytes = 8 << 20
 	}
-	if c.BackoffInitial <= 0 {
-		c.BackoffInitial = time.Second
-	}
-	if c.BackoffMax <= 0 {
-		c.BackoffMax = 60 * time.Second
-	}
+	c.BackoffInitial, c.BackoffMax = retry.Defaults(c.BackoffInitial, c.BackoffMax)
 }
 
 // Source streams outbox inserts from a pgoutput slot. Run owns the

@@ -51,6 +51,10 @@ type Delivered struct {
 	Reason     string
 }
 
+// DefaultDrainTimeout is how long Serve waits at shutdown for the acks of
+// what is in flight.
+const DefaultDrainTimeout = 10 * time.Second
+
 // Config configures the relay's publisher.
 type Config struct {
 	// Window bounds the events published and not yet acked (default 1024).
@@ -124,14 +128,9 @@ func New(cfg Config, sink Sink, router *Router) *Relay {
 	if cfg.DLQPrefix == "" {
 		cfg.DLQPrefix = "walbox.dlq."
 	}
-	if cfg.BackoffInitial <= 0 {
-		cfg.BackoffInitial = time.Second
-	}
-	if cfg.BackoffMax <= 0 {
-		cfg.BackoffMax = 60 * time.Second
-	}
+	cfg.BackoffInitial, cfg.BackoffMax = retry.Defaults(cfg.BackoffInitial, cfg.BackoffMax)
 	if cfg.DrainTimeout <= 0 {
-		cfg.DrainTimeout = 10 * time.Second
+		cfg.DrainTimeout = DefaultDrainTimeout
 	}
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(nil)

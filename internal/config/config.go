@@ -23,6 +23,7 @@ import (
 
 	"github.com/walbox/walbox/cdc"
 	"github.com/walbox/walbox/internal/fault"
+	"github.com/walbox/walbox/internal/retry"
 	"github.com/walbox/walbox/relay"
 	"github.com/walbox/walbox/relay/jssink"
 )
@@ -251,13 +252,13 @@ func Default() Config {
 	return Config{
 		Sink:  SinkNATS,
 		Kafka: defaultKafka(),
-		Postgres: Postgres{Slot: "walbox", Publication: "walbox_outbox", CreatePublication: true, StatusInterval: 10 * time.Second,
+		Postgres: Postgres{Slot: "walbox", Publication: "walbox_outbox", CreatePublication: true, StatusInterval: cdc.DefaultStatusInterval,
 			OnSlotLost: "recreate", HeartbeatInterval: 30 * time.Second, Origin: "any"},
 		Outbox: Outbox{Table: "public.outbox_events", Layout: LayoutWalbox},
 		NATS: NATS{URL: "nats://127.0.0.1:4222", AckTimeout: 10 * time.Second, Window: 1024, WindowBytes: 64 << 20, StrictOrder: true,
 			SubjectTemplate: relay.DefaultSubjectTemplate, PartitionBuckets: relay.DefaultPartitionBuckets, Envelope: relay.EnvelopeRaw,
 			DLQ: DLQ{Stream: "WALBOX_DLQ", SubjectPrefix: "walbox.dlq."}},
-		Retry:   Retry{Initial: time.Second, Max: 60 * time.Second},
+		Retry:   Retry{Initial: retry.DefaultInitial, Max: retry.DefaultMax},
 		Metrics: Metrics{Listen: "127.0.0.1:9187"},
 		Log:     Log{Level: "info", Format: "auto"},
 		Sweeper: Sweeper{MarkProcessed: true, BatchSize: 1000, Interval: 200 * time.Millisecond, PartitionStep: "day", PartitionsAhead: 7, Maintain: true},

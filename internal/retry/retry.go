@@ -16,6 +16,27 @@ const (
 	Jitter     = 0.2
 )
 
+// The back-off every loop uses unless configured (retry.initial, retry.max).
+const (
+	DefaultInitial = time.Second
+	DefaultMax     = time.Minute
+)
+
+// Defaults fills in an unset back-off: initial <= 0 becomes DefaultInitial,
+// max <= 0 DefaultMax, and a max below initial becomes initial.
+func Defaults(initial, max time.Duration) (time.Duration, time.Duration) {
+	if initial <= 0 {
+		initial = DefaultInitial
+	}
+	if max <= 0 {
+		max = DefaultMax
+	}
+	if max < initial {
+		max = initial
+	}
+	return initial, max
+}
+
 // Backoff returns a reset back-off from initial to max.
 func Backoff(initial, max time.Duration) *backoff.ExponentialBackOff {
 	bo := backoff.NewExponentialBackOff()

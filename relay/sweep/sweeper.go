@@ -116,12 +116,7 @@ func (c *Config) defaults() {
 	if c.StatsInterval <= 0 {
 		c.StatsInterval = 30 * time.Second
 	}
-	if c.BackoffInitial <= 0 {
-		c.BackoffInitial = time.Second
-	}
-	if c.BackoffMax < c.BackoffInitial {
-		c.BackoffMax = 60 * time.Second
-	}
+	c.BackoffInitial, c.BackoffMax = retry.Defaults(c.BackoffInitial, c.BackoffMax)
 	if c.StopTimeout <= 0 {
 		c.StopTimeout = 5 * time.Second
 	}
