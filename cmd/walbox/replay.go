@@ -77,6 +77,7 @@ time), now, or a duration ago (90m). --to defaults to now.`,
 	f.StringVar(&to, "to", "", "created_at to (exclusive; default now)")
 	f.StringVar(&opts.Topic, "topic", "", "only topics matching this NATS-style pattern (orders.*, payments.>)")
 	f.StringSliceVar(&opts.IDs, "id", nil, "only these event ids (repeatable, or comma-separated)")
+	f.StringVar(&opts.Table, "table", "", "the outbox table to replay from, schema.table (with several in outboxes; default: the default one)")
 	f.BoolVar(&opts.Archive, "archive", false, "read the archive table walbox.<table>_archive instead of the outbox")
 	f.BoolVar(&opts.ForceNewID, "force-new-id", false, "publish under new ids (<id>.replay.<nanos>, header Walbox-Replay-Of) to deliver again")
 	f.BoolVar(&opts.NoCheck, "no-check", false, "do not read back the streams' (topics') ids first (only the duplicate window then stops copies; Kafka has none)")

@@ -61,29 +61,8 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 	// The relay's metrics keep their names on both buses, with a sink label.
 	metrics := relay.NewMetrics(prometheus.WrapRegistererWith(prometheus.Labels{"sink": cfg.Sink}, reg))
 	ts := &tableSet{cfg: cfg, log: log, reg: reg, tables: tables, reload: opts.Reload}
-	cdcTables, defaultTable := ts.cdcTables()
 
-	src, err := cdc.NewSource(cdc.Config{
-		ConnString:        cfg.Postgres.URL,
-		Slot:              cfg.Postgres.Slot,
-		Publication:       cfg.Postgres.Publication,
-		Tables:            cdcTables,
-		DefaultTable:      defaultTable,
-		OnUnknownTable:    ts.unknown,
-		CreatePublication: cfg.Postgres.CreatePublication,
-		StatusInterval:    cfg.Postgres.StatusInterval,
-		BatchSize:         cfg.NATS.Window / 2,
-		BatchBytes:        cfg.NATS.WindowBytes / 8,
-		BackoffInitial:    cfg.Retry.Initial,
-		BackoffMax:        cfg.Retry.Max,
-		FailOnSlotLost:    cfg.Postgres.OnSlotLost == "fail",
-		FailoverSlot:      cfg.Postgres.FailoverSlot,
-		Origin:            cfg.Postgres.Origin,
-		OnSlotLost:        func(reason, _ string) { metrics.SlotLost.WithLabelValues(reason).Inc() },
-		OnReconnect:       func() { metrics.Reconnects.WithLabelValues("postgres").Inc() },
-		HeartbeatInterval: cfg.Postgres.HeartbeatInterval,
-		Logger:            log,
-	})
+	src, err := newSource(cfg, ts, metrics, log)
 	if err != nil {
 		return err
 	}
@@ -149,24 +128,34 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 	}, bus.sink, router)
 	health.started.Store(true)
 	if opts.Ready != nil {
-		go func() {
-			for !src.Connected() {
-				select {
-				case <-ctx.Done():
-					return
-				case <-time.After(20 * time.Millisecond):
-				}
-			}
-			close(opts.Ready)
-		}()
+		go signalReady(ctx, src, opts.Ready)
 	}
 	log.Info().Str("postgres", redact.PostgresURL(cfg.Postgres.URL)).Str("sink", cfg.Sink).Str("bus", bus.url).Str("slot", cfg.Postgres.Slot).
 		Strs("tables", tableNames(tables)).Int("window", cfg.NATS.Window).Msg("walbox relay starting")
+	return lead(ctx, cfg, log, r, src, health, metrics)
+}
+
+// signalReady closes ready once the source streams.
+func signalReady(ctx context.Context, src *cdc.Source, ready chan<- struct{}) {
+	for !src.Connected() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	close(ready)
+}
+
+// lead streams while this relay holds the slot's leader lock, waits as a
+// standby while another does, and takes over when the leader dies, until
+// ctx ends (nil) or the relay fails for good.
+func lead(ctx context.Context, cfg config.Config, log zerolog.Logger, r *relay.Relay, src *cdc.Source, health *health, metrics *relay.Metrics) error {
 	for {
 		// Several relays may run for one database: one holds the leader
 		// lock and streams, the others wait here and take over when it dies.
 		var lastWarn time.Time
-		lead, err := cdc.AcquireLeadership(ctx, cfg.Postgres.URL, cfg.Postgres.Slot, time.Second, func() {
+		lock, err := cdc.AcquireLeadership(ctx, cfg.Postgres.URL, cfg.Postgres.Slot, time.Second, func() {
 			health.standby.Store(true)
 			log.Info().Str("slot", cfg.Postgres.Slot).Msg("standby: another walbox holds the leader lock for this slot; waiting to take over")
 		}, func(err error) {
@@ -188,7 +177,7 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 		runCtx, cancel := context.WithCancel(ctx)
 		go func() {
 			select {
-			case <-lead.Lost():
+			case <-lock.Lost():
 				log.Warn().Msg("leader lock session lost; stopping to let a live relay lead")
 				cancel()
 			case <-runCtx.Done():
@@ -199,7 +188,7 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 		go monitorSlot(runCtx, cfg.Postgres.URL, cfg.Postgres.Slot, 5*time.Second, r, metrics, log)
 		err = r.Serve(runCtx, src)
 		cancel()
-		lead.Release()
+		lock.Release()
 		metrics.Leader.Set(0)
 		if err != nil {
 			return err
@@ -209,6 +198,32 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 			return nil
 		}
 	}
+}
+
+// newSource is the cdc source of the configured slot and tables.
+func newSource(cfg config.Config, ts *tableSet, metrics *relay.Metrics, log zerolog.Logger) (*cdc.Source, error) {
+	cdcTables, defaultTable := ts.cdcTables()
+	return cdc.NewSource(cdc.Config{
+		ConnString:        cfg.Postgres.URL,
+		Slot:              cfg.Postgres.Slot,
+		Publication:       cfg.Postgres.Publication,
+		Tables:            cdcTables,
+		DefaultTable:      defaultTable,
+		OnUnknownTable:    ts.unknown,
+		CreatePublication: cfg.Postgres.CreatePublication,
+		StatusInterval:    cfg.Postgres.StatusInterval,
+		BatchSize:         cfg.NATS.Window / 2,
+		BatchBytes:        cfg.NATS.WindowBytes / 8,
+		BackoffInitial:    cfg.Retry.Initial,
+		BackoffMax:        cfg.Retry.Max,
+		FailOnSlotLost:    cfg.Postgres.OnSlotLost == "fail",
+		FailoverSlot:      cfg.Postgres.FailoverSlot,
+		Origin:            cfg.Postgres.Origin,
+		OnSlotLost:        func(reason, _ string) { metrics.SlotLost.WithLabelValues(reason).Inc() },
+		OnReconnect:       func() { metrics.Reconnects.WithLabelValues("postgres").Inc() },
+		HeartbeatInterval: cfg.Postgres.HeartbeatInterval,
+		Logger:            log,
+	})
 }
 
 // connectNATS connects with unlimited reconnects. The reconnect buffer is off:

@@ -43,12 +43,7 @@ type tableSet struct {
 
 // routerOptions are t's router options with the sink's template filled in.
 func (ts *tableSet) routerOptions(t config.Table) relay.RouterOptions {
-	o := t.Router
-	if o.SubjectTemplate == "" {
-		o.SubjectTemplate = ts.template
-	}
-	o.Table = t.Name.String()
-	return o
+	return t.RouterOptions(ts.template)
 }
 
 // cdcTables lists the tables for the cdc source.

@@ -61,6 +61,48 @@ type Table struct {
 	Key string
 }
 
+// RouterOptions are the table's routing and envelope for a sink whose own
+// subject (topic) template is template: the table's template wins when set.
+func (t Table) RouterOptions(template string) relay.RouterOptions {
+	o := t.Router
+	if o.SubjectTemplate == "" {
+		o.SubjectTemplate = template
+	}
+	o.Table = t.Name.String()
+	return o
+}
+
+// SinkTemplate is the subject template of the configured sink:
+// nats.subject_template, or kafka.topic_template.
+func (c *Config) SinkTemplate() string {
+	if c.Sink == SinkKafka {
+		return c.Kafka.TopicTemplate
+	}
+	return c.NATS.SubjectTemplate
+}
+
+// TableNamed is the configured outbox table called name (schema.table;
+// public when no schema), or the default table when name is "".
+func (c *Config) TableNamed(name string) (Table, error) {
+	if name == "" {
+		return c.DefaultTable()
+	}
+	want, err := cdc.ParseTableName(name)
+	if err != nil {
+		return Table{}, err
+	}
+	ts, err := c.Tables()
+	if err != nil {
+		return Table{}, err
+	}
+	for _, t := range ts {
+		if t.Name == want {
+			return t, nil
+		}
+	}
+	return Table{}, fmt.Errorf("%s is not a configured outbox table (outbox.table, outboxes[].table)", want)
+}
+
 // entries is the outbox tables as written: outboxes, or outbox alone.
 func (c *Config) entries() ([]OutboxEntry, []string) {
 	if len(c.Outboxes) == 0 {

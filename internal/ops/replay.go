@@ -35,6 +35,9 @@ type ReplayOptions struct {
 	Topic string
 	// IDs restrict the replay to these event ids.
 	IDs []string
+	// Table is the outbox table to replay from (schema.table); "" is the
+	// default one. Its columns, routing and envelope apply.
+	Table string
 	// Archive reads walbox.<table>_archive instead of the outbox table.
 	Archive bool
 	// ForceNewID publishes under new ids (<id>.replay.<unix-nanos>, header
@@ -136,25 +139,11 @@ func ParseTime(s string, now time.Time) (time.Time, error) {
 // are read back instead (from the first offsets stored since the oldest
 // row's created_at, less a minute), and Kafka drops no duplicate itself.
 func Replay(ctx context.Context, cfg config.Config, opts ReplayOptions) (*ReplayResult, error) {
-	if opts.From.IsZero() && opts.To.IsZero() && len(opts.IDs) == 0 {
-		return nil, errors.New("select the events: --from and --to (created_at range), and/or --id")
-	}
-	if !opts.From.IsZero() && !opts.To.IsZero() && !opts.From.Before(opts.To) {
-		return nil, fmt.Errorf("--from (%s) must be before --to (%s)", opts.From.Format(time.RFC3339), opts.To.Format(time.RFC3339))
-	}
-	table, err := tableOf(cfg)
+	t, table, err := replayTable(cfg, opts)
 	if err != nil {
 		return nil, err
 	}
-	if opts.Archive {
-		table = ArchiveTable(table)
-	}
 	res := &ReplayResult{Table: table.String(), ByStream: map[string]int64{}, DryRun: opts.DryRun}
-	roles, err := cdc.ColumnsFromMap(cfg.Outbox.Columns, true)
-	if err != nil {
-		return nil, &config.Error{Key: "outbox.columns", Msg: err.Error()}
-	}
-
 	conn, err := connectPG(ctx, cfg)
 	if err != nil {
 		return nil, err
@@ -171,9 +160,13 @@ func Replay(ctx context.Context, cfg config.Config, opts ReplayOptions) (*Replay
 		return nil, err
 	}
 	defer bus.close()
+	// The replayed events are of one table: its routing and envelope.
 	router := bus.router()
+	if err := router.SetTable(0, t.RouterOptions(cfg.SinkTemplate())); err != nil {
+		return nil, &config.Error{Key: t.Key, Msg: err.Error()}
+	}
 
-	q, err := newRowQuery(ctx, conn, table, roles, opts)
+	q, err := newRowQuery(ctx, conn, table, t.Columns, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -184,28 +177,59 @@ func Replay(ctx context.Context, cfg config.Config, opts ReplayOptions) (*Replay
 	if res.Rows == 0 {
 		return res, nil
 	}
-
-	// The ids the streams hold go into a temporary table, not a map: a
-	// stream may hold many millions, and the join in the SELECT below finds
-	// each row's streams.
 	if q.checkStored {
-		from := time.Time{}
-		if minCreated != nil {
-			// Stored after the commit, which is after created_at; a
-			// minute of slack for clocks.
-			from = minCreated.Add(-time.Minute)
-		}
-		if _, err := conn.Exec(ctx, `CREATE TEMP TABLE walbox_replay_stored (stream text NOT NULL, id text NOT NULL)`); err != nil {
-			return nil, fmt.Errorf("create a temporary table for the stored ids (the role needs TEMP on the database; or pass --no-check to rely on the duplicate window alone): %w", err)
-		}
-		if err := bus.storeIDs(ctx, conn, opts.Topic, from); err != nil {
+		if err := loadStoredIDs(ctx, conn, bus, opts.Topic, minCreated); err != nil {
 			return nil, err
 		}
-		if _, err := conn.Exec(ctx, `CREATE INDEX ON walbox_replay_stored (id); ANALYZE walbox_replay_stored`); err != nil {
-			return nil, fmt.Errorf("index the stored ids: %w", err)
-		}
 	}
+	return res, replayRows(ctx, conn, q, bus, router, opts, res)
+}
 
+// replayTable checks opts and finds the table to read: the configured
+// outbox table opts names (the default one when none), or its archive.
+func replayTable(cfg config.Config, opts ReplayOptions) (config.Table, cdc.TableName, error) {
+	if opts.From.IsZero() && opts.To.IsZero() && len(opts.IDs) == 0 {
+		return config.Table{}, cdc.TableName{}, errors.New("select the events: --from and --to (created_at range), and/or --id")
+	}
+	if !opts.From.IsZero() && !opts.To.IsZero() && !opts.From.Before(opts.To) {
+		return config.Table{}, cdc.TableName{}, fmt.Errorf("--from (%s) must be before --to (%s)", opts.From.Format(time.RFC3339), opts.To.Format(time.RFC3339))
+	}
+	t, err := cfg.TableNamed(opts.Table)
+	if err != nil {
+		return config.Table{}, cdc.TableName{}, &config.Error{Key: "--table", Msg: err.Error()}
+	}
+	table := t.Name
+	if opts.Archive {
+		table = ArchiveTable(table)
+	}
+	return t, table, nil
+}
+
+// loadStoredIDs reads the ids the streams hold into a temporary table, not
+// a map: a stream may hold many millions, and the join in the row query
+// finds each row's streams. minCreated is the oldest row's created_at.
+func loadStoredIDs(ctx context.Context, conn *pgx.Conn, bus replayBus, topic string, minCreated *time.Time) error {
+	from := time.Time{}
+	if minCreated != nil {
+		// Stored after the commit, which is after created_at; a minute of
+		// slack for clocks.
+		from = minCreated.Add(-time.Minute)
+	}
+	if _, err := conn.Exec(ctx, `CREATE TEMP TABLE walbox_replay_stored (stream text NOT NULL, id text NOT NULL)`); err != nil {
+		return fmt.Errorf("create a temporary table for the stored ids (the role needs TEMP on the database; or pass --no-check to rely on the duplicate window alone): %w", err)
+	}
+	if err := bus.storeIDs(ctx, conn, topic, from); err != nil {
+		return err
+	}
+	if _, err := conn.Exec(ctx, `CREATE INDEX ON walbox_replay_stored (id); ANALYZE walbox_replay_stored`); err != nil {
+		return fmt.Errorf("index the stored ids: %w", err)
+	}
+	return nil
+}
+
+// replayRows publishes the selected rows in order: each through the
+// router, a poison one as a dead letter, one already stored skipped.
+func replayRows(ctx context.Context, conn *pgx.Conn, q *rowQuery, bus replayBus, router *relay.Router, opts ReplayOptions, res *ReplayResult) error {
 	suffix := ""
 	if opts.ForceNewID {
 		suffix = ".replay." + strconv.FormatInt(time.Now().UnixNano(), 10)
@@ -215,7 +239,6 @@ func Replay(ctx context.Context, cfg config.Config, opts ReplayOptions) (*Replay
 		return fmt.Sprintf("published %d, skipped %d, duplicates %d, dead-lettered %d", res.Published, res.AlreadyStored, res.Duplicates, res.DeadLettered)
 	})
 	defer bar.finish()
-
 	publish := func(m *relay.Msg, stream string, dlq bool) error {
 		if opts.DryRun {
 			return nil
@@ -225,14 +248,14 @@ func Replay(ctx context.Context, cfg config.Config, opts ReplayOptions) (*Replay
 
 	rows, err := conn.Query(ctx, q.selectSQL, q.args...)
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", table, err)
+		return fmt.Errorf("read %s: %w", res.Table, err)
 	}
 	defer rows.Close()
 	var index uint32
 	for rows.Next() {
 		ev, createdAt, storedIn, err := q.scan(rows)
 		if err != nil {
-			return res, err
+			return err
 		}
 		bar.add(1)
 		if opts.Topic != "" && (ev.TopicNull || !relay.SubjectMatches(opts.Topic, ev.Topic)) {
@@ -253,12 +276,12 @@ func Replay(ctx context.Context, cfg config.Config, opts ReplayOptions) (*Replay
 			res.DeadLettered++
 			res.ByStream[bus.dlq()]++
 			if err := publish(bus.deadLetter(&ev, pe.Reason), bus.dlq(), true); err != nil {
-				return res, err
+				return err
 			}
 			continue
 		}
 		if err != nil {
-			return res, err
+			return err
 		}
 		if opts.ForceNewID {
 			m.Header.Set(relay.HeaderMsgID, ev.ID+suffix)
@@ -273,13 +296,13 @@ func Replay(ctx context.Context, cfg config.Config, opts ReplayOptions) (*Replay
 			continue
 		}
 		if err := publish(m, stream, false); err != nil {
-			return res, err
+			return err
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return res, fmt.Errorf("read %s: %w", table, err)
+		return fmt.Errorf("read %s: %w", res.Table, err)
 	}
-	return res, bus.flush(ctx)
+	return bus.flush(ctx)
 }
 
 // replayBus is where a replay publishes: JetStream or Kafka.
