@@ -192,6 +192,20 @@ func readSVC(t *testing.T, e *env) []svcMsg {
 	return out
 }
 
+// waitSVC waits until stream SVC holds at least n messages.
+func waitSVC(t *testing.T, e *env, n int) {
+	t.Helper()
+	ctx := relaytest.Ctx(t)
+	relaytest.Eventually(t, 60*time.Second, fmt.Sprintf("%d events in SVC", n), func() bool {
+		st, err := e.js.Stream(ctx, "SVC")
+		if err != nil {
+			return false
+		}
+		info, err := st.Info(ctx)
+		return err == nil && info.State.Msgs >= uint64(n)
+	})
+}
+
 // settleSVC waits for a positive sign that the relay is past everything
 // committed so far: a table-less event emitted now (it takes the default
 // table's subject template) arrives. A late duplicate of an earlier event
@@ -297,19 +311,11 @@ func TestThreeOutboxTablesSurviveKill9(t *testing.T) {
 		t.Fatalf("walbox.emit_message into legacy: %v", err)
 	}
 	committed[2] = append(committed[2], msgID)
-	var n int
-	relaytest.Eventually(t, 60*time.Second, "every committed event in SVC", func() bool {
-		n = 0
-		for _, c := range committed {
-			n += len(c)
-		}
-		st, err := e.js.Stream(ctx, "SVC")
-		if err != nil {
-			return false
-		}
-		info, err := st.Info(ctx)
-		return err == nil && info.State.Msgs >= uint64(n)
-	})
+	n := 0
+	for _, c := range committed {
+		n += len(c)
+	}
+	waitSVC(t, e, n)
 	settleSVC(t, e, "shipping")
 	msgs := readSVC(t, e)
 	checkMixed(t, msgs, committed, []string{"billing", "shipping", "legacy"})
@@ -367,14 +373,7 @@ func TestMigrateAddsATableWhileTheRelayRuns(t *testing.T) {
 	}
 	first := <-done
 	committed := [][]string{first[0], added}
-	relaytest.Eventually(t, 60*time.Second, "the new table's events in SVC", func() bool {
-		st, err := e.js.Stream(ctx, "SVC")
-		if err != nil {
-			return false
-		}
-		info, err := st.Info(ctx)
-		return err == nil && info.State.Msgs >= uint64(len(first[0])+len(added))
-	})
+	waitSVC(t, e, len(first[0])+len(added))
 	if !p.running() {
 		t.Fatal("the relay restarted or exited")
 	}
