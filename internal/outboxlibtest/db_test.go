@@ -121,7 +121,7 @@ func TestEmitMessage(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if got, want := strings.Join(keys, ","), "id,topic,payload,event_type,aggregate_type,aggregate_id,partition_key,headers,created_at"; got != want {
+	if got, want := strings.Join(keys, ","), "id,topic,payload,event_type,aggregate_type,aggregate_id,partition_key,headers,created_at,table"; got != want {
 		t.Errorf("keys %s, want %s", got, want)
 	}
 	var body struct {
