@@ -186,7 +186,11 @@ func debeziumEnv(t *testing.T) *env {
 func dbzInsert(e *env, payload string) string {
 	e.t.Helper()
 	ctx := testCtx(e.t)
-	conn := e.db()
+	conn, err := pgx.Connect(ctx, e.dbURL)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer conn.Close(ctx)
 	var id string
 	if err := conn.QueryRow(ctx, `INSERT INTO public.outbox (aggregatetype, aggregateid, type, payload) VALUES ('order', '42', 'OrderCreated', $1) RETURNING id::text`, payload).Scan(&id); err != nil {
 		e.t.Fatal(err)
@@ -201,9 +205,13 @@ func dbzInsert(e *env, payload string) string {
 func dbzInsertDeleted(e *env, payload string, other bool) string {
 	e.t.Helper()
 	ctx := testCtx(e.t)
-	conn := e.db()
+	conn, err := pgx.Connect(ctx, e.dbURL)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer conn.Close(ctx)
 	var id string
-	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		if err := tx.QueryRow(ctx, `INSERT INTO public.outbox (aggregatetype, aggregateid, type, payload) VALUES ('order', '42', 'OrderCreated', $1) RETURNING id::text`, payload).Scan(&id); err != nil {
 			return err
 		}

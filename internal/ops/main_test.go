@@ -111,28 +111,25 @@ func (e *env) exec(sql string, args ...any) {
 	// Not the test's context: cleanups run after it is cancelled.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	conn := e.db()
-	if _, err := conn.Exec(ctx, sql, args...); err != nil {
-		e.t.Fatalf("%s: %v", sql, err)
-	}
-}
-
-// db opens a connection to the test's database, closed when it ends.
-func (e *env) db() *pgx.Conn {
-	e.t.Helper()
-	conn, err := pgx.Connect(testCtx(e.t), e.dbURL)
+	conn, err := pgx.Connect(ctx, e.dbURL)
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	e.t.Cleanup(func() { conn.Close(context.Background()) })
-	return conn
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, sql, args...); err != nil {
+		e.t.Fatalf("%s: %v", sql, err)
+	}
 }
 
 // insert commits one outbox row and returns its id.
 func (e *env) insert(topic, payload string) string {
 	e.t.Helper()
 	ctx := testCtx(e.t)
-	conn := e.db()
+	conn, err := pgx.Connect(ctx, e.dbURL)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer conn.Close(ctx)
 	var id string
 	if err := conn.QueryRow(ctx, `INSERT INTO outbox_events (topic, payload) VALUES ($1, $2) RETURNING id::text`, topic, payload).Scan(&id); err != nil {
 		e.t.Fatal(err)
