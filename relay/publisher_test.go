@@ -51,6 +51,9 @@ type fakeStream struct {
 	// callFails: the publish call with this number returns the error itself
 	// (the client's connection is closed): nothing is sent.
 	callFails map[int]error
+	// kafka: no deduplication by id (Kafka has no Nats-Msg-Id), so a
+	// resent event is stored again.
+	kafka bool
 	// notify, if set, gets every publish number (dropped when full).
 	notify chan int
 
@@ -230,7 +233,7 @@ func (s *fakeSink) Publish(m *Msg) (Future, error) {
 	if st.foreign[n] {
 		st.store("foreign-"+strconv.Itoa(n), Header{})
 	}
-	if seq, dup := st.seqOf[id]; dup {
+	if seq, dup := st.seqOf[id]; dup && !st.kafka {
 		st.resolveLocked(pub, f, &Ack{Stream: "ORDERS", Sequence: seq, Duplicate: true}, nil)
 		return f, nil
 	}

@@ -34,15 +34,22 @@ type StoredOrigin struct {
 // PosRange is the oldest and newest position stored from one origin.
 type PosRange struct{ Oldest, Newest cdc.Position }
 
-// Add records a message of this source.
+// Add records a message of this source. A backfilled event (commit LSN 0)
+// has no WAL position: only its id counts. Taken as a position it would be
+// older than every WAL event, so nothing would predate the tail and a relay
+// reading the WAL again would store everything before the tail twice.
 func (t *StoredTail) Add(id string, o StoredOrigin, pos cdc.Position) {
 	if t.IDs == nil {
 		t.IDs = map[string]struct{}{}
 	}
+	t.IDs[id] = struct{}{}
+	t.Found = true
+	if pos.CommitLSN == 0 {
+		return
+	}
 	if t.Ranges == nil {
 		t.Ranges = map[StoredOrigin]PosRange{}
 	}
-	t.IDs[id] = struct{}{}
 	r, ok := t.Ranges[o]
 	if !ok || pos.Less(r.Oldest) {
 		r.Oldest = pos
@@ -51,7 +58,91 @@ func (t *StoredTail) Add(id string, o StoredOrigin, pos cdc.Position) {
 		r.Newest = pos
 	}
 	t.Ranges[o] = r
-	t.Found = true
+}
+
+// PartitionedTail builds the StoredTail of a stream kept in partitions that
+// each store their records in publish order (a Kafka topic), read back as
+// the newest n records of every partition.
+//
+// A position before the tail's start is taken as stored (alreadyStored).
+// Two facts prove that here. The topic's n newest positions: n is at least
+// twice the relay's window, and at most a window of events is ever in
+// flight past one not yet stored, so whatever precedes n stored events was
+// stored. And each partition's oldest: a partition never stores a record
+// without the ones before it, so when every partition holds some, what
+// precedes the oldest of all of them was stored. The start is the newer of
+// the two. The oldest of all partitions alone is too cautious: a quiet
+// partition's n records reach far back, and the events of a busier one
+// between the two starts would be stored again.
+type PartitionedTail struct {
+	n, partitions int
+	tail          StoredTail
+	pos           map[StoredOrigin][]cdc.Position
+	oldest        map[StoredOrigin]map[int32]cdc.Position
+}
+
+// NewPartitionedTail starts the tail of a stream of the given number of
+// partitions, n records read back from each.
+func NewPartitionedTail(n, partitions int) *PartitionedTail {
+	return &PartitionedTail{n: n, partitions: partitions, tail: StoredTail{IDs: map[string]struct{}{}},
+		pos: map[StoredOrigin][]cdc.Position{}, oldest: map[StoredOrigin]map[int32]cdc.Position{}}
+}
+
+// Add records a message of this source read from partition.
+func (p *PartitionedTail) Add(partition int32, id string, o StoredOrigin, pos cdc.Position) {
+	p.tail.IDs[id] = struct{}{}
+	p.tail.Found = true
+	if pos.CommitLSN == 0 {
+		return // backfilled: no WAL position (see StoredTail.Add)
+	}
+	p.pos[o] = append(p.pos[o], pos)
+	parts := p.oldest[o]
+	if parts == nil {
+		parts = map[int32]cdc.Position{}
+		p.oldest[o] = parts
+	}
+	if old, ok := parts[partition]; !ok || pos.Less(old) {
+		parts[partition] = pos
+	}
+}
+
+// Tail is the StoredTail: every id read, and for each origin the range from
+// the start proved stored to the newest position.
+func (p *PartitionedTail) Tail() StoredTail {
+	t := p.tail
+	t.Ranges = map[StoredOrigin]PosRange{}
+	for o, all := range p.pos {
+		slices.SortFunc(all, func(a, b cdc.Position) int { // newest first
+			switch {
+			case b.Less(a):
+				return -1
+			case a.Less(b):
+				return 1
+			}
+			return 0
+		})
+		var start cdc.Position
+		proved := false
+		if len(all) >= p.n {
+			start, proved = all[p.n-1], true
+		}
+		if parts := p.oldest[o]; len(parts) >= p.partitions {
+			var low cdc.Position
+			first := true
+			for _, pos := range parts {
+				if first || pos.Less(low) {
+					low, first = pos, false
+				}
+			}
+			if !proved || start.Less(low) {
+				start, proved = low, true
+			}
+		}
+		if proved {
+			t.Ranges[o] = PosRange{Oldest: start, Newest: all[0]}
+		}
+	}
+	return t
 }
 
 // PositionFromHeaders reads the position headers walbox sets, when they were

@@ -222,3 +222,65 @@ func TestRefusedProducesWaitAndLandInOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestTailRangeIsSetByTheBusiestPartitions: the tail read-back takes the
+// newest n records of each partition, so a quiet partition's reach back
+// much further than a busy one's. An event older than its partition's tail
+// whose position is inside a quiet partition's range is stored all the same;
+// taking the oldest position of all partitions as the tail's start once made
+// the relay store such events again. The start is the n-th newest position
+// of the topic (the relay asks for at least twice its window, and at most a
+// window of events is ever in flight), or each partition's oldest, whichever
+// is newer.
+func TestTailRangeIsSetByTheBusiestPartitions(t *testing.T) {
+	c := newCluster(t)
+	s := newSink(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := kafkasink.EnsureTopics(ctx, s.Client(), []kafkasink.TopicSpec{{Name: "orders", Partitions: 2, ReplicationFactor: 1, Manage: true}}); err != nil {
+		t.Fatal(err)
+	}
+	lsn := int64(0x1000)
+	var lsns []int64 // of every record, in publish order
+	pub := func(key string) int32 {
+		t.Helper()
+		lsn += 0x10
+		m := &relay.Msg{Subject: "orders", Key: key, Data: []byte(`{}`), Header: relay.Header{
+			relay.HeaderMsgID: {fmt.Sprintf("e%x", lsn)}, relay.HeaderSource: {"db/slot"},
+			relay.HeaderCommitLSN: {"0/" + strconv.FormatInt(lsn, 16)}, relay.HeaderIndex: {"0"},
+		}}
+		f, err := s.Publish(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, err := wait(t, ctx, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lsns = append(lsns, lsn)
+		return a.Partition
+	}
+	quiet := pub("quiet")
+	pub("quiet")
+	busy := ""
+	for i := 0; busy == ""; i++ {
+		if k := "busy" + strconv.Itoa(i); pub(k) != quiet {
+			busy = k
+		}
+	}
+	for range 20 {
+		pub(busy)
+	}
+	const n = 8
+	tail, err := s.StoredTail(ctx, "orders", "db/slot", n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := tail.Ranges[relay.StoredOrigin{}]
+	if want := uint64(lsns[len(lsns)-n]); uint64(r.Oldest.CommitLSN) != want {
+		t.Fatalf("tail starts at %s, want 0/%X: the %d-th newest record of the topic", r.Oldest.CommitLSN, want, n)
+	}
+	if want := uint64(lsns[len(lsns)-1]); uint64(r.Newest.CommitLSN) != want {
+		t.Fatalf("tail ends at %s, want 0/%X", r.Newest.CommitLSN, want)
+	}
+}

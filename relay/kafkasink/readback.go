@@ -78,19 +78,22 @@ func EnsureTopics(ctx context.Context, cl *kgo.Client, topics []TopicSpec) ([]re
 type span struct{ from, to int64 }
 
 // spans lists, per partition of topic, the offsets to read: the newest n
-// (n > 0), or [first, last] clipped to what the partition holds.
-func spans(ctx context.Context, adm *kadm.Client, topic string, n int, first, last int64) (map[int32]span, error) {
+// (n > 0), or [first, last] clipped to what the partition holds; and how
+// many partitions the topic has (empty ones included).
+func spans(ctx context.Context, adm *kadm.Client, topic string, n int, first, last int64) (map[int32]span, int, error) {
 	starts, err := adm.ListStartOffsets(ctx, topic)
 	if err != nil {
-		return nil, fmt.Errorf("list start offsets of %s: %w", topic, err)
+		return nil, 0, fmt.Errorf("list start offsets of %s: %w", topic, err)
 	}
 	ends, err := adm.ListEndOffsets(ctx, topic)
 	if err != nil {
-		return nil, fmt.Errorf("list end offsets of %s: %w", topic, err)
+		return nil, 0, fmt.Errorf("list end offsets of %s: %w", topic, err)
 	}
 	out := map[int32]span{}
 	var lerr error
+	parts := 0
 	ends.Each(func(e kadm.ListedOffset) {
+		parts++
 		if e.Err != nil {
 			lerr = fmt.Errorf("end offset of %s/%d: %w", topic, e.Partition, e.Err)
 			return
@@ -116,7 +119,7 @@ func spans(ctx context.Context, adm *kadm.Client, topic string, n int, first, la
 			out[e.Partition] = sp
 		}
 	})
-	return out, lerr
+	return out, parts, lerr
 }
 
 // FetchErr is the first error of fs, as "what topic/partition: error".
@@ -174,20 +177,23 @@ func (s *Sink) read(ctx context.Context, topic string, sp map[int32]span, fn fun
 }
 
 // StoredTail implements relay.Sink: the newest n records of every partition
-// of topic. Kafka has no expected-last-sequence check, so LastSeq is unused.
+// of topic, with the range relay.PartitionedTail sets for partitions that
+// each keep publish order. Kafka has no expected-last-sequence check, so
+// LastSeq is unused.
 func (s *Sink) StoredTail(ctx context.Context, topic, source string, n int) (relay.StoredTail, error) {
-	tail := relay.StoredTail{IDs: map[string]struct{}{}}
-	sp, err := spans(ctx, kadm.NewClient(s.cl), topic, n, 0, 0)
+	sp, parts, err := spans(ctx, kadm.NewClient(s.cl), topic, n, 0, 0)
 	if err != nil {
-		return tail, err
+		return relay.StoredTail{IDs: map[string]struct{}{}}, err
 	}
-	tail.StateRead = true
+	pt := relay.NewPartitionedTail(n, parts)
 	err = s.read(ctx, topic, sp, func(r *kgo.Record) {
 		h := FromKafkaHeaders(r.Headers)
 		if pos, origin, ok := relay.PositionFromHeaders(h, source); ok {
-			tail.Add(h.Get(relay.HeaderMsgID), origin, pos)
+			pt.Add(r.Partition, h.Get(relay.HeaderMsgID), origin, pos)
 		}
 	})
+	tail := pt.Tail()
+	tail.StateRead = true
 	return tail, err
 }
 
@@ -203,7 +209,7 @@ func (s *Sink) ReadBack(ctx context.Context, topic, source string, first, last u
 		n = max(tail, 1)
 	}
 	// Sequences are offsets + 1 (see Publish).
-	sp, err := spans(ctx, kadm.NewClient(s.cl), topic, n, int64(first)-1, int64(last)-1)
+	sp, _, err := spans(ctx, kadm.NewClient(s.cl), topic, n, int64(first)-1, int64(last)-1)
 	if err != nil {
 		return err
 	}
@@ -223,7 +229,7 @@ func CountRecords(ctx context.Context, cfg Config, topic string) (int64, error) 
 		return 0, fmt.Errorf("kafka client: %w", err)
 	}
 	defer cl.Close()
-	sp, err := spans(ctx, kadm.NewClient(cl), topic, 0, 0, 1<<62)
+	sp, _, err := spans(ctx, kadm.NewClient(cl), topic, 0, 0, 1<<62)
 	if err != nil {
 		return 0, err
 	}
