@@ -3,6 +3,7 @@ package main
 import (
 	"github.com/spf13/cobra"
 
+	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/ops"
 )
 
@@ -21,15 +22,11 @@ service's events. Stop every walbox first: a slot in use is refused.
 touched (nats stream rm, if you want them gone).`,
 		Example: `  walbox uninstall --dry-run --postgres-url postgres://dba@db/app
   walbox uninstall --yes --postgres-url postgres://dba@db/app`,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := loadPostgresConfig(cmd)
-			if err != nil {
-				return err
-			}
+		RunE: withPostgresConfig(func(cmd *cobra.Command, _ []string, cfg config.Config) error {
 			opts.In, opts.Out = cmd.InOrStdin(), cmd.OutOrStdout()
-			_, err = ops.Uninstall(cmd.Context(), cfg, opts)
+			_, err := ops.Uninstall(cmd.Context(), cfg, opts)
 			return err
-		},
+		}),
 	}
 	cmd.Flags().BoolVar(&opts.DryRun, "dry-run", false, "print the statements, change nothing")
 	cmd.Flags().BoolVar(&opts.Yes, "yes", false, "do not ask for confirmation")
