@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/relaytest"
 )
@@ -30,11 +28,7 @@ func TestGrantsRecipeRunsTheRelay(t *testing.T) {
 			t.Errorf("recipe lacks %q:\n%s", want, sql)
 		}
 	}
-	conn, err := pgx.Connect(ctx, e.dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	conn := relaytest.Conn(t, e.dbURL)
 	if _, err := conn.PgConn().Exec(ctx, sql).ReadAll(); err != nil {
 		t.Fatalf("the recipe does not run: %v\n%s", err, sql)
 	}

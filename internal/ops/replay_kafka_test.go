@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/walbox/walbox/internal/relaytest"
 )
 
 // TestReplayKafkaFillsTheGap: of five rows, four are in their topic; the
@@ -18,11 +18,7 @@ func TestReplayKafkaFillsTheGap(t *testing.T) {
 	e := newKafkaEnv(t)
 	e.createAll()
 	ctx := testCtx(t)
-	conn, err := pgx.Connect(ctx, e.dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	conn := relaytest.Conn(t, e.dbURL)
 	var ids []string
 	for i := range 5 {
 		var id string

@@ -8,11 +8,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/internal/relaytest"
 )
 
 func TestReplayFillsAGap(t *testing.T) {
@@ -217,11 +217,7 @@ func TestReplayCopiesStoredIDsInBatches(t *testing.T) {
 			}
 		}
 	}
-	conn, err := pgx.Connect(e.ctx, e.dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(e.ctx)
+	conn := relaytest.Conn(t, e.dbURL)
 	if _, err := conn.Exec(e.ctx, `CREATE TEMP TABLE walbox_replay_stored (stream text NOT NULL, id text NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
