@@ -11,12 +11,8 @@ import (
 )
 
 func newDLQCmd() *cobra.Command {
-	cmd := &cobra.Command{
-		Use:   "dlq",
-		Short: "List or retry dead letters (stream nats.dlq.stream, WALBOX_DLQ by default; with sink: kafka, topic kafka.dlq_topic)",
-	}
-	cmd.AddCommand(newDLQListCmd(), newDLQRetryCmd())
-	return cmd
+	return newGroupCmd("dlq", "List or retry dead letters (stream nats.dlq.stream, WALBOX_DLQ by default; with sink: kafka, topic kafka.dlq_topic)",
+		newDLQListCmd(), newDLQRetryCmd())
 }
 
 func newDLQListCmd() *cobra.Command {

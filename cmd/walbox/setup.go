@@ -19,6 +19,13 @@ func loadConfig(cmd *cobra.Command) (config.Config, error) { return load(cmd, tr
 // PostgreSQL: a URL is all they need (no nats.streams).
 func loadPostgresConfig(cmd *cobra.Command) (config.Config, error) { return load(cmd, false) }
 
+// newGroupCmd is a command that only groups subcommands.
+func newGroupCmd(use, short string, subs ...*cobra.Command) *cobra.Command {
+	cmd := &cobra.Command{Use: use, Short: short}
+	cmd.AddCommand(subs...)
+	return cmd
+}
+
 // configRun is a command's work once its configuration is loaded.
 type configRun func(cmd *cobra.Command, args []string, cfg config.Config) error
 

@@ -10,12 +10,8 @@ import (
 )
 
 func newSlotCmd() *cobra.Command {
-	cmd := &cobra.Command{
-		Use:   "slot",
-		Short: "Show, create, drop or adopt walbox's logical replication slot",
-	}
-	cmd.AddCommand(newSlotStatusCmd(), newSlotCreateCmd(), newSlotDropCmd(), newSlotAdoptCmd())
-	return cmd
+	return newGroupCmd("slot", "Show, create, drop or adopt walbox's logical replication slot",
+		newSlotStatusCmd(), newSlotCreateCmd(), newSlotDropCmd(), newSlotAdoptCmd())
 }
 
 func newSlotStatusCmd() *cobra.Command {
