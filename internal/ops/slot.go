@@ -56,16 +56,31 @@ func slotReport(st cdc.SlotStatus) SlotReport {
 // SlotStatus reads the configured slot's status. A missing slot is not an
 // error: the report says Exists false.
 func SlotStatus(ctx context.Context, cfg config.Config) (SlotReport, error) {
-	conn, err := connectPG(ctx, cfg)
+	conn, st, _, err := connectSlot(ctx, cfg)
 	if err != nil {
 		return SlotReport{Slot: cfg.Postgres.Slot}, err
 	}
-	defer closePG(ctx, conn)
-	st, err := cdc.ReadSlotStatus(ctx, conn, cfg.Postgres.Slot)
-	if err != nil && !errors.Is(err, cdc.ErrNoSlot) {
-		return SlotReport{Slot: cfg.Postgres.Slot}, err
-	}
+	closePG(ctx, conn)
 	return slotReport(st), nil
+}
+
+// connectSlot connects to PostgreSQL and reads the configured slot's
+// status; exists is false when there is no such slot, which is no error.
+// On an error conn is nil (and closed); otherwise close it with closePG.
+func connectSlot(ctx context.Context, cfg config.Config) (conn *pgx.Conn, st cdc.SlotStatus, exists bool, err error) {
+	conn, err = connectPG(ctx, cfg)
+	if err != nil {
+		return nil, st, false, err
+	}
+	st, err = cdc.ReadSlotStatus(ctx, conn, cfg.Postgres.Slot)
+	if errors.Is(err, cdc.ErrNoSlot) {
+		return conn, st, false, nil
+	}
+	if err != nil {
+		closePG(ctx, conn)
+		return nil, st, false, err
+	}
+	return conn, st, true, nil
 }
 
 // Print writes the report for people.
@@ -141,21 +156,17 @@ type SlotCreateOptions struct {
 // CreateSlot creates the configured slot with plugin pgoutput when it is
 // missing, without a snapshot. It reports whether it created it.
 func CreateSlot(ctx context.Context, cfg config.Config, opts SlotCreateOptions) (bool, error) {
-	conn, err := connectPG(ctx, cfg)
+	conn, info, exists, err := connectSlot(ctx, cfg)
 	if err != nil {
 		return false, err
 	}
 	defer closePG(ctx, conn)
 	slot := cfg.Postgres.Slot
-	info, err := cdc.ReadSlotStatus(ctx, conn, slot)
-	if err == nil {
+	if exists {
 		if info.Plugin != "pgoutput" {
 			return false, fmt.Errorf("slot %s exists with plugin %s, not pgoutput: choose another postgres.slot, or drop it if nothing else uses it", slot, info.Plugin)
 		}
 		return false, nil
-	}
-	if !errors.Is(err, cdc.ErrNoSlot) {
-		return false, err
 	}
 	var version int
 	if err := conn.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&version); err != nil {
@@ -209,22 +220,16 @@ var ErrAborted = errors.New("aborted: nothing changed")
 // unless opts.Force, which terminates the walsender first, and asks for
 // confirmation unless opts.Yes. It reports whether the slot existed.
 func DropSlot(ctx context.Context, cfg config.Config, opts SlotDropOptions) (bool, error) {
-	if opts.Out == nil {
-		opts.Out = io.Discard
-	}
-	conn, err := connectPG(ctx, cfg)
+	opts.Out = orDiscard(opts.Out)
+	conn, st, exists, err := connectSlot(ctx, cfg)
 	if err != nil {
 		return false, err
 	}
 	defer closePG(ctx, conn)
-	slot := cfg.Postgres.Slot
-	st, err := cdc.ReadSlotStatus(ctx, conn, slot)
-	if errors.Is(err, cdc.ErrNoSlot) {
+	if !exists {
 		return false, nil
 	}
-	if err != nil {
-		return false, err
-	}
+	slot := cfg.Postgres.Slot
 	if st.Active && !opts.Force {
 		return true, fmt.Errorf("slot %s is active (walsender pid %d): stop walbox first, or pass --force to terminate the walsender (a running walbox then recreates the slot and republishes unprocessed rows)", slot, st.ActivePID)
 	}
@@ -377,9 +382,7 @@ SELECT slot_type, coalesce(plugin, ''), coalesce(database, ''), active, coalesce
 // a publication created now would not exist for the transactions waiting
 // in the slot. Hence postgres.publication must name it.
 func AdoptSlot(ctx context.Context, cfg config.Config, opts SlotAdoptOptions) (AdoptResult, error) {
-	if opts.Out == nil {
-		opts.Out = io.Discard
-	}
+	opts.Out = orDiscard(opts.Out)
 	src, dst := opts.Slot, cfg.Postgres.Slot
 	res := AdoptResult{Source: src, Slot: dst, Publication: opts.Publication}
 	if src == "" {
