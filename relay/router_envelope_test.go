@@ -248,6 +248,27 @@ func wantJSONStrings(t *testing.T, got map[string]json.RawMessage, want map[stri
 	}
 }
 
+// wantJSONObject decodes data as a JSON object and wants the string fields
+// of want in it and, besides them, exactly the fields others. It returns
+// the object.
+func wantJSONObject(t *testing.T, data []byte, want map[string]string, others ...string) map[string]json.RawMessage {
+	t.Helper()
+	var got map[string]json.RawMessage
+	if err := json.Unmarshal(data, &got); err != nil {
+		t.Fatalf("data is not a JSON object: %v: %s", err, data)
+	}
+	wantJSONStrings(t, got, want)
+	for _, k := range others {
+		if _, ok := got[k]; !ok {
+			t.Errorf("fields %s lack %s", data, k)
+		}
+	}
+	if len(got) != len(want)+len(others) {
+		t.Errorf("fields %s, want exactly %v and %v", data, want, others)
+	}
+	return got
+}
+
 // wantStream routes ev with topic and wants it published to stream.
 func wantStream(t *testing.T, r *Router, ev *cdc.Event, topic, stream string) {
 	t.Helper()
@@ -335,11 +356,7 @@ func TestCloudEventsStructured(t *testing.T) {
 		t.Errorf("structured mode set ce-* headers: %v", m.Header)
 	}
 	wantOwnHeaders(t, m, ev)
-	var got map[string]json.RawMessage
-	if err := json.Unmarshal(m.Data, &got); err != nil {
-		t.Fatalf("data is not a JSON object: %v: %s", err, m.Data)
-	}
-	wantStr := map[string]string{
+	got := wantJSONObject(t, m.Data, map[string]string{
 		"specversion":     "1.0",
 		"id":              ev.ID,
 		"type":            "OrderCreated",
@@ -347,11 +364,7 @@ func TestCloudEventsStructured(t *testing.T) {
 		"time":            "2025-03-04T04:06:07.890123456Z",
 		"subject":         "o-42",
 		"datacontenttype": "application/json",
-	}
-	wantJSONStrings(t, got, wantStr)
-	if len(got) != len(wantStr)+1 {
-		t.Errorf("fields %v, want exactly %v and data", got, wantStr)
-	}
+	}, "data")
 	// data is the payload as JSON, byte for byte, not a string holding it.
 	if string(got["data"]) != string(ev.Payload) {
 		t.Fatalf("data = %s, want the payload %s", got["data"], ev.Payload)
@@ -388,21 +401,13 @@ func TestWalboxEnvelope(t *testing.T) {
 	if got := m.Header.Get("correlation_id"); got != "corr-9" {
 		t.Errorf("headers column no longer copied to headers: correlation_id = %q", got)
 	}
-	var got map[string]json.RawMessage
-	if err := json.Unmarshal(m.Data, &got); err != nil {
-		t.Fatalf("data is not a JSON object: %v: %s", err, m.Data)
-	}
-	wantStr := map[string]string{
+	got := wantJSONObject(t, m.Data, map[string]string{
 		"event_id":       ev.ID,
 		"event_type":     "OrderCreated",
 		"aggregate_type": "order",
 		"aggregate_id":   "o-42",
 		"timestamp":      "2025-03-04T04:06:07.890123456Z",
-	}
-	wantJSONStrings(t, got, wantStr)
-	if len(got) != len(wantStr)+2 {
-		t.Errorf("fields %s, want exactly %v, payload and metadata", m.Data, wantStr)
-	}
+	}, "payload", "metadata")
 	if !json.Valid(m.Data) || string(got["payload"]) != `{"order":42}` {
 		t.Errorf("payload = %s, want the raw payload object", got["payload"])
 	}

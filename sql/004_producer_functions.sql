@@ -15,6 +15,35 @@
 -- the table (schema.table; public when no schema is given); without it they
 -- write to the default table. Each table's own column names are used.
 
+{{/* Both functions have the same arguments and check them alike: the
+templates "signature" and "argument checks" write that part of each, given
+the function's name (without schema walbox). They print nothing here. */ -}}
+{{define "signature" -}}
+DROP FUNCTION IF EXISTS walbox.{{.}}(text, jsonb, text, text, text, jsonb, text);
+CREATE OR REPLACE FUNCTION walbox.{{.}}(
+    topic          text,
+    payload        jsonb,
+    event_type     text  DEFAULT NULL,
+    aggregate_type text  DEFAULT NULL,
+    aggregate_id   text  DEFAULT NULL,
+    headers        jsonb DEFAULT NULL,
+    partition_key  text  DEFAULT NULL,
+    outbox         text  DEFAULT NULL
+) RETURNS uuid
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    new_id uuid := walbox.uuid_v7();
+{{- end -}}
+{{define "argument checks"}}    IF {{.}}.topic IS NULL OR btrim({{.}}.topic) = '' THEN
+        RAISE EXCEPTION 'walbox.{{.}}: topic must not be NULL or empty' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF {{.}}.payload IS NULL THEN
+        RAISE EXCEPTION 'walbox.{{.}}: payload must not be NULL (use ''{}'' for an empty one)' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF {{.}}.headers IS NOT NULL AND jsonb_typeof({{.}}.headers) <> 'object' THEN
+        RAISE EXCEPTION 'walbox.{{.}}: headers must be a JSON object, not %', jsonb_typeof({{.}}.headers) USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+{{- end -}}
 -- walbox.uuid_v7 returns a version 7 UUID: 48 bits of Unix time in
 -- milliseconds, then random bits, so ids sort by creation time (like
 -- outbox.Write's ids). PostgreSQL 18 has uuidv7() built in; this works on 13+.
@@ -38,31 +67,10 @@ $$;
 --   SELECT walbox.emit('invoice.paid', '{"id": 7}', outbox => 'billing.outbox');
 -- (Before outbox was added, the functions had seven arguments: that
 -- version is dropped, so a call without outbox is not ambiguous.)
-DROP FUNCTION IF EXISTS walbox.emit(text, jsonb, text, text, text, jsonb, text);
-CREATE OR REPLACE FUNCTION walbox.emit(
-    topic          text,
-    payload        jsonb,
-    event_type     text  DEFAULT NULL,
-    aggregate_type text  DEFAULT NULL,
-    aggregate_id   text  DEFAULT NULL,
-    headers        jsonb DEFAULT NULL,
-    partition_key  text  DEFAULT NULL,
-    outbox         text  DEFAULT NULL
-) RETURNS uuid
-LANGUAGE plpgsql VOLATILE AS $$
-DECLARE
-    new_id uuid := walbox.uuid_v7();
+{{template "signature" "emit"}}
     target text := coalesce(emit.outbox, {{.EmitDefaultLiteral}});
 BEGIN
-    IF emit.topic IS NULL OR btrim(emit.topic) = '' THEN
-        RAISE EXCEPTION 'walbox.emit: topic must not be NULL or empty' USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF emit.payload IS NULL THEN
-        RAISE EXCEPTION 'walbox.emit: payload must not be NULL (use ''{}'' for an empty one)' USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF emit.headers IS NOT NULL AND jsonb_typeof(emit.headers) <> 'object' THEN
-        RAISE EXCEPTION 'walbox.emit: headers must be a JSON object, not %', jsonb_typeof(emit.headers) USING ERRCODE = 'invalid_parameter_value';
-    END IF;
+{{template "argument checks" "emit"}}
     IF position('.' IN target) = 0 THEN
         target := 'public.' || target;
     END IF;
@@ -91,30 +99,9 @@ END $$;
 --     "created_at":     "2025-01-02T03:04:05.123456+00:00", -- now() (transaction start), ISO 8601 with offset
 --     "table":          "billing.outbox" | null     -- whose routing applies; null: the default table
 --   }
-DROP FUNCTION IF EXISTS walbox.emit_message(text, jsonb, text, text, text, jsonb, text);
-CREATE OR REPLACE FUNCTION walbox.emit_message(
-    topic          text,
-    payload        jsonb,
-    event_type     text  DEFAULT NULL,
-    aggregate_type text  DEFAULT NULL,
-    aggregate_id   text  DEFAULT NULL,
-    headers        jsonb DEFAULT NULL,
-    partition_key  text  DEFAULT NULL,
-    outbox         text  DEFAULT NULL
-) RETURNS uuid
-LANGUAGE plpgsql VOLATILE AS $$
-DECLARE
-    new_id uuid := walbox.uuid_v7();
+{{template "signature" "emit_message"}}
 BEGIN
-    IF emit_message.topic IS NULL OR btrim(emit_message.topic) = '' THEN
-        RAISE EXCEPTION 'walbox.emit_message: topic must not be NULL or empty' USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF emit_message.payload IS NULL THEN
-        RAISE EXCEPTION 'walbox.emit_message: payload must not be NULL (use ''{}'' for an empty one)' USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF emit_message.headers IS NOT NULL AND jsonb_typeof(emit_message.headers) <> 'object' THEN
-        RAISE EXCEPTION 'walbox.emit_message: headers must be a JSON object, not %', jsonb_typeof(emit_message.headers) USING ERRCODE = 'invalid_parameter_value';
-    END IF;
+{{template "argument checks" "emit_message"}}
     PERFORM pg_logical_emit_message(true, 'walbox', json_build_object(
         'id',             new_id,
         'topic',          emit_message.topic,

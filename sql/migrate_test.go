@@ -1,15 +1,12 @@
 package sql_test
 
 import (
-	"context"
 	"os"
 	"testing"
-	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/walbox/walbox/cdc"
 	"github.com/walbox/walbox/internal/pgtest"
+	"github.com/walbox/walbox/internal/relaytest"
 	walboxsql "github.com/walbox/walbox/sql"
 )
 
@@ -22,13 +19,8 @@ func TestMain(m *testing.M) { os.Exit(pgtest.Main(m, &pg)) }
 // literal nor a format() pattern. Twice, to show the migrations stay
 // idempotent with such names.
 func TestMigrationsTakeNamesWithQuotesAndPercentSigns(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, pg.NewDB(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	ctx := relaytest.Ctx(t)
+	conn := relaytest.Conn(t, pg.NewDB(t))
 	p := walboxsql.Params{Schema: `o'k%s`, Table: `out'box%d "x"`, Publication: `pub'%1$s`}
 	if _, err := conn.Exec(ctx, `CREATE SCHEMA "o'k%s"`); err != nil {
 		t.Fatal(err)
@@ -58,13 +50,8 @@ func TestMigrationsTakeNamesWithQuotesAndPercentSigns(t *testing.T) {
 // table, and it does so on every run, not only the first (someone may have
 // taken the table out of it since).
 func TestMigrateBringsThePublicationToTheConfiguredTable(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, pg.NewDB(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	ctx := relaytest.Ctx(t)
+	conn := relaytest.Conn(t, pg.NewDB(t))
 	covers := func(table string) bool {
 		var n int
 		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_publication_tables WHERE pubname = 'walbox_outbox' AND tablename = $1`, table).Scan(&n); err != nil {
@@ -101,13 +88,8 @@ func TestMigrateBringsThePublicationToTheConfiguredTable(t *testing.T) {
 // PUBLICATION ... DROP TABLE would fail. A publication with a table list
 // loses the tables no longer configured.
 func TestPruneLeavesAnAllTablesPublication(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, pg.NewDB(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	ctx := relaytest.Ctx(t)
+	conn := relaytest.Conn(t, pg.NewDB(t))
 	if _, err := conn.Exec(ctx, `CREATE TABLE outbox (id uuid PRIMARY KEY, payload jsonb); CREATE TABLE other (id int);
 		CREATE PUBLICATION dbz_all FOR ALL TABLES; CREATE PUBLICATION dbz_filtered FOR TABLE outbox, other`); err != nil {
 		t.Fatal(err)

@@ -14,8 +14,7 @@ import (
 var exampleConfig string
 
 func newConfigCmd() *cobra.Command {
-	cmd := &cobra.Command{Use: "config", Short: "Configuration helpers"}
-	cmd.AddCommand(&cobra.Command{
+	return newGroupCmd("config", "Configuration helpers", &cobra.Command{
 		Use:   "example",
 		Short: "Print the full reference configuration: every key, its default, its WALBOX_* variable and what it does",
 		Args:  cobra.NoArgs,
@@ -24,5 +23,4 @@ func newConfigCmd() *cobra.Command {
 			return err
 		},
 	})
-	return cmd
 }

@@ -11,12 +11,8 @@ import (
 )
 
 func newDLQCmd() *cobra.Command {
-	cmd := &cobra.Command{
-		Use:   "dlq",
-		Short: "List or retry dead letters (stream nats.dlq.stream, WALBOX_DLQ by default; with sink: kafka, topic kafka.dlq_topic)",
-	}
-	cmd.AddCommand(newDLQListCmd(), newDLQRetryCmd())
-	return cmd
+	return newGroupCmd("dlq", "List or retry dead letters (stream nats.dlq.stream, WALBOX_DLQ by default; with sink: kafka, topic kafka.dlq_topic)",
+		newDLQListCmd(), newDLQRetryCmd())
 }
 
 func newDLQListCmd() *cobra.Command {
@@ -31,11 +27,7 @@ func newDLQListCmd() *cobra.Command {
 With sink: kafka it reads the topic kafka.dlq_topic with a consumer of its
 own; SEQ is the record's offset + 1 (walbox's sequences start at 1, as
 JetStream's), and dead letters walbox dlq retry republished are not shown.`,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := loadConfig(cmd)
-			if err != nil {
-				return err
-			}
+		RunE: withConfig(func(cmd *cobra.Command, _ []string, cfg config.Config) error {
 			dls, total, err := ops.DLQList(cmd.Context(), cfg, limit)
 			if err != nil {
 				return err
@@ -48,7 +40,7 @@ JetStream's), and dead letters walbox dlq retry republished are not shown.`,
 			}
 			ops.PrintDeadLetters(cmd.OutOrStdout(), dls, total, ops.DLQName(cfg))
 			return nil
-		},
+		}),
 	}
 	cmd.Flags().IntVar(&limit, "limit", 100, "show at most this many, oldest first (0: all)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print as JSON")
@@ -79,11 +71,7 @@ cannot delete one record, is marked instead of deleted: a marker record
 list and retry, and the consumer group walbox-dlq's committed offset moves
 past the retried ones that precede the first one left. --seq is offset + 1.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := loadConfig(cmd)
-			if err != nil {
-				return err
-			}
+		RunE: withConfig(func(cmd *cobra.Command, _ []string, cfg config.Config) error {
 			for _, s := range seqs {
 				opts.Seqs = append(opts.Seqs, uint64(s))
 			}
@@ -106,7 +94,7 @@ past the retried ones that precede the first one left. --seq is offset + 1.`,
 				}
 			}
 			return err
-		},
+		}),
 	}
 	cmd.Flags().UintSliceVar(&seqs, "seq", nil, "dead letter sequence numbers in the DLQ stream, or offset + 1 in the DLQ topic (repeatable, or comma-separated)")
 	cmd.Flags().BoolVar(&opts.All, "all", false, "retry every dead letter")

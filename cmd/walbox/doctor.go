@@ -7,6 +7,7 @@ import (
 	"github.com/mattn/go-isatty"
 	"github.com/spf13/cobra"
 
+	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/ops"
 )
 
@@ -32,28 +33,19 @@ the exact fix. Exit code 0 when nothing failed, 1 otherwise.`,
 		Example: `  walbox doctor --config walbox.yaml
   walbox doctor --json | jq '.checks[] | select(.status != "ok")'
   walbox doctor --standby 'postgres://walbox@standby:5432/app'`,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := loadConfig(cmd)
-			if err != nil {
-				return err
-			}
+		RunE: withConfig(func(cmd *cobra.Command, _ []string, cfg config.Config) error {
 			rep := ops.Doctor(cmd.Context(), cfg)
 			if standby != "" {
 				ops.DoctorStandby(cmd.Context(), cfg, standby, rep)
 			}
-			out := cmd.OutOrStdout()
-			if asJSON {
-				if err := rep.PrintJSON(out); err != nil {
-					return err
-				}
-			} else {
-				rep.Print(out)
+			if err := printStatus(cmd.OutOrStdout(), rep, asJSON); err != nil {
+				return err
 			}
 			if !rep.OK {
 				return exitError{code: 1}
 			}
 			return nil
-		},
+		}),
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON")
 	cmd.Flags().StringVar(&standby, "standby", "", "URL of a standby the slot must survive a promotion to: checks failover-slot settings on both servers, and fails until the standby's copy is synced and persisted (PostgreSQL 17+)")

@@ -13,17 +13,13 @@ func newRunCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "run",
 		Short: "Stream committed outbox inserts to JetStream until SIGTERM",
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := loadConfig(cmd)
-			if err != nil {
-				return err
-			}
+		RunE: withConfig(func(cmd *cobra.Command, _ []string, cfg config.Config) error {
 			log := newLogger(cfg.Log, os.Stderr)
 			app.ApplyRuntime(cfg.Runtime, log)
 			// A table added to outboxes while walbox runs is found by
 			// reading the config again (see app.Options.Reload).
 			reload := func() (config.Config, error) { return loadConfig(cmd) }
 			return app.Run(cmd.Context(), cfg, log, app.Options{Reload: reload})
-		},
+		}),
 	}
 }

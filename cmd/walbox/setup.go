@@ -19,6 +19,53 @@ func loadConfig(cmd *cobra.Command) (config.Config, error) { return load(cmd, tr
 // PostgreSQL: a URL is all they need (no nats.streams).
 func loadPostgresConfig(cmd *cobra.Command) (config.Config, error) { return load(cmd, false) }
 
+// newGroupCmd is a command that only groups subcommands.
+func newGroupCmd(use, short string, subs ...*cobra.Command) *cobra.Command {
+	cmd := &cobra.Command{Use: use, Short: short}
+	cmd.AddCommand(subs...)
+	return cmd
+}
+
+// configRun is a command's work once its configuration is loaded.
+type configRun func(cmd *cobra.Command, args []string, cfg config.Config) error
+
+// withConfig is a RunE that loads the configuration with loadConfig and
+// then does run.
+func withConfig(run configRun) func(*cobra.Command, []string) error {
+	return withLoaded(loadConfig, run)
+}
+
+// withPostgresConfig is withConfig for the commands that use only
+// PostgreSQL (loadPostgresConfig).
+func withPostgresConfig(run configRun) func(*cobra.Command, []string) error {
+	return withLoaded(loadPostgresConfig, run)
+}
+
+func withLoaded(load func(*cobra.Command) (config.Config, error), run configRun) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		cfg, err := load(cmd)
+		if err != nil {
+			return err
+		}
+		return run(cmd, args, cfg)
+	}
+}
+
+// report is what doctor, status and slot status print.
+type report interface {
+	Print(w io.Writer)
+	PrintJSON(w io.Writer) error
+}
+
+// printStatus prints rep as text, or with asJSON as JSON.
+func printStatus(w io.Writer, rep report, asJSON bool) error {
+	if asJSON {
+		return rep.PrintJSON(w)
+	}
+	rep.Print(w)
+	return nil
+}
+
 func load(cmd *cobra.Command, withNATS bool) (config.Config, error) {
 	path, _ := cmd.Flags().GetString("config")
 	if path == "" {

@@ -5,16 +5,13 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/ops"
 )
 
 func newSlotCmd() *cobra.Command {
-	cmd := &cobra.Command{
-		Use:   "slot",
-		Short: "Show, create, drop or adopt walbox's logical replication slot",
-	}
-	cmd.AddCommand(newSlotStatusCmd(), newSlotCreateCmd(), newSlotDropCmd(), newSlotAdoptCmd())
-	return cmd
+	return newGroupCmd("slot", "Show, create, drop or adopt walbox's logical replication slot",
+		newSlotStatusCmd(), newSlotCreateCmd(), newSlotDropCmd(), newSlotAdoptCmd())
 }
 
 func newSlotStatusCmd() *cobra.Command {
@@ -22,21 +19,13 @@ func newSlotStatusCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "Show the slot: active pid, LSNs, retained WAL, lag, wal_status, safe_wal_size",
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := loadPostgresConfig(cmd)
-			if err != nil {
-				return err
-			}
+		RunE: withPostgresConfig(func(cmd *cobra.Command, _ []string, cfg config.Config) error {
 			rep, err := ops.SlotStatus(cmd.Context(), cfg)
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				return rep.PrintJSON(cmd.OutOrStdout())
-			}
-			rep.Print(cmd.OutOrStdout())
-			return nil
-		},
+			return printStatus(cmd.OutOrStdout(), rep, asJSON)
+		}),
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the status as JSON")
 	return cmd
@@ -56,22 +45,10 @@ the slot existed. slot create takes no snapshot; it is for DBAs who
 pre-create slots (e.g. as a superuser, or with --failover on PostgreSQL 17).
 walbox run then starts from the slot's position: rows committed before it
 was created are not published (use walbox replay for them).`,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := loadPostgresConfig(cmd)
-			if err != nil {
-				return err
-			}
+		RunE: withPostgresConfig(func(cmd *cobra.Command, _ []string, cfg config.Config) error {
 			created, err := ops.CreateSlot(cmd.Context(), cfg, opts)
-			if err != nil {
-				return err
-			}
-			if created {
-				fmt.Fprintf(cmd.OutOrStdout(), "created slot %s (plugin pgoutput)\n", cfg.Postgres.Slot)
-			} else {
-				fmt.Fprintf(cmd.OutOrStdout(), "slot %s already exists\n", cfg.Postgres.Slot)
-			}
-			return nil
-		},
+			return printSlotOutcome(cmd, cfg, created, err, "created slot %s (plugin pgoutput)\n", "slot %s already exists\n")
+		}),
 	}
 	cmd.Flags().BoolVar(&opts.Failover, "failover", false, "create a failover slot, synchronized to standbys (PostgreSQL 17+)")
 	return cmd
@@ -90,23 +67,11 @@ walsender first.
 Stop walbox before dropping: the next walbox run recreates the slot and
 republishes every unprocessed row (duplicates are dropped by JetStream's
 duplicate window and the relay's resume check).`,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := loadPostgresConfig(cmd)
-			if err != nil {
-				return err
-			}
+		RunE: withPostgresConfig(func(cmd *cobra.Command, _ []string, cfg config.Config) error {
 			opts.In, opts.Out = cmd.InOrStdin(), cmd.OutOrStdout()
 			existed, err := ops.DropSlot(cmd.Context(), cfg, opts)
-			if err != nil {
-				return err
-			}
-			if existed {
-				fmt.Fprintf(cmd.OutOrStdout(), "dropped slot %s\n", cfg.Postgres.Slot)
-			} else {
-				fmt.Fprintf(cmd.OutOrStdout(), "slot %s does not exist: nothing to drop\n", cfg.Postgres.Slot)
-			}
-			return nil
-		},
+			return printSlotOutcome(cmd, cfg, existed, err, "dropped slot %s\n", "slot %s does not exist: nothing to drop\n")
+		}),
 	}
 	cmd.Flags().BoolVar(&opts.Yes, "yes", false, "do not ask for confirmation")
 	cmd.Flags().BoolVar(&opts.Force, "force", false, "terminate the walsender using the slot first")
@@ -140,11 +105,7 @@ postgres.slot is the source slot itself, nothing is copied and walbox
 streams from that slot.
 
 It asks for confirmation on stdin unless --yes.`,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := loadPostgresConfig(cmd)
-			if err != nil {
-				return err
-			}
+		RunE: withPostgresConfig(func(cmd *cobra.Command, _ []string, cfg config.Config) error {
 			opts.In, opts.Out = cmd.InOrStdin(), cmd.OutOrStdout()
 			res, err := ops.AdoptSlot(cmd.Context(), cfg, opts)
 			if err == nil || res.Copied {
@@ -152,7 +113,7 @@ It asks for confirmation on stdin unless --yes.`,
 				res.Print(cmd.OutOrStdout())
 			}
 			return err
-		},
+		}),
 	}
 	cmd.Flags().StringVar(&opts.Slot, "slot", "", "the slot to take over (Debezium's slot.name)")
 	cmd.Flags().StringVar(&opts.Publication, "publication", "", "the publication it was read with (Debezium's publication.name); postgres.publication must name it")
@@ -161,4 +122,18 @@ It asks for confirmation on stdin unless --yes.`,
 	_ = cmd.MarkFlagRequired("slot")
 	_ = cmd.MarkFlagRequired("publication")
 	return cmd
+}
+
+// printSlotOutcome prints ifDone or ifNot (formats of the slot's name),
+// as done says, once a slot command succeeded.
+func printSlotOutcome(cmd *cobra.Command, cfg config.Config, done bool, err error, ifDone, ifNot string) error {
+	if err != nil {
+		return err
+	}
+	format := ifNot
+	if done {
+		format = ifDone
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), format, cfg.Postgres.Slot)
+	return nil
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"github.com/spf13/cobra"
 
+	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/ops"
 )
 
@@ -24,27 +25,19 @@ stored anywhere status can read: see walbox_commit_to_ack_seconds.
 Exit code, for scripts and probes: 0 when a relay is running and holds the
 leader lock, 3 when the relay is stale, unknown or not leading (the report
 is printed all the same), 1 on errors.`,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := loadPostgresConfig(cmd)
-			if err != nil {
-				return err
-			}
+		RunE: withPostgresConfig(func(cmd *cobra.Command, _ []string, cfg config.Config) error {
 			rep, err := ops.Status(cmd.Context(), cfg)
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				if err := rep.PrintJSON(cmd.OutOrStdout()); err != nil {
-					return err
-				}
-			} else {
-				rep.Print(cmd.OutOrStdout())
+			if err := printStatus(cmd.OutOrStdout(), rep, asJSON); err != nil {
+				return err
 			}
 			if rep.Relay.State != "running" || !rep.Relay.LockHeld {
 				return exitError{code: 3}
 			}
 			return nil
-		},
+		}),
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the status as JSON")
 	return cmd

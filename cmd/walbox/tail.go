@@ -3,6 +3,7 @@ package main
 import (
 	"github.com/spf13/cobra"
 
+	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/ops"
 )
 
@@ -29,15 +30,11 @@ that long ago.`,
   walbox tail payments.settled --since 1h --full
   walbox tail walbox.dlq --since 24h     # sink: kafka: a topic name`,
 		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			cfg, err := loadConfig(cmd)
-			if err != nil {
-				return err
-			}
+		RunE: withConfig(func(cmd *cobra.Command, args []string, cfg config.Config) error {
 			opts.Subject = args[0]
-			_, err = ops.Tail(cmd.Context(), cfg, opts, cmd.OutOrStdout())
+			_, err := ops.Tail(cmd.Context(), cfg, opts, cmd.OutOrStdout())
 			return err
-		},
+		}),
 	}
 	f := cmd.Flags()
 	f.DurationVar(&opts.Since, "since", 0, "start with the messages stored this long ago (default: only new ones)")

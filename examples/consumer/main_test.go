@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -19,16 +18,14 @@ import (
 	"github.com/walbox/walbox/outbox"
 )
 
-var pg *pgtest.Cluster // set once by TestMain
-
-func TestMain(m *testing.M) { os.Exit(pgtest.Main(m, &pg)) }
-
 // TestUserGetsOneAccount is the whole example: users created with their
 // user.created events in the service's database, walbox relaying them, and
 // the consumer creating one account per user in its own database, also
-// when the whole stream is delivered again.
+// when the whole stream is delivered again. It is the package's one test
+// with a database: it starts a PostgreSQL cluster of its own.
 func TestUserGetsOneAccount(t *testing.T) {
 	ctx := relaytest.Ctx(t)
+	pg := pgtest.StartOwn(ctx, t)
 	serviceDB, accountsDB := pg.NewDB(t), pg.NewDB(t)
 	srv := natstest.New(t)
 	relaytest.StartUsersRelay(t, serviceDB, srv.URL())

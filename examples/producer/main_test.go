@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -17,16 +16,15 @@ import (
 	"github.com/walbox/walbox/internal/relaytest"
 )
 
-var pg *pgtest.Cluster // set once by TestMain
-
-func TestMain(m *testing.M) { os.Exit(pgtest.Main(m, &pg)) }
-
 // TestProducer runs the example against a real database, JetStream and the
 // relay: each created user yields one user.created message; a user that
 // cannot be created yields none.
+//
+// It is the package's one test with a database: it starts a PostgreSQL
+// cluster of its own.
 func TestProducer(t *testing.T) {
 	ctx := relaytest.Ctx(t)
-	dbURL := pg.NewDB(t)
+	_, dbURL := pgtest.OwnDB(ctx, t)
 	js := startWalbox(t, dbURL)
 	env := func(string) string { return "" }
 

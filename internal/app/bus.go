@@ -104,29 +104,20 @@ func openKafka(ctx context.Context, cfg config.Config, log zerolog.Logger) (*bus
 	}()
 	b.close = func() { stopPing(); sink.Close() }
 	b.ensure = func(ctx context.Context) ([]relay.Route, error) {
-		bo := newBackoff(cfg)
-		for {
-			cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-			routes, err := kafkasink.EnsureTopics(cctx, sink.Client(), cfg.TopicSpecs())
-			cancel()
-			if err == nil {
-				return routes, nil
-			}
-			if ctx.Err() != nil {
-				return nil, nil
-			}
-			var ke *kerr.Error
-			if errors.As(err, &ke) && !ke.Retriable && !errors.Is(err, kerr.UnknownTopicOrPartition) {
-				return nil, fmt.Errorf("%w (fix kafka.topics in the config, or the topic on the brokers)", err)
-			}
-			wait := bo.NextBackOff()
-			log.Warn().Err(err).Str("retry_in", wait.Round(time.Millisecond).String()).Strs("brokers", cfg.Kafka.Brokers).Msg("Kafka not ready; retrying")
-			select {
-			case <-ctx.Done():
-				return nil, nil
-			case <-time.After(wait):
-			}
-		}
+		return retryEnsure(ctx, cfg, 15*time.Second,
+			func(ctx context.Context) ([]relay.Route, error) {
+				return kafkasink.EnsureTopics(ctx, sink.Client(), cfg.TopicSpecs())
+			},
+			func(err error) (retry, permanent error) {
+				var ke *kerr.Error
+				if errors.As(err, &ke) && !ke.Retriable && !errors.Is(err, kerr.UnknownTopicOrPartition) {
+					return nil, fmt.Errorf("%w (fix kafka.topics in the config, or the topic on the brokers)", err)
+				}
+				return err, nil
+			},
+			func(err error, wait time.Duration) {
+				log.Warn().Err(err).Str("retry_in", wait.Round(time.Millisecond).String()).Strs("brokers", cfg.Kafka.Brokers).Msg("Kafka not ready; retrying")
+			})
 	}
 	return b, nil
 }
@@ -135,4 +126,39 @@ func openKafka(ctx context.Context, cfg config.Config, log zerolog.Logger) (*bus
 // to retry.max, forever.
 func newBackoff(cfg config.Config) *backoff.ExponentialBackOff {
 	return retry.Backoff(cfg.Retry.Initial, cfg.Retry.Max)
+}
+
+// retryEnsure calls ensure, each call bounded by timeout, until it returns
+// the routes, sort finds its error permanent (returned), or ctx ends (nil,
+// nil). Between calls it hands the error as sort restated it to warn and
+// waits the config's back-off: an outage at start is an outage like any
+// other.
+func retryEnsure(ctx context.Context, cfg config.Config, timeout time.Duration,
+	ensure func(context.Context) ([]relay.Route, error),
+	sort func(error) (retry, permanent error),
+	warn func(err error, wait time.Duration),
+) ([]relay.Route, error) {
+	bo := newBackoff(cfg)
+	for {
+		cctx, cancel := context.WithTimeout(ctx, timeout)
+		routes, err := ensure(cctx)
+		cancel()
+		if err == nil {
+			return routes, nil
+		}
+		if ctx.Err() != nil {
+			return nil, nil
+		}
+		err, permanent := sort(err)
+		if permanent != nil {
+			return nil, permanent
+		}
+		wait := bo.NextBackOff()
+		warn(err, wait)
+		select {
+		case <-ctx.Done():
+			return nil, nil
+		case <-time.After(wait):
+		}
+	}
 }

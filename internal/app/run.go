@@ -271,41 +271,32 @@ const jsErrClusterNoPeers jetstream.ErrorCode = 10005
 // ensureStreams creates or checks the configured streams, retrying while
 // NATS is unreachable: an outage at start is an outage like any other.
 func ensureStreams(ctx context.Context, sink *jssink.Sink, cfg config.Config, log zerolog.Logger, lastErr *atomic.Pointer[error]) ([]relay.Route, error) {
-	bo := newBackoff(cfg)
-	for {
-		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		routes, err := jssink.EnsureStreams(cctx, sink.JetStream(), cfg.StreamSpecs())
-		cancel()
-		if err == nil {
-			return routes, nil
-		}
-		if ctx.Err() != nil {
-			return nil, nil
-		}
-		permanent, err := streamsError(err)
-		if permanent {
-			return nil, err
-		}
-		if nc := sink.Conn(); !nc.IsConnected() {
-			// Not an API error: the connection is not up. Say why, not
-			// what the unsent request ran into.
-			cause := nc.LastError()
-			if p := lastErr.Load(); p != nil {
-				cause = *p
+	return retryEnsure(ctx, cfg, 10*time.Second,
+		func(ctx context.Context) ([]relay.Route, error) {
+			return jssink.EnsureStreams(ctx, sink.JetStream(), cfg.StreamSpecs())
+		},
+		func(err error) (retry, permanent error) {
+			stop, err := streamsError(err)
+			if stop {
+				return nil, err
 			}
-			if cause == nil {
-				cause = errors.New("not connected yet")
+			if nc := sink.Conn(); !nc.IsConnected() {
+				// Not an API error: the connection is not up. Say why, not
+				// what the unsent request ran into.
+				cause := nc.LastError()
+				if p := lastErr.Load(); p != nil {
+					cause = *p
+				}
+				if cause == nil {
+					cause = errors.New("not connected yet")
+				}
+				err = fmt.Errorf("cannot reach NATS at %s: %w", ScrubNATSError(errors.New(cfg.NATS.URL), cfg.NATS), cause)
 			}
-			err = fmt.Errorf("cannot reach NATS at %s: %w", ScrubNATSError(errors.New(cfg.NATS.URL), cfg.NATS), cause)
-		}
-		wait := bo.NextBackOff()
-		log.Warn().Err(err).Str("retry_in", wait.Round(time.Millisecond).String()).Msg("JetStream not ready; retrying")
-		select {
-		case <-ctx.Done():
-			return nil, nil
-		case <-time.After(wait):
-		}
-	}
+			return err, nil
+		},
+		func(err error, wait time.Duration) {
+			log.Warn().Err(err).Str("retry_in", wait.Round(time.Millisecond).String()).Msg("JetStream not ready; retrying")
+		})
 }
 
 // streamsError sorts an error of creating or checking the streams: a

@@ -56,6 +56,26 @@ func wantErrNaming(t *testing.T, err error, key string, more ...string) {
 	}
 }
 
+// namedCase is a config that is refused, the key its error must name and
+// more text the error must hold.
+type namedCase struct {
+	name, yaml string
+	key        string
+	more       []string
+}
+
+// wantNamed loads each case's YAML (and validates it) and wants an error
+// naming its key and more.
+func wantNamed(t *testing.T, tests []namedCase) {
+	t.Helper()
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := load(t, tt.yaml)
+			wantErrNaming(t, err, tt.key, tt.more...)
+		})
+	}
+}
+
 func TestValidFileLoads(t *testing.T) {
 	cfg, err := load(t, validYAML)
 	if err != nil {
@@ -141,25 +161,22 @@ log:
 }
 
 func TestUnknownKeyIsNamed(t *testing.T) {
-	tests := []struct {
-		name, yaml, key string
-	}{
-		{"misspelled postgres key", "postgres:\n  url: x\n  slto: walbox\n", "postgres.slto"},
-		{"misspelled top-level section", "postgress:\n  url: x\n", "unknown key postgress"},
-		{"misspelled nats key", "nats:\n  windw: 5\n", "nats.windw"},
-		{"misspelled stream key", "nats:\n  streams:\n    - name: A\n      subject: [a]\n", "nats.streams[].subject"},
-		{"misspelled dlq key", "nats:\n  dlq:\n    strem: X\n", "nats.dlq.strem"},
-		{"misspelled outbox key", "outbox:\n  tabel: t\n", "outbox.tabel"},
-		{"misspelled retry key", "retry:\n  intial: 1s\n", "retry.intial"},
-		{"misspelled metrics key", "metrics:\n  listn: :1\n", "metrics.listn"},
-		{"misspelled log key", "log:\n  lvl: debug\n", "log.lvl"},
+	tests := []namedCase{
+		{"misspelled postgres key", "postgres:\n  url: x\n  slto: walbox\n", "postgres.slto", nil},
+		{"misspelled top-level section", "postgress:\n  url: x\n", "unknown key postgress", nil},
+		{"misspelled nats key", "nats:\n  windw: 5\n", "nats.windw", nil},
+		{"misspelled stream key", "nats:\n  streams:\n    - name: A\n      subject: [a]\n", "nats.streams[].subject", nil},
+		{"misspelled dlq key", "nats:\n  dlq:\n    strem: X\n", "nats.dlq.strem", nil},
+		{"misspelled outbox key", "outbox:\n  tabel: t\n", "outbox.tabel", nil},
+		{"misspelled retry key", "retry:\n  intial: 1s\n", "retry.intial", nil},
+		{"misspelled metrics key", "metrics:\n  listn: :1\n", "metrics.listn", nil},
+		{"misspelled log key", "log:\n  lvl: debug\n", "log.lvl", nil},
+		{"misspelled route key", "postgres:\n  url: postgres://x\nnats:\n  streams:\n    - {name: ORDERS, subjects: [orders.>]}\n  routes:\n    - {prefix: o., stream: ORDERS}\n", "unknown key nats.routes[].prefix", nil},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			_, err := Load(writeFile(t, tt.yaml), nil)
-			wantErrNaming(t, err, tt.key, "unknown key")
-		})
+	for i := range tests {
+		tests[i].more = []string{"unknown key"}
 	}
+	wantNamed(t, tests)
 }
 
 func TestBadYAMLIsAnError(t *testing.T) {
@@ -183,24 +200,16 @@ func TestMissingFileIsAnError(t *testing.T) {
 }
 
 func TestMissingRequiredKeyIsNamed(t *testing.T) {
-	tests := []struct {
-		name, yaml, key string
-	}{
-		{"postgres.url", "nats:\n  streams:\n    - {name: ORDERS, subjects: [orders.>]}\n", "postgres.url"},
-		{"postgres.url empty", "postgres:\n  url: \"\"\nnats:\n  streams:\n    - {name: ORDERS, subjects: [orders.>]}\n", "postgres.url"},
-		{"nats.streams", "postgres:\n  url: postgres://x\n", "nats.streams"},
-		{"nats.streams empty", "postgres:\n  url: postgres://x\nnats:\n  streams: []\n", "nats.streams"},
-		{"nats.url empty", validYAML + "  url: \"\"\n", "nats.url"},
-		{"postgres.publication empty", "postgres:\n  url: x\n  publication: \"\"\nnats:\n  streams:\n    - {name: ORDERS, subjects: [orders.>]}\n", "postgres.publication"},
-		{"stream without subjects", "postgres:\n  url: x\nnats:\n  streams:\n    - {name: ORDERS}\n", "nats.streams[0].subjects"},
-		{"stream without name", "postgres:\n  url: x\nnats:\n  streams:\n    - {subjects: [a]}\n", "nats.streams[0].name"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			_, err := load(t, tt.yaml)
-			wantErrNaming(t, err, tt.key)
-		})
-	}
+	wantNamed(t, []namedCase{
+		{"postgres.url", "nats:\n  streams:\n    - {name: ORDERS, subjects: [orders.>]}\n", "postgres.url", nil},
+		{"postgres.url empty", "postgres:\n  url: \"\"\nnats:\n  streams:\n    - {name: ORDERS, subjects: [orders.>]}\n", "postgres.url", nil},
+		{"nats.streams", "postgres:\n  url: postgres://x\n", "nats.streams", nil},
+		{"nats.streams empty", "postgres:\n  url: postgres://x\nnats:\n  streams: []\n", "nats.streams", nil},
+		{"nats.url empty", validYAML + "  url: \"\"\n", "nats.url", nil},
+		{"postgres.publication empty", "postgres:\n  url: x\n  publication: \"\"\nnats:\n  streams:\n    - {name: ORDERS, subjects: [orders.>]}\n", "postgres.publication", nil},
+		{"stream without subjects", "postgres:\n  url: x\nnats:\n  streams:\n    - {name: ORDERS}\n", "nats.streams[0].subjects", nil},
+		{"stream without name", "postgres:\n  url: x\nnats:\n  streams:\n    - {subjects: [a]}\n", "nats.streams[0].name", nil},
+	})
 }
 
 func TestBothMissingRequiredKeysAreNamed(t *testing.T) {
@@ -217,11 +226,7 @@ func withStreams(streams string) string {
 func TestImpossibleValueIsNamed(t *testing.T) {
 	base := "postgres:\n  url: postgres://x\n"
 	streams := "  streams:\n    - {name: ORDERS, subjects: [orders.>]}\n"
-	tests := []struct {
-		name, yaml string
-		key        string
-		more       []string
-	}{
+	tests := []namedCase{
 		{"window 0", base + "nats:\n  window: 0\n" + streams, "nats.window", nil},
 		{"window negative", base + "nats:\n  window: -1\n" + streams, "nats.window", nil},
 		{"window too large", base + "nats:\n  window: 1000000\n" + streams, "nats.window", nil},
@@ -268,12 +273,10 @@ func TestImpossibleValueIsNamed(t *testing.T) {
 		{"outbox unknown column role", base + "outbox:\n  columns:\n    subjekt: s\nnats:\n" + streams, "outbox.columns", []string{"subjekt"}},
 		{"outbox id role unmapped", base + "outbox:\n  columns:\n    id: \"\"\nnats:\n" + streams, "outbox.columns", nil},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			_, err := load(t, tt.yaml)
-			wantErrNaming(t, err, tt.key+":", tt.more...)
-		})
+	for i := range tests {
+		tests[i].key += ":"
 	}
+	wantNamed(t, tests)
 }
 
 func TestValuesThatLookOddButAreFine(t *testing.T) {

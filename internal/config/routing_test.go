@@ -10,11 +10,7 @@ import (
 func TestRoutingAndEnvelopeValuesAreNamed(t *testing.T) {
 	streams := "  streams:\n    - {name: ORDERS, subjects: [orders.>]}\n"
 	base := "postgres:\n  url: postgres://x\nnats:\n"
-	tests := []struct {
-		name, yaml string
-		key        string
-		more       []string
-	}{
+	tests := []namedCase{
 		{"unknown placeholder", base + "  subject_template: \"{topic}.{shard}\"\n" + streams, "nats.subject_template", []string{"{shard}"}},
 		{"unclosed brace", base + "  subject_template: \"{topic\"\n" + streams, "nats.subject_template", nil},
 		{"empty template", base + "  subject_template: \"\"\n" + streams, "nats.subject_template", nil},
@@ -30,18 +26,11 @@ func TestRoutingAndEnvelopeValuesAreNamed(t *testing.T) {
 		{"route to the DLQ stream", base + streams + "  routes:\n    - {topic_prefix: x., stream: WALBOX_DLQ}\n", "nats.routes[0].stream", []string{"dead-letter"}},
 		{"prefix listed twice", base + streams + "  routes:\n    - {topic_prefix: o., stream: ORDERS}\n    - {topic_prefix: o., stream: ORDERS}\n",
 			"nats.routes[1].topic_prefix", []string{"twice"}},
-		{"unknown route key", base + streams + "  routes:\n    - {prefix: o., stream: ORDERS}\n", "unknown key nats.routes[].prefix", nil},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			_, err := load(t, tt.yaml)
-			key := tt.key + ":"
-			if tt.name == "unknown route key" {
-				key = tt.key
-			}
-			wantErrNaming(t, err, key, tt.more...)
-		})
+	for i := range tests {
+		tests[i].key += ":"
 	}
+	wantNamed(t, tests)
 }
 
 func TestRoutingAndEnvelopeEnvironment(t *testing.T) {

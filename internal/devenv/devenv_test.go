@@ -2,7 +2,6 @@ package devenv_test
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -10,12 +9,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
 
 	"github.com/walbox/walbox/internal/devenv"
 	"github.com/walbox/walbox/internal/pgcluster"
 	"github.com/walbox/walbox/internal/pgtest"
+	"github.com/walbox/walbox/internal/relaytest"
 )
 
 // runDir returns an empty folder for Config.Dir that the PostgreSQL server
@@ -169,11 +168,7 @@ func TestDevAgainstAGivenDatabaseDropsItsSlotAtExit(t *testing.T) {
 	if s.Printed == 0 {
 		t.Fatalf("no events printed:\n%s", out.String())
 	}
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
+	conn := relaytest.Conn(t, url)
 	var slots, rows int
 	if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_replication_slots").Scan(&slots); err != nil {
 		t.Fatal(err)

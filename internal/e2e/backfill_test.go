@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/walbox/walbox/internal/outboxtest"
 )
 
@@ -47,14 +45,7 @@ func TestBackfillInterruptedByCrashIsRedone(t *testing.T) {
 	}
 	p.signal(t, syscall.SIGKILL)
 	e.spawnRelay()
-	idsRows, err := e.pool.Query(ctx, "SELECT id::text FROM outbox_events ORDER BY created_at, id")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ids, err := pgx.CollectRows(idsRows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
+	ids := queryStrings(ctx, t, e.pool, "SELECT id::text FROM outbox_events ORDER BY created_at, id")
 	e.waitDelivered(rows, 90*time.Second)
 	streams, err := outboxtest.ReadStreams(ctx, e.js, "ORDERS")
 	if err != nil {

@@ -88,14 +88,7 @@ func TestR3NATSProcessesLeaderKillAndRollingRestart(t *testing.T) {
 	e.check(w, res)
 
 	// Healthy afterwards: every replica current, and the stream stores.
-	st, err := e.js.Stream(ctx, "ORDERS")
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := st.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, info := e.stream(ctx, "ORDERS")
 	for _, r := range info.Cluster.Replicas {
 		if !r.Current || r.Offline {
 			t.Fatalf("replica %s of ORDERS not current after the restarts: %+v", r.Name, r)

@@ -117,14 +117,7 @@ func (e *env) checkPromotion(ctx context.Context, newPrimaryURL string, res *out
 		t.Fatal(err)
 	}
 	defer c.Close(ctx)
-	rows, err := c.Query(ctx, "SELECT id::text FROM outbox_events")
-	if err != nil {
-		t.Fatal(err)
-	}
-	held, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
+	held := queryStrings(ctx, t, c, "SELECT id::text FROM outbox_events")
 	e.waitDelivered(len(held), 60*time.Second)
 	e.settled()
 	onNew := map[string]bool{}

@@ -2,10 +2,12 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/outboxtest"
 	"github.com/walbox/walbox/internal/relaytest"
 )
@@ -21,25 +23,38 @@ func (e *env) loadInBackground(l outboxtest.Load) (stop func() *outboxtest.Resul
 	}
 }
 
-func TestRelayKilledMidStreamLosesNothing(t *testing.T) {
-	e := newMigratedEnv(t)
-	w := e.witness("outbox_events")
-	var stop func() *outboxtest.Result
-
+// killMidStream runs a relay process three times and stops it with
+// SIGKILL, SIGTERM (which must exit 0) and SIGKILL, each once the wait that
+// midStream returns is over, and lets the load go on for gap with no relay
+// after each. midStream is called when the process has been spawned; the
+// load starts after the first one's call, when the slot exists: rows from
+// before it are the backfill's business
+// (TestFirstStartPublishesRowsAlreadyWaiting). It returns the load's stop.
+func (e *env) killMidStream(load outboxtest.Load, gap time.Duration, midStream func() (wait func())) (stop func() *outboxtest.Result) {
+	t := e.t
+	t.Helper()
 	for round, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGTERM, syscall.SIGKILL} {
 		p := e.spawnRelay()
+		wait := midStream()
 		if stop == nil {
-			// The load starts once the slot exists: rows from before it are
-			// the backfill's business (TestFirstStartPublishesRowsAlreadyWaiting).
-			stop = e.loadInBackground(outboxtest.Load{Producers: 4, MaxRows: 20, Rollback: 0.1, Rate: 40})
+			stop = e.loadInBackground(load)
 		}
-		time.Sleep(1500 * time.Millisecond) // fault timing: the signal lands mid-load
+		wait()
 		code := p.signal(t, sig)
 		if sig == syscall.SIGTERM && code != 0 {
 			t.Fatalf("round %d: SIGTERM exit code %d, want 0 (clean drain)\n%s", round, code, p.output())
 		}
-		time.Sleep(300 * time.Millisecond) // fault timing: the load goes on with no relay
+		time.Sleep(gap) // fault timing: the load goes on with no relay
 	}
+	return stop
+}
+
+func TestRelayKilledMidStreamLosesNothing(t *testing.T) {
+	e := newMigratedEnv(t)
+	w := e.witness("outbox_events")
+	stop := e.killMidStream(outboxtest.Load{Producers: 4, MaxRows: 20, Rollback: 0.1, Rate: 40}, 300*time.Millisecond, func() func() {
+		return func() { time.Sleep(1500 * time.Millisecond) } // fault timing: the signal lands mid-load
+	})
 	res := stop()
 	p := e.spawnRelay()
 	rep := e.check(w, res)
@@ -167,4 +182,43 @@ func TestFirstStartPublishesRowsAlreadyWaiting(t *testing.T) {
 	if rep.Lost+rep.Duplicated+rep.FromRolledBack != 0 || rep.Checked < int(before.Committed.Load()) {
 		t.Fatalf("guarantees broken: %s", rep)
 	}
+}
+
+// TestRestartAfterDuplicateWindowPublishesNoDuplicate stops the relay after
+// JetStream acked but before the slot was confirmed, waits past a short
+// duplicate window, and restarts: Nats-Msg-Id can no longer catch the
+// resend, so only the resume check (last position per stream, read back
+// from JetStream) keeps the stream free of duplicates.
+func TestRestartAfterDuplicateWindowPublishesNoDuplicate(t *testing.T) {
+	e := newMigratedEnv(t, func(c *config.Config) {
+		c.Postgres.StatusInterval = 30 * time.Second // confirm as late as possible
+		for i := range c.NATS.Streams {
+			c.NATS.Streams[i].DuplicateWindow = time.Second
+		}
+	})
+	w := e.witness("outbox_events")
+	ctx := context.Background()
+	total := 0
+	for round := 0; round < 5; round++ {
+		p := e.spawnRelay()
+		var lsn string
+		for i := 0; i < 100; i++ {
+			if _, err := e.pool.Exec(ctx, "INSERT INTO outbox_events (topic, payload) VALUES ('orders.created', $1)", fmt.Sprintf(`{"round":%d,"i":%d}`, round, i)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		total += 100
+		_ = e.pool.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&lsn)
+		e.waitDelivered(total, 30*time.Second)
+		p.signal(t, syscall.SIGKILL)
+		if !lsnAtLeast(e.slot().Confirmed.String(), lsn) {
+			// Acked, not confirmed: exactly the case under test.
+			time.Sleep(2500 * time.Millisecond) // past the 1s duplicate window
+			e.spawnRelay()
+			e.check(w, nil) // waits until the new relay is past every old event
+			return
+		}
+		t.Logf("round %d: the slot was confirmed before the kill; trying again", round)
+	}
+	t.Fatal("could not stop the relay between ack and confirm in 5 rounds")
 }

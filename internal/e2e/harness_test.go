@@ -309,6 +309,38 @@ func (e *env) streamNames() []string {
 	return names
 }
 
+// stream returns the stream name and its info, read now. Either failing
+// fails the test.
+func (e *env) stream(ctx context.Context, name string) (jetstream.Stream, *jetstream.StreamInfo) {
+	e.t.Helper()
+	st, err := e.js.Stream(ctx, name)
+	if err != nil {
+		e.t.Fatalf("stream %s: %v", name, err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		e.t.Fatalf("info of stream %s: %v", name, err)
+	}
+	return st, info
+}
+
+// queryStrings runs q, which selects one text column, on db and returns
+// the values in the order read.
+func queryStrings(ctx context.Context, t *testing.T, db interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}, q string, args ...any) []string {
+	t.Helper()
+	rows, err := db.Query(ctx, q, args...)
+	if err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+	vs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+	return vs
+}
+
 // waitDelivered waits until the streams hold at least n messages in all.
 // firstMsg returns the message at sequence 1 of stream.
 func (e *env) firstMsg(ctx context.Context, stream string) *jetstream.RawStreamMsg {
@@ -426,4 +458,10 @@ func (e *env) check(w *outboxtest.Witness, res *outboxtest.Result) outboxtest.Re
 func (e *env) counter(name string, labels map[string]string) float64 {
 	e.t.Helper()
 	return relaytest.Metric(e.t, e.reg, name, labels)
+}
+
+func lsnAtLeast(a, b string) bool {
+	x, err1 := pglogrepl.ParseLSN(a)
+	y, err2 := pglogrepl.ParseLSN(b)
+	return err1 == nil && err2 == nil && x >= y
 }

@@ -167,20 +167,11 @@ func TestKafkaKeylessEventsKeepCommitOrder(t *testing.T) {
 func TestKafkaRelayKilledMidStreamLosesNothing(t *testing.T) {
 	e := newMigratedKafkaEnv(t)
 	w := e.witness("outbox_events")
-	var stop func() *outboxtest.Result
-	for round, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGTERM, syscall.SIGKILL} {
-		p := e.spawnRelay()
+	stop := e.killMidStream(outboxtest.Load{Producers: 4, MaxRows: 20, Rollback: 0.1, Rate: 40, Keys: 8}, 0, func() func() {
 		before := e.stored()
-		if stop == nil {
-			stop = e.loadInBackground(outboxtest.Load{Producers: 4, MaxRows: 20, Rollback: 0.1, Rate: 40, Keys: 8})
-		}
 		// Kill mid-stream: once this relay has stored a few hundred records.
-		e.waitStored(before+300, 60*time.Second)
-		code := p.signal(t, sig)
-		if sig == syscall.SIGTERM && code != 0 {
-			t.Fatalf("round %d: SIGTERM exit code %d, want 0 (clean drain)\n%s", round, code, p.output())
-		}
-	}
+		return func() { e.waitStored(before+300, 60*time.Second) }
+	})
 	res := stop()
 	e.spawnRelay()
 	rep, _ := e.checkKafka(w, res)
@@ -280,11 +271,7 @@ func (e *kafkaEnv) waitProcessed(t *testing.T, id string) {
 func TestKafkaStandbyTakesOverWhenLeaderIsKilled(t *testing.T) {
 	e := newMigratedKafkaEnv(t)
 	w := e.witness("outbox_events")
-	addrA, addrB := freeAddr(t), freeAddr(t)
-	a := e.startProc("WALBOX_METRICS_LISTEN=" + addrA)
-	e.waitSlotActive(a)
-	b := e.startProc("WALBOX_METRICS_LISTEN=" + addrB)
-	relaytest.Eventually(t, 30*time.Second, "A ready (leader) and B not (standby)", func() bool { return ready(addrA) && !ready(addrB) })
+	a, b, _, addrB := e.startLeaderAndStandby(30 * time.Second)
 	stop := e.loadInBackground(outboxtest.Load{Producers: 3, MaxRows: 10, Rollback: 0.1, Rate: 30, Keys: 8})
 	e.waitStored(200, 60*time.Second)
 	a.signal(t, syscall.SIGKILL)

@@ -103,14 +103,7 @@ func (e *env) storedIDs(stream string) map[string]int {
 	got := map[string]int{}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	st, err := e.js.Stream(ctx, stream)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	info, err := st.Info(ctx)
-	if err != nil {
-		e.t.Fatal(err)
-	}
+	st, info := e.stream(ctx, stream)
 	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
 		m, err := st.GetMsg(ctx, seq)
 		if err != nil {

@@ -55,7 +55,8 @@ func insertInto(ctx context.Context, tx pgx.Tx, i int, id, topic, payload string
 
 // multiEnv is an env whose config lists the three service tables in
 // outboxes, each with its own subject template, all captured by one stream
-// so that commit order across tables is visible in one sequence.
+// so that commit order across tables is visible in one sequence. The
+// database is migrated with walbox migrate, as a user does it.
 func multiEnv(t *testing.T, tables int) *env {
 	e := newEnv(t, func(c *config.Config) {
 		c.NATS.Streams = []config.Stream{{Name: "SVC", Subjects: []string{"svc.>"}, DuplicateWindow: 2 * time.Minute}}
@@ -83,6 +84,9 @@ func multiEnv(t *testing.T, tables int) *env {
 				t.Fatal(err)
 			}
 		}
+	}
+	if out, err := e.cli("migrate"); err != nil {
+		t.Fatalf("walbox migrate: %v\n%s", err, out)
 	}
 	return e
 }
@@ -183,14 +187,7 @@ type svcMsg struct {
 func readSVC(t *testing.T, e *env) []svcMsg {
 	t.Helper()
 	ctx := relaytest.Ctx(t)
-	st, err := e.js.Stream(ctx, "SVC")
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := st.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st, info := e.stream(ctx, "SVC")
 	var out []svcMsg
 	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
 		m, err := st.GetMsg(ctx, seq)
@@ -298,9 +295,6 @@ func checkMixed(t *testing.T, msgs []svcMsg, committed [][]string, schemas []str
 // commit order across tables, and each table's sweeper marks its own rows.
 func TestThreeOutboxTablesSurviveKill9(t *testing.T) {
 	e := multiEnv(t, 3)
-	if out, err := e.cli("migrate"); err != nil {
-		t.Fatalf("walbox migrate: %v\n%s", err, out)
-	}
 	ctx := relaytest.Ctx(t)
 	p := e.spawnRelay()
 	// Kill mid-stream, not mid-way through the new slot's first backfill
@@ -366,9 +360,6 @@ func TestThreeOutboxTablesSurviveKill9(t *testing.T) {
 // holds unprocessed rows, unless --force.
 func TestMigrateAddsATableWhileTheRelayRuns(t *testing.T) {
 	e := multiEnv(t, 1)
-	if out, err := e.cli("migrate"); err != nil {
-		t.Fatalf("walbox migrate: %v\n%s", err, out)
-	}
 	ctx := relaytest.Ctx(t)
 	p := e.spawnRelay()
 	var progress atomic.Int64

@@ -118,14 +118,7 @@ func TestInvalidatedSlotIsRecreatedAndUnprocessedRowsRepublished(t *testing.T) {
 	e.startRelay()
 	// Every row of the table is unprocessed (no sweeper here), so all of
 	// them are republished; JetStream drops the ones it already holds.
-	rows, err := pool.Query(ctx, "SELECT id::text FROM outbox_events ORDER BY created_at, id")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
+	ids := queryStrings(ctx, t, pool, "SELECT id::text FROM outbox_events ORDER BY created_at, id")
 	if len(ids) != int(first.Committed.Load()+waiting.Committed.Load()) {
 		t.Fatalf("table holds %d rows, want %d", len(ids), first.Committed.Load()+waiting.Committed.Load())
 	}

@@ -42,6 +42,19 @@ func connect(t *testing.T, urls string) (*nats.Conn, jetstream.JetStream, <-chan
 	return nc, js, reconnected
 }
 
+// createStream creates a file-backed stream of name capturing subject.
+func createStream(ctx context.Context, t *testing.T, js jetstream.JetStream, name, subject string, replicas int) {
+	t.Helper()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
+		Name:     name,
+		Subjects: []string{subject},
+		Storage:  jetstream.FileStorage,
+		Replicas: replicas,
+	}); err != nil {
+		t.Fatalf("create stream %s (R%d): %v", name, replicas, err)
+	}
+}
+
 func publishN(t *testing.T, js jetstream.JetStream, subject string, n int) {
 	t.Helper()
 	for i := range n {
@@ -112,13 +125,7 @@ func TestServerRestartKeepsStreamAndClientReconnects(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
-		Name:     "ORDERS",
-		Subjects: []string{"orders.>"},
-		Storage:  jetstream.FileStorage,
-	}); err != nil {
-		t.Fatalf("create stream: %v", err)
-	}
+	createStream(ctx, t, js, "ORDERS", "orders.>", 1)
 	publishN(t, js, "orders.new", 10)
 
 	oldNS := s.NS()
@@ -199,14 +206,7 @@ func TestClusterLeaderFailover(t *testing.T) {
 	_, js, _ := connect(t, c.URLs())
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
-		Name:     "EVENTS",
-		Subjects: []string{"events.>"},
-		Storage:  jetstream.FileStorage,
-		Replicas: 3,
-	}); err != nil {
-		t.Fatalf("create R3 stream: %v", err)
-	}
+	createStream(ctx, t, js, "EVENTS", "events.>", 3)
 	publishN(t, js, "events.x", 10)
 
 	var leader int

@@ -144,20 +144,15 @@ func (r *pgReader) close() { r.conn.Close(context.Background()) }
 // slotRow reads a slot's activity and confirmed position ("" when gone).
 func slotRow(t *testing.T, dbURL, slot string) (exists, active bool, confirmed string) {
 	t.Helper()
-	ctx := testCtx(t)
-	conn, err := pgx.Connect(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	err = conn.QueryRow(ctx, `SELECT active, coalesce(confirmed_flush_lsn::text, '') FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&active, &confirmed)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return false, false, ""
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	return true, active, confirmed
+	relaytest.WithConn(t, dbURL, func(ctx context.Context, conn *pgx.Conn) error {
+		err := conn.QueryRow(ctx, `SELECT active, coalesce(confirmed_flush_lsn::text, '') FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&active, &confirmed)
+		exists = !errors.Is(err, pgx.ErrNoRows)
+		if !exists {
+			return nil
+		}
+		return err
+	})
+	return exists, active, confirmed
 }
 
 // debeziumEnv is newEnv with Debezium's default outbox table (not
@@ -185,17 +180,7 @@ func debeziumEnv(t *testing.T) *env {
 // dbzInsert commits one row to Debezium's outbox table and returns its id.
 func dbzInsert(e *env, payload string) string {
 	e.t.Helper()
-	ctx := testCtx(e.t)
-	conn, err := pgx.Connect(ctx, e.dbURL)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	var id string
-	if err := conn.QueryRow(ctx, `INSERT INTO public.outbox (aggregatetype, aggregateid, type, payload) VALUES ('order', '42', 'OrderCreated', $1) RETURNING id::text`, payload).Scan(&id); err != nil {
-		e.t.Fatal(err)
-	}
-	return id
+	return e.insertID(`INSERT INTO public.outbox (aggregatetype, aggregateid, type, payload) VALUES ('order', '42', 'OrderCreated', $1) RETURNING id::text`, payload)
 }
 
 // dbzInsertDeleted inserts a row and deletes it in the same transaction, as
@@ -204,30 +189,23 @@ func dbzInsert(e *env, payload string) string {
 // orders in that transaction.
 func dbzInsertDeleted(e *env, payload string, other bool) string {
 	e.t.Helper()
-	ctx := testCtx(e.t)
-	conn, err := pgx.Connect(ctx, e.dbURL)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	defer conn.Close(ctx)
 	var id string
-	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		if err := tx.QueryRow(ctx, `INSERT INTO public.outbox (aggregatetype, aggregateid, type, payload) VALUES ('order', '42', 'OrderCreated', $1) RETURNING id::text`, payload).Scan(&id); err != nil {
+	relaytest.WithConn(e.t, e.dbURL, func(ctx context.Context, conn *pgx.Conn) error {
+		return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			if err := tx.QueryRow(ctx, `INSERT INTO public.outbox (aggregatetype, aggregateid, type, payload) VALUES ('order', '42', 'OrderCreated', $1) RETURNING id::text`, payload).Scan(&id); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, `DELETE FROM public.outbox WHERE id = $1`, id); err != nil {
+				return err
+			}
+			if !other {
+				return nil
+			}
+			// A business table's insert and update in the same transaction.
+			_, err := tx.Exec(ctx, `INSERT INTO orders VALUES (hashtext($1), 'new') ON CONFLICT (id) DO UPDATE SET status = 'paid'`, id)
 			return err
-		}
-		if _, err := tx.Exec(ctx, `DELETE FROM public.outbox WHERE id = $1`, id); err != nil {
-			return err
-		}
-		if !other {
-			return nil
-		}
-		// A business table's insert and update in the same transaction.
-		_, err := tx.Exec(ctx, `INSERT INTO orders VALUES (hashtext($1), 'new') ON CONFLICT (id) DO UPDATE SET status = 'paid'`, id)
-		return err
+		})
 	})
-	if err != nil {
-		e.t.Fatal(err)
-	}
 	return id
 }
 
@@ -350,12 +328,7 @@ func testAdopt(t *testing.T, allTables bool) {
 		}
 	}
 	var markers int
-	conn, err := pgx.Connect(ctx, e.dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	if err := conn.QueryRow(ctx, `SELECT count(*) FROM walbox.slot_backfill`).Scan(&markers); err != nil || markers != 0 {
+	if err := relaytest.Conn(t, e.dbURL).QueryRow(ctx, `SELECT count(*) FROM walbox.slot_backfill`).Scan(&markers); err != nil || markers != 0 {
 		t.Fatalf("backfill markers: %d %v", markers, err)
 	}
 	// The relay confirms on the adopted slot.

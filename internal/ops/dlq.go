@@ -173,9 +173,7 @@ func retryConfirmed(opts DLQRetryOptions, n int, empty, question string) (bool, 
 // each from the dead-letter stream after JetStream acked it. Dead letters
 // that still cannot be delivered are reported and left where they are.
 func DLQRetry(ctx context.Context, cfg config.Config, opts DLQRetryOptions) (*DLQRetryResult, error) {
-	if opts.Out == nil {
-		opts.Out = io.Discard
-	}
+	opts.Out = orDiscard(opts.Out)
 	if opts.All == (len(opts.Seqs) > 0) {
 		return nil, errors.New("say which dead letters to retry: --seq N (repeatable) or --all")
 	}

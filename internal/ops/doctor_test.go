@@ -2,6 +2,7 @@ package ops
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"net/url"
 	"strings"
@@ -9,6 +10,8 @@ import (
 	"time"
 
 	"github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/internal/pgtest"
+	"github.com/walbox/walbox/internal/relaytest"
 	"github.com/walbox/walbox/relay/jssink"
 )
 
@@ -155,4 +158,114 @@ func TestDoctorPublicationViaRoot(t *testing.T) {
 	if c := checkOf(t, Doctor(ctx, cfg), "postgres.publication"); c.Status != Fail || !strings.Contains(c.Fix, "publish_via_partition_root = true") {
 		t.Errorf("publication without partition root, partitioned table: %+v", c)
 	}
+}
+
+// A server that carries Amazon RDS's setting is recognised: the wal_level
+// fix names the parameter group (ALTER SYSTEM is not allowed there), and a
+// role without the REPLICATION attribute that is a member of rds_replication
+// passes, as on RDS (a local role mimics it).
+func TestDoctorRecognisesRDS(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	_, dbURL := pgtest.OwnDB(ctx, t, pgtest.WithSetting("rds.logical_replication", "0"), pgtest.WithSetting("wal_level", "replica"))
+	relaytest.Exec(t, dbURL, "CREATE ROLE rds_replication", "CREATE ROLE app_walbox LOGIN", "GRANT rds_replication TO app_walbox", "CREATE ROLE app_plain LOGIN")
+	e := newEnv(t)
+	as := func(role string) *DoctorReport {
+		u, _ := url.Parse(dbURL)
+		u.User = url.User(role)
+		cfg := e.cfg
+		cfg.Postgres.URL = u.String()
+		return Doctor(ctx, cfg)
+	}
+	rep := as("app_walbox")
+	if c := checkOf(t, rep, "postgres.provider"); c.Status != OK || !strings.Contains(c.Detail, "Amazon RDS") {
+		t.Errorf("provider: %+v", c)
+	}
+	if c := checkOf(t, rep, "postgres.wal_level"); c.Status != Fail || !strings.Contains(c.Fix, "rds.logical_replication = 1") || !strings.Contains(c.Fix, "parameter group") {
+		t.Errorf("wal_level on RDS: %+v", c)
+	}
+	if c := checkOf(t, rep, "postgres.role"); c.Status != OK || !strings.Contains(c.Detail, "rds_replication") {
+		t.Errorf("a member of rds_replication: %+v", c)
+	}
+	if c := checkOf(t, as("app_plain"), "postgres.role"); c.Status != Fail || !strings.Contains(c.Fix, "GRANT rds_replication TO") {
+		t.Errorf("a role without it: %+v", c)
+	}
+}
+
+// Something between walbox and the server (here a TCP proxy, as a pooler
+// would be) shows as a port that differs from the server's own.
+func TestDoctorSeesSomethingInBetween(t *testing.T) {
+	e := newEnv(t)
+	u, _ := url.Parse(e.dbURL)
+	proxy := relaytest.Proxy(t, u.Host, nil)
+	if c := checkOf(t, Doctor(e.ctx, e.cfg), "postgres.direct"); c.Status != OK {
+		t.Errorf("direct connection: %+v", c)
+	}
+	u.Host = proxy
+	cfg := e.cfg
+	cfg.Postgres.URL = u.String()
+	if c := checkOf(t, Doctor(e.ctx, cfg), "postgres.direct"); c.Status != Warn || !strings.Contains(c.Fix, "pooler") {
+		t.Errorf("through a proxy: %+v", c)
+	}
+}
+
+// TestGrantsRecipeRunsTheRelay applies the printed recipe and runs doctor and
+// the relay as the role it creates.
+func TestGrantsRecipeRunsTheRelay(t *testing.T) {
+	e := newEnv(t, func(c *config.Config) {
+		c.Postgres.CreatePublication = false
+		c.Archive.After = 0 // partition upkeep needs ownership; the recipe says so
+	})
+	ctx := testCtx(t)
+	role := uniqueName(t, "walbox_least")
+	sql := Grants(e.cfg, role)
+	for _, want := range []string{"CREATE ROLE " + `"` + role + `"` + " LOGIN REPLICATION", "GRANT SELECT ON \"public\".\"outbox_events\"",
+		"GRANT UPDATE (processed, processed_at, error, attempts)", "GRANT USAGE ON SCHEMA walbox", "walbox.relay_status",
+		"create_publication: false", "host", "replication"} {
+		if !strings.Contains(sql, want) {
+			t.Errorf("recipe lacks %q:\n%s", want, sql)
+		}
+	}
+	conn := relaytest.Conn(t, e.dbURL)
+	if _, err := conn.PgConn().Exec(ctx, sql).ReadAll(); err != nil {
+		t.Fatalf("the recipe does not run: %v\n%s", err, sql)
+	}
+	t.Cleanup(func() {
+		e.exec(`DROP OWNED BY "` + role + `"`)
+		e.exec(`DROP ROLE "` + role + `"`)
+	})
+
+	u, _ := url.Parse(e.dbURL)
+	u.User = url.User(role)
+	e.cfg.Postgres.URL = u.String()
+	rep := Doctor(ctx, e.cfg)
+	for _, name := range []string{"postgres.role", "postgres.replication_connection", "postgres.outbox_privileges", "postgres.publication", "postgres.walbox_schema"} {
+		wantCheck(t, rep, name, OK, "")
+	}
+	if !rep.OK {
+		t.Errorf("doctor as the least-privilege role failed: %+v", rep.Checks)
+	}
+
+	e.startRelay()
+	id := e.insert("orders.created", `{"least":"privilege"}`)
+	e.waitMsgs("ORDERS", 1)
+	if got := e.streamIDs("ORDERS"); len(got) != 1 || got[0] != id {
+		t.Fatalf("ORDERS: %v", got)
+	}
+	// The sweeper marks the row as the role.
+	relaytest.Eventually(t, 60*time.Second, "the row marked processed by the least-privilege role", func() bool {
+		var done bool
+		if err := conn.QueryRow(ctx, "SELECT processed FROM outbox_events WHERE id = $1", id).Scan(&done); err != nil {
+			t.Fatal(err)
+		}
+		return done
+	})
+	// relay_status is written by the role, too.
+	relaytest.Eventually(t, 60*time.Second, "relay_status written by the role", func() bool {
+		rep, err := Status(ctx, e.cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rep.Relay.State == "running"
+	})
 }

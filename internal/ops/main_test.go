@@ -68,17 +68,9 @@ func newEnvWithNATS(t *testing.T, natsOpts []natstest.Option, mutate ...func(*co
 		f(&cfg)
 	}
 	e.cfg = cfg
-	ctx := testCtx(t)
-	conn, err := pgx.Connect(ctx, e.dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
 	// The tests' connections go to e.dbURL; the config's URL may carry a
 	// password (trust authentication ignores it).
-	if _, err := walboxsql.Apply(ctx, conn, walboxsql.Params{Publication: cfg.Postgres.Publication}); err != nil {
-		t.Fatal(err)
-	}
+	relaytest.Migrate(t, e.dbURL, walboxsql.Params{Publication: cfg.Postgres.Publication})
 	return e
 }
 
@@ -106,34 +98,31 @@ func (e *env) connectJS() jetstream.JetStream {
 	return e.js
 }
 
+// exec runs sql on a connection of its own (cleanups may call it).
 func (e *env) exec(sql string, args ...any) {
 	e.t.Helper()
-	// Not the test's context: cleanups run after it is cancelled.
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, e.dbURL)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, sql, args...); err != nil {
-		e.t.Fatalf("%s: %v", sql, err)
-	}
+	relaytest.WithConn(e.t, e.dbURL, func(ctx context.Context, conn *pgx.Conn) error {
+		if _, err := conn.Exec(ctx, sql, args...); err != nil {
+			return fmt.Errorf("%s: %w", sql, err)
+		}
+		return nil
+	})
 }
 
 // insert commits one outbox row and returns its id.
 func (e *env) insert(topic, payload string) string {
 	e.t.Helper()
-	ctx := testCtx(e.t)
-	conn, err := pgx.Connect(ctx, e.dbURL)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	return e.insertID(`INSERT INTO outbox_events (topic, payload) VALUES ($1, $2) RETURNING id::text`, topic, payload)
+}
+
+// insertID commits one row with sql (an INSERT ... RETURNING id::text) on
+// a connection of its own and returns the id.
+func (e *env) insertID(sql string, args ...any) string {
+	e.t.Helper()
 	var id string
-	if err := conn.QueryRow(ctx, `INSERT INTO outbox_events (topic, payload) VALUES ($1, $2) RETURNING id::text`, topic, payload).Scan(&id); err != nil {
-		e.t.Fatal(err)
-	}
+	relaytest.WithConn(e.t, e.dbURL, func(ctx context.Context, conn *pgx.Conn) error {
+		return conn.QueryRow(ctx, sql, args...).Scan(&id)
+	})
 	return id
 }
 

@@ -156,6 +156,14 @@ func oneLine(b []byte, n int) string {
 }
 
 // confirm asks question on out and reads a yes from in.
+// orDiscard is w, or io.Discard when w is nil (an Out left unset).
+func orDiscard(w io.Writer) io.Writer {
+	if w == nil {
+		return io.Discard
+	}
+	return w
+}
+
 func confirm(in io.Reader, out io.Writer, question string) bool {
 	fmt.Fprintf(out, "%s [y/N] ", question)
 	if in == nil {

@@ -9,8 +9,9 @@ import (
 	"testing"
 
 	"github.com/jackc/pglogrepl"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/walbox/walbox/internal/relaytest"
 )
 
 func TestSlotCreateStatusDrop(t *testing.T) {
@@ -164,13 +165,8 @@ func TestSlotDropRefusesActiveSlotUnlessForce(t *testing.T) {
 	if err != nil || !existed {
 		t.Fatalf("drop --force: %v %v", existed, err)
 	}
-	conn, err := pgx.Connect(ctx, e.dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
 	var n int
-	if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", e.cfg.Postgres.Slot).Scan(&n); err != nil || n != 0 {
+	if err := relaytest.Conn(t, e.dbURL).QueryRow(ctx, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", e.cfg.Postgres.Slot).Scan(&n); err != nil || n != 0 {
 		t.Fatalf("slot still there after drop --force: %d %v", n, err)
 	}
 }

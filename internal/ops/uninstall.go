@@ -2,7 +2,6 @@ package ops
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 
@@ -31,24 +30,19 @@ type UninstallOptions struct {
 // outbox table stays unless DropTable. A slot in use is refused: stop walbox
 // first. It returns the statements, run or (DryRun) to run.
 func Uninstall(ctx context.Context, cfg config.Config, opts UninstallOptions) ([]string, error) {
-	if opts.Out == nil {
-		opts.Out = io.Discard
-	}
-	conn, err := connectPG(ctx, cfg)
-	if err != nil {
-		return nil, err
-	}
-	defer closePG(ctx, conn)
+	opts.Out = orDiscard(opts.Out)
 	table, err := tableOf(cfg)
 	if err != nil {
 		return nil, err
 	}
-	var stmts []string
-	st, err := cdc.ReadSlotStatus(ctx, conn, cfg.Postgres.Slot)
-	switch {
-	case errors.Is(err, cdc.ErrNoSlot):
-	case err != nil:
+	conn, st, exists, err := connectSlot(ctx, cfg)
+	if err != nil {
 		return nil, err
+	}
+	defer closePG(ctx, conn)
+	var stmts []string
+	switch {
+	case !exists:
 	case st.Active:
 		return nil, fmt.Errorf("slot %s is in use (walsender pid %d): stop walbox first", cfg.Postgres.Slot, st.ActivePID)
 	default:

@@ -10,6 +10,7 @@ package relaytest
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"sync"
@@ -59,32 +60,55 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 // Migrate applies walbox's migrations to the database at url.
 func Migrate(t testing.TB, url string, p walboxsql.Params) {
 	t.Helper()
-	ctx := Ctx(t)
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatalf("connect to migrate: %v", err)
-	}
-	defer conn.Close(context.Background())
-	if _, err := walboxsql.Apply(ctx, conn, p); err != nil {
-		t.Fatalf("apply walbox's migrations: %v", err)
-	}
+	WithConn(t, url, func(ctx context.Context, conn *pgx.Conn) error {
+		if _, err := walboxsql.Apply(ctx, conn, p); err != nil {
+			return fmt.Errorf("apply walbox's migrations: %w", err)
+		}
+		return nil
+	})
 }
 
 // Exec runs stmts in order on one connection to the database at url (so a
 // SET holds for the statements after it).
 func Exec(t testing.TB, url string, stmts ...string) {
 	t.Helper()
-	ctx := Ctx(t)
+	WithConn(t, url, func(ctx context.Context, conn *pgx.Conn) error {
+		for _, q := range stmts {
+			if _, err := conn.Exec(ctx, q); err != nil {
+				return fmt.Errorf("%s: %w", q, err)
+			}
+		}
+		return nil
+	})
+}
+
+// WithConn runs fn on a connection of its own to the database at url,
+// closed when fn returns; an error of fn fails the test. Its context is
+// bounded (60 s) but not the test's, so a cleanup can use it too.
+func WithConn(t testing.TB, url string, fn func(ctx context.Context, conn *pgx.Conn) error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
 		t.Fatalf("connect: %v", err)
 	}
 	defer conn.Close(context.Background())
-	for _, q := range stmts {
-		if _, err := conn.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
+	if err := fn(ctx, conn); err != nil {
+		t.Fatal(err)
 	}
+}
+
+// Conn opens a connection to the database at url, closed when the test
+// ends.
+func Conn(t testing.TB, url string) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(Ctx(t), url)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
 }
 
 // Pool opens a pool on url, closed when the test ends.

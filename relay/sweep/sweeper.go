@@ -95,33 +95,24 @@ type ArchiveConfig struct {
 }
 
 func (c *Config) defaults() {
-	if c.BatchSize <= 0 {
-		c.BatchSize = 1000
-	}
-	if c.Interval <= 0 {
-		c.Interval = 200 * time.Millisecond
-	}
-	if c.QueueSize <= 0 {
-		c.QueueSize = 10 * c.BatchSize
-	}
+	orDefault(&c.BatchSize, 1000)
+	orDefault(&c.Interval, 200*time.Millisecond)
+	orDefault(&c.QueueSize, 10*c.BatchSize)
 	if c.PartitionStep == "" {
 		c.PartitionStep = "day"
 	}
-	if c.PartitionsAhead <= 0 {
-		c.PartitionsAhead = 7
-	}
-	if c.MaintenanceInterval <= 0 {
-		c.MaintenanceInterval = 10 * time.Minute
-	}
-	if c.StatsInterval <= 0 {
-		c.StatsInterval = 30 * time.Second
-	}
+	orDefault(&c.PartitionsAhead, 7)
+	orDefault(&c.MaintenanceInterval, 10*time.Minute)
+	orDefault(&c.StatsInterval, 30*time.Second)
 	c.BackoffInitial, c.BackoffMax = retry.Defaults(c.BackoffInitial, c.BackoffMax)
-	if c.StopTimeout <= 0 {
-		c.StopTimeout = 5 * time.Second
-	}
-	if c.Archive.RowBatch <= 0 {
-		c.Archive.RowBatch = 10000
+	orDefault(&c.StopTimeout, 5*time.Second)
+	orDefault(&c.Archive.RowBatch, 10000)
+}
+
+// orDefault sets *v to def when it is not positive.
+func orDefault[T int | time.Duration](v *T, def T) {
+	if *v <= 0 {
+		*v = def
 	}
 }
 
