@@ -140,6 +140,39 @@ func TestMarksCatchUpAfterSweeperConnectionIsKilled(t *testing.T) {
 	})
 }
 
+// PostgreSQL can decode and send a commit before other sessions see it (the
+// committing backend leaves the proc array after its WAL is flushed), so a
+// mark can reach a row that is not visible yet. That mark is tried again
+// until the row shows up, instead of matching nothing and being forgotten.
+func TestMarkWaitsForARowNotVisibleYet(t *testing.T) {
+	d := newDB(t, true)
+	d.exec(`INSERT INTO outbox_events (topic, payload) VALUES ('orders.seen', '{}')`)
+	var seen relay.Delivered
+	if err := d.pool.QueryRow(context.Background(), `SELECT id::text, created_at::text FROM outbox_events`).Scan(&seen.ID, &seen.CreatedAt); err != nil {
+		t.Fatal(err)
+	}
+	seen.AckedAt, seen.Stream, seen.Seq = time.Now(), "ORDERS", 1
+	late := relay.Delivered{ID: "0f6f1c2e-7d1a-4c55-9a43-51b0f3c1d001", CreatedAt: "2026-12-03 08:00:00.123456+00",
+		AckedAt: time.Now(), Stream: "ORDERS", Seq: 2}
+	sw := d.sweeper()
+	sw.OnDelivered(late) // its row is not there (not visible) yet
+	sw.OnDelivered(seen)
+	stop := sw.Start(context.Background())
+	defer stop()
+	// Both marks go in one batch: once the visible row is marked, the
+	// sweeper has tried the late one too.
+	relaytest.Eventually(t, 20*time.Second, "the visible row marked", func() bool {
+		return d.bool(`SELECT processed FROM outbox_events WHERE id = $1`, seen.ID)
+	})
+	d.exec(`INSERT INTO outbox_events (id, topic, payload, created_at) VALUES ($1, 'orders.late', '{}', $2)`, late.ID, late.CreatedAt)
+	relaytest.Eventually(t, 20*time.Second, "the row that became visible later marked", func() bool {
+		return d.bool(`SELECT processed FROM outbox_events WHERE id = $1`, late.ID)
+	})
+	if v := testutil.ToFloat64(sw.Metrics().Dropped); v != 0 {
+		t.Errorf("walbox_sweeper_dropped_total = %v, want 0", v)
+	}
+}
+
 // A full queue drops marks at once (the relay never waits) and counts them.
 func TestFullQueueDropsMarksWithoutBlocking(t *testing.T) {
 	d := newDB(t, true)

@@ -116,6 +116,15 @@ func orDefault[T int | time.Duration](v *T, def T) {
 	}
 }
 
+// unseenFor is how long a mark whose row is not visible is tried again.
+// PostgreSQL sends a commit to the walsender once its WAL is flushed, a
+// moment before the committing backend leaves the proc array; until then
+// other sessions do not see the rows, and a mark's UPDATE matches nothing.
+// That moment is short (microseconds; more on a busy machine). A row still
+// unseen after unseenFor was deleted (or never matched its mark's created_at):
+// its mark is dropped as evidence for the catch-up.
+const unseenFor = 10 * time.Second
+
 // mark is one delivered event waiting to be written to its row.
 type mark struct {
 	id, createdAt string
@@ -125,6 +134,7 @@ type mark struct {
 	reason        string
 	stream        string // where it was stored, at seq (0: not known)
 	seq           uint64
+	unseenSince   time.Time // first write that found no visible row (zero: none yet)
 }
 
 // Sweeper marks delivered rows and maintains the outbox table.
@@ -137,6 +147,7 @@ type Sweeper struct {
 	mu    sync.Mutex
 	queue []mark
 	head  int
+	later []mark // marks whose rows were not visible yet, tried again each round
 	wake  chan struct{}
 
 	dropped atomic.Uint64
@@ -311,11 +322,51 @@ func (s *Sweeper) take(n int, into []mark) []mark {
 	return into
 }
 
-// Pending is the number of marks waiting in the queue.
+// Pending is the number of marks waiting in the queue, or waiting for their
+// rows to become visible.
 func (s *Sweeper) Pending() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.queue) - s.head
+	return len(s.queue) - s.head + len(s.later)
+}
+
+// takeLater removes the marks waiting for their rows to become visible.
+func (s *Sweeper) takeLater() []mark {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l := s.later
+	s.later = nil
+	return l
+}
+
+// retryLater keeps marks whose rows were not visible for the next round, or,
+// once unseen for unseenFor, drops them as evidence for the catch-up.
+func (s *Sweeper) retryLater(unseen []mark) {
+	if len(unseen) == 0 {
+		return
+	}
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	gone := 0
+	for _, mk := range unseen {
+		if mk.unseenSince.IsZero() {
+			mk.unseenSince = now
+			s.m.Unseen.Inc()
+		}
+		if now.Sub(mk.unseenSince) < unseenFor {
+			s.later = append(s.later, mk)
+			continue
+		}
+		s.loseLocked(mk)
+		gone++
+	}
+	if gone > 0 {
+		s.dropped.Add(uint64(gone))
+		s.m.Dropped.Add(float64(gone))
+		s.log.Warn().Int("marks", gone).Stringer("after", unseenFor).
+			Msg("delivered rows not found in the outbox table (deleted, or created_at differs from the decoded value); their marks are dropped")
+	}
 }
 
 // Start runs the sweeper's goroutines (marks, gauges, maintenance) until the
@@ -363,12 +414,18 @@ func (s *Sweeper) markLoop(ctx context.Context, stopping <-chan struct{}) {
 		case <-s.wake:
 		case <-ticker.C:
 		}
+		if l := s.takeLater(); len(l) > 0 {
+			s.retryLater(s.write(ctx, l))
+			if ctx.Err() != nil {
+				return
+			}
+		}
 		for {
 			batch = s.take(s.cfg.BatchSize, batch)
 			if len(batch) == 0 {
 				break
 			}
-			s.write(ctx, batch)
+			s.retryLater(s.write(ctx, batch))
 			if ctx.Err() != nil {
 				return
 			}
@@ -388,24 +445,25 @@ func (s *Sweeper) markLoop(ctx context.Context, stopping <-chan struct{}) {
 }
 
 // write applies one batch, retrying with back-off while the database is away
-// or the connection broke. A batch the database refuses for good (say,
-// permission denied) is dropped and counted.
-func (s *Sweeper) write(ctx context.Context, batch []mark) {
+// or the connection broke, and returns the marks whose rows it could not see.
+// A batch the database refuses for good (say, permission denied) is dropped
+// and counted.
+func (s *Sweeper) write(ctx context.Context, batch []mark) (unseen []mark) {
 	bo := retry.Backoff(s.cfg.BackoffInitial, s.cfg.BackoffMax)
 	permanentFailures := 0
 	for attempt := 1; ; attempt++ {
-		err := s.apply(ctx, batch)
+		unseen, err := s.apply(ctx, batch)
 		if err == nil {
 			if attempt > 1 {
 				s.log.Info().Int("attempts", attempt).Msg("marks written again after a database error")
 			}
-			return
+			return unseen
 		}
 		if ctx.Err() != nil {
 			s.lose(batch...)
 			s.dropped.Add(uint64(len(batch)))
 			s.m.Dropped.Add(float64(len(batch)))
-			return
+			return nil
 		}
 		s.info.Store(nil) // the table may have changed: look again
 		if !fault.Transient(err) {
@@ -415,7 +473,7 @@ func (s *Sweeper) write(ctx context.Context, batch []mark) {
 				s.lose(batch...)
 				s.dropped.Add(uint64(len(batch)))
 				s.m.Dropped.Add(float64(len(batch)))
-				return
+				return nil
 			}
 		}
 		wait := bo.NextBackOff()
@@ -427,7 +485,7 @@ func (s *Sweeper) write(ctx context.Context, batch []mark) {
 			s.lose(batch...)
 			s.dropped.Add(uint64(len(batch)))
 			s.m.Dropped.Add(float64(len(batch)))
-			return
+			return nil
 		case <-time.After(wait):
 		}
 	}
@@ -455,14 +513,24 @@ func (s *Sweeper) warn(key, msg string) {
 	}
 }
 
+// marksProcessed: mk sets the processed flag (acked, or a stored dead letter).
+func (ti *tableInfo) marksProcessed(mk *mark) bool { return ti.processed && (!mk.dlq || mk.stored) }
+
+// marksError: mk writes a dead letter's reason.
+func (ti *tableInfo) marksError(mk *mark) bool { return mk.dlq && ti.errorCol }
+
+// writes: mk changes its row at all.
+func (ti *tableInfo) writes(mk *mark) bool { return ti.marksProcessed(mk) || ti.marksError(mk) }
+
 // apply writes one batch: processed (and processed_at) for acked events and
 // stored dead letters, error (and attempts) for dead letters, matching rows
 // by id and created_at (so only the partition holding the row is touched),
-// or by id alone when the table has no created_at role.
-func (s *Sweeper) apply(ctx context.Context, batch []mark) error {
+// or by id alone when the table has no created_at role. It returns the marks
+// whose rows this session cannot see (see unseenFor).
+func (s *Sweeper) apply(ctx context.Context, batch []mark) (unseen []mark, err error) {
 	ti, err := s.tableInfo(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	type group struct {
 		ids, cas, reasons []string
@@ -472,14 +540,14 @@ func (s *Sweeper) apply(ctx context.Context, batch []mark) error {
 	for i := range batch {
 		mk := &batch[i]
 		byID := ti.createdCol == "" || mk.createdAt == ""
-		if ti.processed && (!mk.dlq || mk.stored) {
+		if ti.marksProcessed(mk) {
 			g := &proc
 			if byID {
 				g = &procByID
 			}
 			g.ids, g.cas, g.ats = append(g.ids, mk.id), append(g.cas, mk.createdAt), append(g.ats, mk.at)
 		}
-		if mk.dlq && ti.errorCol {
+		if ti.marksError(mk) {
 			g := &dlq
 			if byID {
 				g = &dlqByID
@@ -501,12 +569,12 @@ func (s *Sweeper) apply(ctx context.Context, batch []mark) error {
 	}
 	if len(proc.ids) > 0 {
 		b.Queue(fmt.Sprintf(`UPDATE %s t SET %s FROM unnest($1::text[], $2::text[], $3::timestamptz[]) AS u(id, created_at, acked_at)
-			WHERE %s%s AND t.processed IS NOT TRUE`, tq, set, idCond, caCond), proc.ids, proc.cas, proc.ats)
+			WHERE %s%s AND t.processed IS NOT TRUE RETURNING u.id`, tq, set, idCond, caCond), proc.ids, proc.cas, proc.ats)
 		nproc++
 	}
 	if len(procByID.ids) > 0 {
 		b.Queue(fmt.Sprintf(`UPDATE %s t SET %s FROM unnest($1::text[], $2::timestamptz[]) AS u(id, acked_at)
-			WHERE %s AND t.processed IS NOT TRUE`, tq, set, idCond), procByID.ids, procByID.ats)
+			WHERE %s AND t.processed IS NOT TRUE RETURNING u.id`, tq, set, idCond), procByID.ids, procByID.ats)
 		nproc++
 	}
 	eset := "error = u.reason"
@@ -515,35 +583,76 @@ func (s *Sweeper) apply(ctx context.Context, batch []mark) error {
 	}
 	if len(dlq.ids) > 0 {
 		b.Queue(fmt.Sprintf(`UPDATE %s t SET %s FROM unnest($1::text[], $2::text[], $3::text[]) AS u(id, created_at, reason)
-			WHERE %s%s`, tq, eset, idCond, caCond), dlq.ids, dlq.cas, dlq.reasons)
+			WHERE %s%s RETURNING u.id`, tq, eset, idCond, caCond), dlq.ids, dlq.cas, dlq.reasons)
 	}
 	if len(dlqByID.ids) > 0 {
-		b.Queue(fmt.Sprintf(`UPDATE %s t SET %s FROM unnest($1::text[], $2::text[]) AS u(id, reason) WHERE %s`, tq, eset, idCond),
+		b.Queue(fmt.Sprintf(`UPDATE %s t SET %s FROM unnest($1::text[], $2::text[]) AS u(id, reason) WHERE %s RETURNING u.id`, tq, eset, idCond),
 			dlqByID.ids, dlqByID.reasons)
 	}
 	if b.Len() == 0 {
-		return nil
+		return nil, nil
 	}
 	// A batch runs as one implicit transaction: all or nothing, so a retry
 	// after a failure does not count attempts twice.
 	br := s.pool.SendBatch(ctx, b)
 	var marked int64
+	found := make(map[string]struct{}, len(batch))
 	for i := range b.Len() {
-		tag, err := br.Exec()
+		rows, err := br.Query()
 		if err != nil {
 			br.Close()
-			return err
+			return nil, err
 		}
-		if i < nproc {
-			marked += tag.RowsAffected()
+		var id string
+		_, err = pgx.ForEachRow(rows, []any{&id}, func() error {
+			found[id] = struct{}{}
+			if i < nproc {
+				marked++
+			}
+			return nil
+		})
+		if err != nil {
+			br.Close()
+			return nil, err
 		}
 	}
 	if err := br.Close(); err != nil {
-		return err
+		return nil, err
 	}
 	s.marked.Add(uint64(marked))
 	s.m.Marked.Add(float64(marked))
-	return nil
+
+	// A mark that matched no row: its row is processed already (a
+	// redelivery), or this session cannot see it yet, or it is gone.
+	var missing []string
+	for i := range batch {
+		mk := &batch[i]
+		if _, ok := found[mk.id]; !ok && ti.writes(mk) {
+			missing = append(missing, mk.id)
+		}
+	}
+	if len(missing) == 0 {
+		return nil, nil
+	}
+	// The updates are committed: a failure from here on must not make
+	// write apply the batch again (attempts would count twice), so the
+	// marks not looked up are simply tried again as unseen.
+	rows, err := s.pool.Query(ctx, fmt.Sprintf(`SELECT u.id FROM unnest($1::text[]) AS u(id) WHERE EXISTS (SELECT 1 FROM %s t WHERE %s)`,
+		tq, idCond), missing)
+	if err == nil {
+		var id string
+		_, err = pgx.ForEachRow(rows, []any{&id}, func() error { found[id] = struct{}{}; return nil })
+	}
+	if err != nil {
+		s.log.Debug().Err(err).Int("marks", len(missing)).Msg("could not look for the rows of marks that matched none; trying them again")
+	}
+	for i := range batch {
+		mk := &batch[i]
+		if _, ok := found[mk.id]; !ok && ti.writes(mk) {
+			unseen = append(unseen, *mk)
+		}
+	}
+	return unseen, nil
 }
 
 // Marked is the number of rows this sweeper marked processed.
@@ -639,7 +748,7 @@ func (s *Sweeper) catchUp(ctx context.Context) error {
 				return nil
 			}
 			before := s.marked.Load()
-			err := s.apply(ctx, batch)
+			_, err := s.apply(ctx, batch) // rows unseen by now are old: nothing to wait for
 			total += s.marked.Load() - before
 			batch = batch[:0]
 			return err
