@@ -1,7 +1,9 @@
 package sql_test
 
 import (
+	"errors"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/walbox/walbox/cdc"
@@ -101,5 +103,63 @@ func TestPruneLeavesAnAllTablesPublication(t *testing.T) {
 	dropped, err := walboxsql.PruneTables(ctx, conn, "dbz_filtered", keep, false)
 	if err != nil || len(dropped) != 1 || dropped[0] != (cdc.TableName{Schema: "public", Name: "other"}) {
 		t.Fatalf("prune of a table list: took out %v, %v; want public.other", dropped, err)
+	}
+}
+
+// A table taken out of the configuration leaves the publication only once
+// nothing in it waits to be published: with unprocessed rows (or rows and no
+// processed column to tell) migrate refuses and names --force; --force takes
+// it out anyway; once its rows are processed it goes without --force.
+func TestPruneRefusesATableWithUnprocessedRowsUnlessForced(t *testing.T) {
+	ctx := relaytest.Ctx(t)
+	conn := relaytest.Conn(t, pg.NewDB(t))
+	if _, err := conn.Exec(ctx, `
+		CREATE TABLE keep (id int PRIMARY KEY, processed boolean NOT NULL DEFAULT false);
+		CREATE TABLE gone (id int PRIMARY KEY, processed boolean NOT NULL DEFAULT false);
+		CREATE TABLE flagless (id int PRIMARY KEY);
+		INSERT INTO gone VALUES (1, true), (2, false), (3, false);
+		INSERT INTO flagless VALUES (1);
+		CREATE PUBLICATION p1 FOR TABLE keep, gone; CREATE PUBLICATION p2 FOR TABLE keep, gone;
+		CREATE PUBLICATION p3 FOR TABLE keep, flagless`); err != nil {
+		t.Fatal(err)
+	}
+	keep := []cdc.TableName{{Schema: "public", Name: "keep"}}
+	gone := cdc.TableName{Schema: "public", Name: "gone"}
+	covers := func(pub, table string) bool {
+		var n int
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_publication_tables WHERE pubname = $1 AND tablename = $2`, pub, table).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	}
+
+	dropped, err := walboxsql.PruneTables(ctx, conn, "p1", keep, false)
+	var stale *walboxsql.StaleTableError
+	if !errors.As(err, &stale) || stale.Table != gone || stale.Unprocessed != 2 || len(dropped) != 0 {
+		t.Fatalf("prune of a table with 2 unprocessed rows: took out %v, %v; want a StaleTableError for 2 rows", dropped, err)
+	}
+	if !strings.Contains(err.Error(), "--force") || !strings.Contains(err.Error(), "2 rows not marked processed") {
+		t.Errorf("the refusal does not name the rows and the fix: %v", err)
+	}
+	if !covers("p1", "gone") {
+		t.Fatal("the refused table left the publication")
+	}
+	_, err = walboxsql.PruneTables(ctx, conn, "p3", keep, false)
+	if !errors.As(err, &stale) || stale.Unprocessed != -1 || !strings.Contains(err.Error(), "no processed column") {
+		t.Fatalf("prune of a table with rows and no processed column: %v; want a refusal that says it cannot tell", err)
+	}
+
+	if dropped, err := walboxsql.PruneTables(ctx, conn, "p1", keep, true); err != nil || len(dropped) != 1 || dropped[0] != gone {
+		t.Fatalf("prune --force: took out %v, %v; want public.gone", dropped, err)
+	}
+	if covers("p1", "gone") || !covers("p1", "keep") {
+		t.Fatal("prune --force left the table in, or took the kept one out")
+	}
+
+	if _, err := conn.Exec(ctx, `UPDATE gone SET processed = true`); err != nil {
+		t.Fatal(err)
+	}
+	if dropped, err := walboxsql.PruneTables(ctx, conn, "p2", keep, false); err != nil || len(dropped) != 1 || dropped[0] != gone {
+		t.Fatalf("prune once every row is processed: took out %v, %v; want public.gone", dropped, err)
 	}
 }
