@@ -569,12 +569,12 @@ func (s *Sweeper) apply(ctx context.Context, batch []mark) (unseen []mark, err e
 	}
 	if len(proc.ids) > 0 {
 		b.Queue(fmt.Sprintf(`UPDATE %s t SET %s FROM unnest($1::text[], $2::text[], $3::timestamptz[]) AS u(id, created_at, acked_at)
-			WHERE %s%s AND t.processed IS NOT TRUE RETURNING u.id`, tq, set, idCond, caCond), proc.ids, proc.cas, proc.ats)
+			WHERE %s%s AND t.processed IS NOT TRUE`, tq, set, idCond, caCond), proc.ids, proc.cas, proc.ats)
 		nproc++
 	}
 	if len(procByID.ids) > 0 {
 		b.Queue(fmt.Sprintf(`UPDATE %s t SET %s FROM unnest($1::text[], $2::timestamptz[]) AS u(id, acked_at)
-			WHERE %s AND t.processed IS NOT TRUE RETURNING u.id`, tq, set, idCond), procByID.ids, procByID.ats)
+			WHERE %s AND t.processed IS NOT TRUE`, tq, set, idCond), procByID.ids, procByID.ats)
 		nproc++
 	}
 	eset := "error = u.reason"
@@ -583,10 +583,10 @@ func (s *Sweeper) apply(ctx context.Context, batch []mark) (unseen []mark, err e
 	}
 	if len(dlq.ids) > 0 {
 		b.Queue(fmt.Sprintf(`UPDATE %s t SET %s FROM unnest($1::text[], $2::text[], $3::text[]) AS u(id, created_at, reason)
-			WHERE %s%s RETURNING u.id`, tq, eset, idCond, caCond), dlq.ids, dlq.cas, dlq.reasons)
+			WHERE %s%s`, tq, eset, idCond, caCond), dlq.ids, dlq.cas, dlq.reasons)
 	}
 	if len(dlqByID.ids) > 0 {
-		b.Queue(fmt.Sprintf(`UPDATE %s t SET %s FROM unnest($1::text[], $2::text[]) AS u(id, reason) WHERE %s RETURNING u.id`, tq, eset, idCond),
+		b.Queue(fmt.Sprintf(`UPDATE %s t SET %s FROM unnest($1::text[], $2::text[]) AS u(id, reason) WHERE %s`, tq, eset, idCond),
 			dlqByID.ids, dlqByID.reasons)
 	}
 	if b.Len() == 0 {
@@ -595,25 +595,17 @@ func (s *Sweeper) apply(ctx context.Context, batch []mark) (unseen []mark, err e
 	// A batch runs as one implicit transaction: all or nothing, so a retry
 	// after a failure does not count attempts twice.
 	br := s.pool.SendBatch(ctx, b)
-	var marked int64
-	found := make(map[string]struct{}, len(batch))
+	var marked, errored int64
 	for i := range b.Len() {
-		rows, err := br.Query()
+		tag, err := br.Exec()
 		if err != nil {
 			br.Close()
 			return nil, err
 		}
-		var id string
-		_, err = pgx.ForEachRow(rows, []any{&id}, func() error {
-			found[id] = struct{}{}
-			if i < nproc {
-				marked++
-			}
-			return nil
-		})
-		if err != nil {
-			br.Close()
-			return nil, err
+		if i < nproc {
+			marked += tag.RowsAffected()
+		} else {
+			errored += tag.RowsAffected()
 		}
 	}
 	if err := br.Close(); err != nil {
@@ -621,38 +613,43 @@ func (s *Sweeper) apply(ctx context.Context, batch []mark) (unseen []mark, err e
 	}
 	s.marked.Add(uint64(marked))
 	s.m.Marked.Add(float64(marked))
+	if marked == int64(len(proc.ids)+len(procByID.ids)) && errored == int64(len(dlq.ids)+len(dlqByID.ids)) {
+		return nil, nil // every mark found its row: the common case costs no more
+	}
+	return s.unseen(ctx, ti, batch, idCond), nil
+}
 
-	// A mark that matched no row: its row is processed already (a
-	// redelivery), or this session cannot see it yet, or it is gone.
-	var missing []string
+// unseen returns the marks of batch whose rows this session cannot see: a
+// mark can match no row because the row is processed already (a
+// redelivery), or not visible yet, or gone. The updates are committed by
+// now, so a failure here must not make write apply the batch again
+// (attempts would count twice): when the lookup fails, the marks that only
+// set the processed flag (idempotent) are returned to be tried again.
+func (s *Sweeper) unseen(ctx context.Context, ti *tableInfo, batch []mark, idCond string) []mark {
+	var ids []string
 	for i := range batch {
-		mk := &batch[i]
-		if _, ok := found[mk.id]; !ok && ti.writes(mk) {
-			missing = append(missing, mk.id)
+		if ti.writes(&batch[i]) {
+			ids = append(ids, batch[i].id)
 		}
 	}
-	if len(missing) == 0 {
-		return nil, nil
-	}
-	// The updates are committed: a failure from here on must not make
-	// write apply the batch again (attempts would count twice), so the
-	// marks not looked up are simply tried again as unseen.
+	found := make(map[string]struct{}, len(ids))
 	rows, err := s.pool.Query(ctx, fmt.Sprintf(`SELECT u.id FROM unnest($1::text[]) AS u(id) WHERE EXISTS (SELECT 1 FROM %s t WHERE %s)`,
-		tq, idCond), missing)
+		ti.table.Quoted(), idCond), ids)
 	if err == nil {
 		var id string
 		_, err = pgx.ForEachRow(rows, []any{&id}, func() error { found[id] = struct{}{}; return nil })
 	}
 	if err != nil {
-		s.log.Debug().Err(err).Int("marks", len(missing)).Msg("could not look for the rows of marks that matched none; trying them again")
+		s.log.Debug().Err(err).Int("marks", len(ids)).Msg("could not look for the rows of marks that matched none; trying the processed flags again")
 	}
+	var unseen []mark
 	for i := range batch {
 		mk := &batch[i]
-		if _, ok := found[mk.id]; !ok && ti.writes(mk) {
+		if _, ok := found[mk.id]; !ok && ti.writes(mk) && (err == nil || !ti.marksError(mk)) {
 			unseen = append(unseen, *mk)
 		}
 	}
-	return unseen, nil
+	return unseen
 }
 
 // Marked is the number of rows this sweeper marked processed.
