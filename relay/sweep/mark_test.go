@@ -152,24 +152,54 @@ func TestMarkWaitsForARowNotVisibleYet(t *testing.T) {
 		t.Fatal(err)
 	}
 	seen.AckedAt, seen.Stream, seen.Seq = time.Now(), "ORDERS", 1
-	late := relay.Delivered{ID: "0f6f1c2e-7d1a-4c55-9a43-51b0f3c1d001", CreatedAt: "2026-12-03 08:00:00.123456+00",
-		AckedAt: time.Now(), Stream: "ORDERS", Seq: 2}
+	const at = "2026-12-03 08:00:00.123456+00"
+	late := relay.Delivered{ID: "0f6f1c2e-7d1a-4c55-9a43-51b0f3c1d001", CreatedAt: at, AckedAt: time.Now(), Stream: "ORDERS", Seq: 2}
+	// A dead letter the DLQ stream refused (error only) and one it stored
+	// (error and processed): attempts must still count once.
+	lost := relay.Delivered{ID: "0f6f1c2e-7d1a-4c55-9a43-51b0f3c1d002", CreatedAt: at, AckedAt: time.Now(), DeadLetter: true, Reason: "refused"}
+	stored := relay.Delivered{ID: "0f6f1c2e-7d1a-4c55-9a43-51b0f3c1d003", CreatedAt: at, AckedAt: time.Now(), DeadLetter: true, Reason: "stored",
+		Stream: "DLQ", Seq: 1}
 	sw := d.sweeper()
-	sw.OnDelivered(late) // its row is not there (not visible) yet
-	sw.OnDelivered(seen)
+	for _, dl := range []relay.Delivered{late, lost, stored, seen} { // rows not there (not visible) yet, then one that is
+		sw.OnDelivered(dl)
+	}
 	stop := sw.Start(context.Background())
 	defer stop()
-	// Both marks go in one batch: once the visible row is marked, the
-	// sweeper has tried the late one too.
+	// The marks go in one batch: once the visible row is marked, the
+	// sweeper has tried the others too.
 	relaytest.Eventually(t, 20*time.Second, "the visible row marked", func() bool {
 		return d.bool(`SELECT processed FROM outbox_events WHERE id = $1`, seen.ID)
 	})
-	d.exec(`INSERT INTO outbox_events (id, topic, payload, created_at) VALUES ($1, 'orders.late', '{}', $2)`, late.ID, late.CreatedAt)
-	relaytest.Eventually(t, 20*time.Second, "the row that became visible later marked", func() bool {
-		return d.bool(`SELECT processed FROM outbox_events WHERE id = $1`, late.ID)
+	d.exec(`INSERT INTO outbox_events (id, topic, payload, created_at) SELECT id::uuid, 'orders.late', '{}', $2 FROM unnest($1::text[]) id`,
+		[]string{late.ID, lost.ID, stored.ID}, at)
+	relaytest.Eventually(t, 20*time.Second, "the rows that became visible later written", func() bool {
+		return d.int(`SELECT count(*) FROM outbox_events WHERE topic = 'orders.late' AND (processed OR error IS NOT NULL)`) == 3 &&
+			d.bool(`SELECT processed FROM outbox_events WHERE id = $1`, stored.ID)
 	})
+	rows, err := d.pool.Query(context.Background(), `SELECT id::text, processed, coalesce(error, ''), attempts FROM outbox_events WHERE topic = 'orders.late' ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for rows.Next() {
+		var id, reason string
+		var processed bool
+		var attempts int
+		if err := rows.Scan(&id, &processed, &reason, &attempts); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, fmt.Sprintf("%s %v %q %d", id[len(id)-3:], processed, reason, attempts))
+	}
+	rows.Close()
+	want := []string{`001 true "" 0`, `002 false "refused" 1`, `003 true "stored" 1`}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("late rows (id, processed, error, attempts) = %q, want %q", got, want)
+	}
 	if v := testutil.ToFloat64(sw.Metrics().Dropped); v != 0 {
 		t.Errorf("walbox_sweeper_dropped_total = %v, want 0", v)
+	}
+	if v := testutil.ToFloat64(sw.Metrics().Unseen); v != 3 {
+		t.Errorf("walbox_sweeper_marks_unseen_total = %v, want 3", v)
 	}
 }
 

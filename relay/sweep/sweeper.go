@@ -135,6 +135,7 @@ type mark struct {
 	stream        string // where it was stored, at seq (0: not known)
 	seq           uint64
 	unseenSince   time.Time // first write that found no visible row (zero: none yet)
+	errorDone     bool      // the dead letter's error and attempts are written (retried for processed alone)
 }
 
 // Sweeper marks delivered rows and maintains the outbox table.
@@ -517,7 +518,7 @@ func (s *Sweeper) warn(key, msg string) {
 func (ti *tableInfo) marksProcessed(mk *mark) bool { return ti.processed && (!mk.dlq || mk.stored) }
 
 // marksError: mk writes a dead letter's reason.
-func (ti *tableInfo) marksError(mk *mark) bool { return mk.dlq && ti.errorCol }
+func (ti *tableInfo) marksError(mk *mark) bool { return mk.dlq && ti.errorCol && !mk.errorDone }
 
 // writes: mk changes its row at all.
 func (ti *tableInfo) writes(mk *mark) bool { return ti.marksProcessed(mk) || ti.marksError(mk) }
@@ -581,12 +582,14 @@ func (s *Sweeper) apply(ctx context.Context, batch []mark) (unseen []mark, err e
 	if ti.attempts {
 		eset += ", attempts = t.attempts + 1"
 	}
+	// The dead letters' updates return their ids: attempts must count once,
+	// so a retry needs to know which of them were written.
 	if len(dlq.ids) > 0 {
 		b.Queue(fmt.Sprintf(`UPDATE %s t SET %s FROM unnest($1::text[], $2::text[], $3::text[]) AS u(id, created_at, reason)
-			WHERE %s%s`, tq, eset, idCond, caCond), dlq.ids, dlq.cas, dlq.reasons)
+			WHERE %s%s RETURNING u.id`, tq, eset, idCond, caCond), dlq.ids, dlq.cas, dlq.reasons)
 	}
 	if len(dlqByID.ids) > 0 {
-		b.Queue(fmt.Sprintf(`UPDATE %s t SET %s FROM unnest($1::text[], $2::text[]) AS u(id, reason) WHERE %s`, tq, eset, idCond),
+		b.Queue(fmt.Sprintf(`UPDATE %s t SET %s FROM unnest($1::text[], $2::text[]) AS u(id, reason) WHERE %s RETURNING u.id`, tq, eset, idCond),
 			dlqByID.ids, dlqByID.reasons)
 	}
 	if b.Len() == 0 {
@@ -595,17 +598,32 @@ func (s *Sweeper) apply(ctx context.Context, batch []mark) (unseen []mark, err e
 	// A batch runs as one implicit transaction: all or nothing, so a retry
 	// after a failure does not count attempts twice.
 	br := s.pool.SendBatch(ctx, b)
-	var marked, errored int64
+	var marked int64
+	var errored map[string]struct{}
 	for i := range b.Len() {
-		tag, err := br.Exec()
+		if i < nproc {
+			tag, err := br.Exec()
+			if err != nil {
+				br.Close()
+				return nil, err
+			}
+			marked += tag.RowsAffected()
+			continue
+		}
+		rows, err := br.Query()
+		if err == nil {
+			var id string
+			_, err = pgx.ForEachRow(rows, []any{&id}, func() error {
+				if errored == nil {
+					errored = map[string]struct{}{}
+				}
+				errored[id] = struct{}{}
+				return nil
+			})
+		}
 		if err != nil {
 			br.Close()
 			return nil, err
-		}
-		if i < nproc {
-			marked += tag.RowsAffected()
-		} else {
-			errored += tag.RowsAffected()
 		}
 	}
 	if err := br.Close(); err != nil {
@@ -613,40 +631,53 @@ func (s *Sweeper) apply(ctx context.Context, batch []mark) (unseen []mark, err e
 	}
 	s.marked.Add(uint64(marked))
 	s.m.Marked.Add(float64(marked))
-	if marked == int64(len(proc.ids)+len(procByID.ids)) && errored == int64(len(dlq.ids)+len(dlqByID.ids)) {
+	procAll := marked == int64(len(proc.ids)+len(procByID.ids))
+	if procAll && len(errored) == len(dlq.ids)+len(dlqByID.ids) {
 		return nil, nil // every mark found its row: the common case costs no more
 	}
-	return s.unseen(ctx, ti, batch, idCond), nil
+	return s.unseen(ctx, ti, batch, idCond, procAll, errored), nil
 }
 
-// unseen returns the marks of batch whose rows this session cannot see: a
-// mark can match no row because the row is processed already (a
-// redelivery), or not visible yet, or gone. The updates are committed by
-// now, so a failure here must not make write apply the batch again
-// (attempts would count twice): when the lookup fails, the marks that only
-// set the processed flag (idempotent) are returned to be tried again.
-func (s *Sweeper) unseen(ctx context.Context, ti *tableInfo, batch []mark, idCond string) []mark {
-	var ids []string
-	for i := range batch {
-		if ti.writes(&batch[i]) {
-			ids = append(ids, batch[i].id)
+// unseen returns the marks of batch still to be written: a mark can match
+// no row because its row is processed already (a redelivery), or not
+// visible to this session yet, or gone. procAll says every processed flag
+// was set; errored holds the ids whose dead-letter error was written. When
+// some flags were not set, the rows are looked up: a row processed by now
+// needs nothing more; a row missing, or visible but unprocessed (it became
+// visible after the update), is tried again. A failed lookup tries every
+// flag again (harmless: setting it twice changes nothing); a dead letter's
+// error is never written twice.
+func (s *Sweeper) unseen(ctx context.Context, ti *tableInfo, batch []mark, idCond string, procAll bool, errored map[string]struct{}) []mark {
+	var processed map[string]struct{}
+	var err error
+	if !procAll {
+		var ids []string
+		for i := range batch {
+			if ti.marksProcessed(&batch[i]) {
+				ids = append(ids, batch[i].id)
+			}
+		}
+		processed = make(map[string]struct{}, len(ids))
+		var rows pgx.Rows
+		rows, err = s.pool.Query(ctx, fmt.Sprintf(`SELECT u.id FROM unnest($1::text[]) AS u(id) WHERE EXISTS (SELECT 1 FROM %s t WHERE %s AND t.processed)`,
+			ti.table.Quoted(), idCond), ids)
+		if err == nil {
+			var id string
+			_, err = pgx.ForEachRow(rows, []any{&id}, func() error { processed[id] = struct{}{}; return nil })
+		}
+		if err != nil {
+			s.log.Debug().Err(err).Int("marks", len(ids)).Msg("could not look up the rows of marks that matched none; trying them again")
+			clear(processed)
 		}
 	}
-	found := make(map[string]struct{}, len(ids))
-	rows, err := s.pool.Query(ctx, fmt.Sprintf(`SELECT u.id FROM unnest($1::text[]) AS u(id) WHERE EXISTS (SELECT 1 FROM %s t WHERE %s)`,
-		ti.table.Quoted(), idCond), ids)
-	if err == nil {
-		var id string
-		_, err = pgx.ForEachRow(rows, []any{&id}, func() error { found[id] = struct{}{}; return nil })
-	}
-	if err != nil {
-		s.log.Debug().Err(err).Int("marks", len(ids)).Msg("could not look for the rows of marks that matched none; trying the processed flags again")
-	}
 	var unseen []mark
-	for i := range batch {
-		mk := &batch[i]
-		if _, ok := found[mk.id]; !ok && ti.writes(mk) && (err == nil || !ti.marksError(mk)) {
-			unseen = append(unseen, *mk)
+	for _, mk := range batch {
+		if _, ok := errored[mk.id]; ok && ti.marksError(&mk) {
+			mk.errorDone = true
+		}
+		_, done := processed[mk.id]
+		if ti.marksError(&mk) || (ti.marksProcessed(&mk) && !procAll && !done) {
+			unseen = append(unseen, mk)
 		}
 	}
 	return unseen
