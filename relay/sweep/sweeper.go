@@ -453,12 +453,15 @@ func (s *Sweeper) write(ctx context.Context, batch []mark) (unseen []mark) {
 	bo := retry.Backoff(s.cfg.BackoffInitial, s.cfg.BackoffMax)
 	permanentFailures := 0
 	for attempt := 1; ; attempt++ {
-		unseen, err := s.apply(ctx, batch)
+		w, err := s.apply(ctx, batch)
 		if err == nil {
 			if attempt > 1 {
 				s.log.Info().Int("attempts", attempt).Msg("marks written again after a database error")
 			}
-			return unseen
+			if w.procAll && w.errorAll {
+				return nil // every mark found its row: the common case costs no more
+			}
+			return s.unseen(ctx, w, batch)
 		}
 		if ctx.Err() != nil {
 			s.lose(batch...)
@@ -520,18 +523,28 @@ func (ti *tableInfo) marksProcessed(mk *mark) bool { return ti.processed && (!mk
 // marksError: mk writes a dead letter's reason.
 func (ti *tableInfo) marksError(mk *mark) bool { return mk.dlq && ti.errorCol && !mk.errorDone }
 
-// writes: mk changes its row at all.
-func (ti *tableInfo) writes(mk *mark) bool { return ti.marksProcessed(mk) || ti.marksError(mk) }
+// idCond matches an outbox row t to the id u.id of unnest(...) AS u.
+func (ti *tableInfo) idCond() string {
+	return fmt.Sprintf("t.%s = u.id::%s", cdc.QuoteIdent(ti.idCol), ti.idType)
+}
+
+// written is what apply wrote of a batch.
+type written struct {
+	ti       *tableInfo
+	procAll  bool                // every processed flag of the batch was set
+	errored  map[string]struct{} // ids whose dead-letter error was written
+	errorAll bool                // every dead-letter error was written
+}
 
 // apply writes one batch: processed (and processed_at) for acked events and
 // stored dead letters, error (and attempts) for dead letters, matching rows
 // by id and created_at (so only the partition holding the row is touched),
-// or by id alone when the table has no created_at role. It returns the marks
-// whose rows this session cannot see (see unseenFor).
-func (s *Sweeper) apply(ctx context.Context, batch []mark) (unseen []mark, err error) {
+// or by id alone when the table has no created_at role. It reports which
+// marks found their rows (see unseenFor for those that did not).
+func (s *Sweeper) apply(ctx context.Context, batch []mark) (written, error) {
 	ti, err := s.tableInfo(ctx)
 	if err != nil {
-		return nil, err
+		return written{}, err
 	}
 	type group struct {
 		ids, cas, reasons []string
@@ -559,7 +572,7 @@ func (s *Sweeper) apply(ctx context.Context, batch []mark) (unseen []mark, err e
 	b := &pgx.Batch{}
 	nproc := 0
 	tq := ti.table.Quoted()
-	idCond := fmt.Sprintf("t.%s = u.id::%s", cdc.QuoteIdent(ti.idCol), ti.idType)
+	idCond := ti.idCond()
 	caCond := ""
 	if ti.createdCol != "" {
 		caCond = fmt.Sprintf(" AND t.%s = u.created_at::%s", cdc.QuoteIdent(ti.createdCol), ti.createdTy)
@@ -593,64 +606,67 @@ func (s *Sweeper) apply(ctx context.Context, batch []mark) (unseen []mark, err e
 			dlqByID.ids, dlqByID.reasons)
 	}
 	if b.Len() == 0 {
-		return nil, nil
+		return written{ti: ti, procAll: true, errorAll: true}, nil
 	}
 	// A batch runs as one implicit transaction: all or nothing, so a retry
 	// after a failure does not count attempts twice.
 	br := s.pool.SendBatch(ctx, b)
 	var marked int64
-	var errored map[string]struct{}
+	w := written{ti: ti}
 	for i := range b.Len() {
 		if i < nproc {
 			tag, err := br.Exec()
 			if err != nil {
 				br.Close()
-				return nil, err
+				return written{}, err
 			}
 			marked += tag.RowsAffected()
 			continue
 		}
+		if w.errored == nil {
+			w.errored = map[string]struct{}{}
+		}
 		rows, err := br.Query()
 		if err == nil {
-			var id string
-			_, err = pgx.ForEachRow(rows, []any{&id}, func() error {
-				if errored == nil {
-					errored = map[string]struct{}{}
-				}
-				errored[id] = struct{}{}
-				return nil
-			})
+			err = addIDs(rows, w.errored)
 		}
 		if err != nil {
 			br.Close()
-			return nil, err
+			return written{}, err
 		}
 	}
 	if err := br.Close(); err != nil {
-		return nil, err
+		return written{}, err
 	}
 	s.marked.Add(uint64(marked))
 	s.m.Marked.Add(float64(marked))
-	procAll := marked == int64(len(proc.ids)+len(procByID.ids))
-	if procAll && len(errored) == len(dlq.ids)+len(dlqByID.ids) {
-		return nil, nil // every mark found its row: the common case costs no more
-	}
-	return s.unseen(ctx, ti, batch, idCond, procAll, errored), nil
+	w.procAll = marked == int64(len(proc.ids)+len(procByID.ids))
+	w.errorAll = len(w.errored) == len(dlq.ids)+len(dlqByID.ids)
+	return w, nil
 }
 
-// unseen returns the marks of batch still to be written: a mark can match
-// no row because its row is processed already (a redelivery), or not
-// visible to this session yet, or gone. procAll says every processed flag
-// was set; errored holds the ids whose dead-letter error was written. When
-// some flags were not set, the rows are looked up: a row processed by now
-// needs nothing more; a row missing, or visible but unprocessed (it became
-// visible after the update), is tried again. A failed lookup tries every
-// flag again (harmless: setting it twice changes nothing); a dead letter's
-// error is never written twice.
-func (s *Sweeper) unseen(ctx context.Context, ti *tableInfo, batch []mark, idCond string, procAll bool, errored map[string]struct{}) []mark {
+// addIDs adds the ids rows return (one text column) to set.
+func addIDs(rows pgx.Rows, set map[string]struct{}) error {
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	for _, id := range ids {
+		set[id] = struct{}{}
+	}
+	return err
+}
+
+// unseen returns the marks of batch that w left to be written: a mark can
+// match no row because its row is processed already (a redelivery), or not
+// visible to this session yet, or gone. When some processed flags were not
+// set, the rows are looked up: a row processed by now needs nothing more; a
+// row missing, or visible but unprocessed (it became visible after the
+// update), is tried again. A failed lookup tries every flag again (harmless:
+// setting it twice changes nothing); a dead letter's error is never written
+// twice.
+func (s *Sweeper) unseen(ctx context.Context, w written, batch []mark) []mark {
+	ti := w.ti
 	var processed map[string]struct{}
 	var err error
-	if !procAll {
+	if !w.procAll {
 		var ids []string
 		for i := range batch {
 			if ti.marksProcessed(&batch[i]) {
@@ -660,10 +676,9 @@ func (s *Sweeper) unseen(ctx context.Context, ti *tableInfo, batch []mark, idCon
 		processed = make(map[string]struct{}, len(ids))
 		var rows pgx.Rows
 		rows, err = s.pool.Query(ctx, fmt.Sprintf(`SELECT u.id FROM unnest($1::text[]) AS u(id) WHERE EXISTS (SELECT 1 FROM %s t WHERE %s AND t.processed)`,
-			ti.table.Quoted(), idCond), ids)
+			ti.table.Quoted(), ti.idCond()), ids)
 		if err == nil {
-			var id string
-			_, err = pgx.ForEachRow(rows, []any{&id}, func() error { processed[id] = struct{}{}; return nil })
+			err = addIDs(rows, processed)
 		}
 		if err != nil {
 			s.log.Debug().Err(err).Int("marks", len(ids)).Msg("could not look up the rows of marks that matched none; trying them again")
@@ -672,11 +687,11 @@ func (s *Sweeper) unseen(ctx context.Context, ti *tableInfo, batch []mark, idCon
 	}
 	var unseen []mark
 	for _, mk := range batch {
-		if _, ok := errored[mk.id]; ok && ti.marksError(&mk) {
+		if _, ok := w.errored[mk.id]; ok && ti.marksError(&mk) {
 			mk.errorDone = true
 		}
 		_, done := processed[mk.id]
-		if ti.marksError(&mk) || (ti.marksProcessed(&mk) && !procAll && !done) {
+		if ti.marksError(&mk) || (ti.marksProcessed(&mk) && !w.procAll && !done) {
 			unseen = append(unseen, mk)
 		}
 	}
@@ -776,7 +791,7 @@ func (s *Sweeper) catchUp(ctx context.Context) error {
 				return nil
 			}
 			before := s.marked.Load()
-			_, err := s.apply(ctx, batch) // rows unseen by now are old: nothing to wait for
+			_, err := s.apply(ctx, batch) // read back from a stream: a row not found now is not waited for
 			total += s.marked.Load() - before
 			batch = batch[:0]
 			return err
