@@ -1,10 +1,13 @@
 package sql_test
 
 import (
+	"context"
 	"errors"
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/walbox/walbox/cdc"
 	"github.com/walbox/walbox/internal/pgtest"
@@ -54,13 +57,7 @@ func TestMigrationsTakeNamesWithQuotesAndPercentSigns(t *testing.T) {
 func TestMigrateBringsThePublicationToTheConfiguredTable(t *testing.T) {
 	ctx := relaytest.Ctx(t)
 	conn := relaytest.Conn(t, pg.NewDB(t))
-	covers := func(table string) bool {
-		var n int
-		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_publication_tables WHERE pubname = 'walbox_outbox' AND tablename = $1`, table).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n == 1
-	}
+	covers := func(table string) bool { return publicationCovers(ctx, t, conn, "walbox_outbox", table) }
 	if _, err := walboxsql.Apply(ctx, conn, walboxsql.Params{}); err != nil {
 		t.Fatal(err)
 	}
@@ -125,13 +122,7 @@ func TestPruneRefusesATableWithUnprocessedRowsUnlessForced(t *testing.T) {
 	}
 	keep := []cdc.TableName{{Schema: "public", Name: "keep"}}
 	gone := cdc.TableName{Schema: "public", Name: "gone"}
-	covers := func(pub, table string) bool {
-		var n int
-		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_publication_tables WHERE pubname = $1 AND tablename = $2`, pub, table).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n == 1
-	}
+	covers := func(pub, table string) bool { return publicationCovers(ctx, t, conn, pub, table) }
 
 	dropped, err := walboxsql.PruneTables(ctx, conn, "p1", keep, false)
 	var stale *walboxsql.StaleTableError
@@ -162,4 +153,14 @@ func TestPruneRefusesATableWithUnprocessedRowsUnlessForced(t *testing.T) {
 	if dropped, err := walboxsql.PruneTables(ctx, conn, "p2", keep, false); err != nil || len(dropped) != 1 || dropped[0] != gone {
 		t.Fatalf("prune once every row is processed: took out %v, %v; want public.gone", dropped, err)
 	}
+}
+
+// publicationCovers says whether publication pub lists table.
+func publicationCovers(ctx context.Context, t *testing.T, conn *pgx.Conn, pub, table string) bool {
+	t.Helper()
+	var n int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_publication_tables WHERE pubname = $1 AND tablename = $2`, pub, table).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n == 1
 }
