@@ -35,6 +35,7 @@ import (
 	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/natsembed"
 	"github.com/walbox/walbox/internal/pgcluster"
+	"github.com/walbox/walbox/internal/ports"
 	"github.com/walbox/walbox/relay"
 	walboxsql "github.com/walbox/walbox/sql"
 )
@@ -623,11 +624,12 @@ func (r *run) relayConfig() (config.Config, error) {
 	}
 	c.Retry.Initial = 200 * time.Millisecond
 	c.Retry.Max = 5 * time.Second
-	port, err := freePort()
+	res, err := ports.Reserve(1)
 	if err != nil {
-		return c, err
+		return c, fmt.Errorf("pick the metrics port: %w", err)
 	}
-	c.Metrics.Listen = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	r.onCleanup(func() error { res.Release(); return nil })
+	c.Metrics.Listen = net.JoinHostPort("127.0.0.1", strconv.Itoa(res.Ports[0]))
 	if err := c.Validate(); err != nil {
 		return c, fmt.Errorf("dev configuration: %w", err)
 	}
@@ -644,15 +646,6 @@ func (r *run) rel(path string) string {
 		return rel
 	}
 	return path
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("find a free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // banner tells a newcomer what runs where and what to try.

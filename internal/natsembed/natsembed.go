@@ -11,13 +11,17 @@ package natsembed
 import (
 	"errors"
 	"fmt"
+	"iter"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/walbox/walbox/internal/ports"
 )
 
 const (
@@ -52,6 +56,7 @@ type Option func(*server.Options)
 type Server struct {
 	opts     *server.Options // template; cloned for every start
 	storeDir string
+	ports    *ports.Reservation // released by Close; nil for cluster nodes
 
 	mu      sync.Mutex
 	ns      *server.Server
@@ -60,17 +65,22 @@ type Server struct {
 }
 
 // Start launches a standalone JetStream server on 127.0.0.1. The client port
-// is picked up front (rather than letting the server choose) so that Restart
-// can listen on the same address and reconnecting clients find it again. The
+// is reserved up front (rather than letting the server choose; see package
+// ports) so that Restart can listen on the same address and reconnecting
+// clients find it again. The
 // JetStream store lives in a fresh temporary directory that survives Stop and
 // Restart and is removed by Close.
 func Start(opts ...Option) (*Server, error) {
-	ports, err := freePorts(1)
+	res, err := ports.Reserve(1)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("natsembed: %w", err)
 	}
-	o := baseOptions(ports[0])
-	return startServer(o, opts)
+	o := baseOptions(res.Ports[0])
+	s, err := startServer(o, opts, res)
+	if err != nil {
+		res.Release()
+	}
+	return s, err
 }
 
 // baseOptions returns the defaults shared by standalone and cluster nodes.
@@ -86,7 +96,7 @@ func baseOptions(port int) *server.Options {
 
 // startServer creates the store dir, applies the caller's options and starts
 // the first server instance.
-func startServer(o *server.Options, opts []Option) (*Server, error) {
+func startServer(o *server.Options, opts []Option, res *ports.Reservation) (*Server, error) {
 	dir, err := os.MkdirTemp("", "natstest-js-*")
 	if err != nil {
 		return nil, fmt.Errorf("natsembed: create store dir: %w", err)
@@ -101,7 +111,7 @@ func startServer(o *server.Options, opts []Option) (*Server, error) {
 		// An option chose the store (WithStoreDir): drop the unused one.
 		_ = os.Remove(dir)
 	}
-	s := &Server{opts: o, storeDir: o.StoreDir}
+	s := &Server{opts: o, storeDir: o.StoreDir, ports: res}
 	if err := s.Restart(); err != nil {
 		s.Close()
 		return nil, err
@@ -167,7 +177,8 @@ func (s *Server) Restart() error {
 	if !ns.ReadyForConnections(readyTimeout) {
 		ns.Shutdown()
 		ns.WaitForShutdown()
-		return fmt.Errorf("natsembed: server on port %d not ready within %s", s.opts.Port, readyTimeout)
+		return fmt.Errorf("natsembed: server on port %d not ready within %s%s", s.opts.Port, readyTimeout,
+			portsTaken(s.opts.Port, s.opts.Cluster.Port))
 	}
 	s.ns = ns
 	s.running = true
@@ -193,6 +204,7 @@ func (s *Server) Close() {
 	}
 	s.closed = true
 	_ = os.RemoveAll(s.storeDir)
+	s.ports.Release()
 }
 
 // NS returns the current underlying server.Server, for assertions that need
@@ -211,26 +223,27 @@ type Cluster struct {
 	// Servers are the nodes; index i has server_name "n<i+1>". Individual
 	// nodes can be stopped and restarted and will rejoin the cluster.
 	Servers []*Server
+	ports   *ports.Reservation // client and route ports of all nodes, released by Close
 }
 
 // StartCluster starts n JetStream nodes (3 is typical: the smallest size
 // that survives losing one node) and waits until the JetStream meta group has
 // elected a leader that knows all n peers, so that creating a stream with up
 // to n replicas works right away. All client and
-// cluster ports are picked up front so every node can list every other node
+// cluster ports are reserved up front so every node can list every other node
 // as an explicit route; explicit routes are retried forever, which is what
 // lets a restarted node rejoin.
 func StartCluster(n int, opts ...Option) (*Cluster, error) {
 	if n < 1 {
 		return nil, fmt.Errorf("natsembed: cluster size must be >= 1, got %d", n)
 	}
-	ports, err := freePorts(2 * n)
+	res, err := ports.Reserve(2 * n)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("natsembed: %w", err)
 	}
-	clientPorts, routePorts := ports[:n], ports[n:]
+	clientPorts, routePorts := res.Ports[:n], res.Ports[n:]
 
-	c := &Cluster{Servers: make([]*Server, n)}
+	c := &Cluster{Servers: make([]*Server, n), ports: res}
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i := range n {
@@ -251,7 +264,7 @@ func StartCluster(n int, opts ...Option) (*Cluster, error) {
 		// Start nodes concurrently: clustered JetStream startup makes
 		// progress only once peers are reachable.
 		wg.Go(func() {
-			c.Servers[i], errs[i] = startServer(o, opts)
+			c.Servers[i], errs[i] = startServer(o, opts, nil)
 		})
 	}
 	wg.Wait()
@@ -318,18 +331,49 @@ func (c *Cluster) URLs() string {
 // Tests use it to stop exactly the leader. An empty account means the
 // global account "$G", where clients without auth live.
 func (c *Cluster) StreamLeader(account, stream string) int {
-	if account == "" {
-		account = globalAccount
-	}
-	for i, s := range c.Servers {
-		if !s.Running() {
-			continue
-		}
-		if ns := s.NS(); ns != nil && ns.JetStreamIsStreamLeader(account, stream) {
+	for i, ns := range c.running() {
+		if ns.JetStreamIsStreamLeader(orGlobal(account), stream) {
 			return i
 		}
 	}
 	return -1
+}
+
+// Reachable reports whether every running node has interest in subject,
+// that is whether a publish to subject reaches a subscriber (a stream's
+// leader) from whichever node a client is connected to. A stream leader
+// subscribes to its subjects when elected, and the other nodes learn of it
+// over the routes a moment later; until then a publish through them gets
+// "no responders". An empty account means "$G".
+func (c *Cluster) Reachable(account, subject string) bool {
+	for _, ns := range c.running() {
+		acc, err := ns.LookupAccount(orGlobal(account))
+		if err != nil || acc.Interest(subject) == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// running yields the index and server of every node that is up.
+func (c *Cluster) running() iter.Seq2[int, *server.Server] {
+	return func(yield func(int, *server.Server) bool) {
+		for i, s := range c.Servers {
+			if !s.Running() {
+				continue
+			}
+			if ns := s.NS(); ns != nil && !yield(i, ns) {
+				return
+			}
+		}
+	}
+}
+
+func orGlobal(account string) string {
+	if account == "" {
+		return globalAccount
+	}
+	return account
 }
 
 // Close stops all nodes and removes their store directories. It is
@@ -342,27 +386,26 @@ func (c *Cluster) Close() {
 		}
 	}
 	wg.Wait()
+	c.ports.Release()
 }
 
-// freePorts reserves n distinct free TCP ports on 127.0.0.1 by listening on
-// :0 and closing the listeners. Holding all listeners until the end keeps the
-// kernel from handing out the same port twice. There is an unavoidable small
-// window in which another process could grab a port before the server binds.
-func freePorts(n int) ([]int, error) {
-	ports := make([]int, 0, n)
-	lns := make([]net.Listener, 0, n)
-	defer func() {
-		for _, ln := range lns {
-			_ = ln.Close()
+// portsTaken says which of the ports something else listens on now, for the
+// error of a server that could not open its listeners.
+func portsTaken(ps ...int) string {
+	var taken []string
+	for _, p := range ps {
+		if p <= 0 {
+			continue
 		}
-	}()
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
 		if err != nil {
-			return nil, fmt.Errorf("natsembed: pick free port: %w", err)
+			taken = append(taken, err.Error())
+			continue
 		}
-		lns = append(lns, ln)
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+		_ = ln.Close()
 	}
-	return ports, nil
+	if len(taken) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(taken, "; ") + ")"
 }

@@ -3,7 +3,6 @@ package natstest
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -13,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/walbox/walbox/internal/ports"
 )
 
 // ProcCluster is a JetStream cluster of real nats-server processes, built
@@ -59,17 +60,19 @@ func NewProcCluster(t testing.TB, n int) *ProcCluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ports, err := freePorts(3 * n)
+	res, err := ports.Reserve(3 * n)
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(res.Release)
+	ps := res.Ports
 	var routes []string
 	for i := range n {
-		routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", ports[3*i+1]))
+		routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", ps[3*i+1]))
 	}
 	c := &ProcCluster{t: t, bin: bin}
 	for i := range n {
-		p := &Proc{Name: fmt.Sprintf("n%d", i+1), Port: ports[3*i], ClusterPort: ports[3*i+1], HTTPPort: ports[3*i+2],
+		p := &Proc{Name: fmt.Sprintf("n%d", i+1), Port: ps[3*i], ClusterPort: ps[3*i+1], HTTPPort: ps[3*i+2],
 			dir: filepath.Join(dir, fmt.Sprintf("n%d", i+1)), bin: bin, routes: strings.Join(routes, ",")}
 		if err := os.MkdirAll(p.dir, 0o755); err != nil {
 			t.Fatal(err)
@@ -189,23 +192,4 @@ func (p *Proc) WaitHealthy(ctx context.Context) error {
 func (p *Proc) Log() string {
 	b, _ := os.ReadFile(filepath.Join(p.dir, "server.log"))
 	return string(b)
-}
-
-func freePorts(n int) ([]int, error) {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	var ports []int
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }

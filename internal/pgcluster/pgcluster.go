@@ -35,6 +35,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/walbox/walbox/internal/ports"
 )
 
 const (
@@ -183,6 +185,7 @@ type Cluster struct {
 	baseDir string // removed by Close; parent of dataDir
 	dataDir string
 	port    int
+	ports   *ports.Reservation  // holds port until Close (see package ports)
 	cred    *syscall.Credential // nil when not running as root
 
 	mu     sync.Mutex
@@ -235,11 +238,9 @@ func Start(ctx context.Context, opts ...Option) (*Cluster, error) {
 		return fail(err)
 	}
 
-	port, err := freePort()
-	if err != nil {
+	if err := c.reservePort(); err != nil {
 		return fail(err)
 	}
-	c.port = port
 
 	if out, err := c.run(ctx, "initdb",
 		"-D", c.dataDir,
@@ -446,7 +447,20 @@ func (c *Cluster) Close() error {
 	if err := os.RemoveAll(c.baseDir); err != nil {
 		errs = append(errs, fmt.Errorf("pgcluster: remove %s: %w", c.baseDir, err))
 	}
+	c.ports.Release()
 	return errors.Join(errs...)
+}
+
+// reservePort picks the server's port and holds it until Close, also while
+// the server is stopped to be started again on it.
+func (c *Cluster) reservePort() error {
+	res, err := ports.Reserve(1)
+	if err != nil {
+		return fmt.Errorf("pgcluster: %w", err)
+	}
+	c.ports = res
+	c.port = res.Ports[0]
+	return nil
 }
 
 // Exec runs one SQL statement in database dbname on a fresh connection. It
@@ -834,19 +848,4 @@ func tempRoot(otherUser bool) string {
 			return dir
 		}
 	}
-}
-
-// freePort asks the kernel for an unused port on 127.0.0.1. The port is
-// released before the server binds it, so another process could grab it in
-// between; that race is accepted for tests.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("pgcluster: find free port: %w", err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	if err := l.Close(); err != nil {
-		return 0, fmt.Errorf("pgcluster: find free port: %w", err)
-	}
-	return port, nil
 }

@@ -51,7 +51,7 @@ func (c *Cluster) Standby(ctx context.Context, o StandbyOptions) (*Cluster, erro
 	if out, err := exec.CommandContext(ctx, "cp", "-a", c.dataDir, s.dataDir).CombinedOutput(); err != nil {
 		return fail(fmt.Errorf("pgcluster: copy data directory: %w\n%s", err, out))
 	}
-	if s.port, err = freePort(); err != nil {
+	if err := s.reservePort(); err != nil {
 		return fail(err)
 	}
 	conninfo := fmt.Sprintf("host=127.0.0.1 port=%d user=postgres application_name=%s", c.port, o.ApplicationName)
