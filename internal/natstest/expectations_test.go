@@ -29,12 +29,9 @@ func r3Stream(t *testing.T, name string) (*Cluster, jetstream.JetStream) {
 	t.Helper()
 	cl := NewCluster(t, 3)
 	_, js, _ := connect(t, cl.URLs())
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{name + ".>"}, Replicas: 3})
-	if err != nil {
-		t.Fatalf("create R3 stream: %v", err)
-	}
+	st := createStream(ctx, t, js, name, name+".>", 3)
 	// CreateStream returns once the meta group placed the stream; its own
 	// group may not have elected a leader yet, and a publish then gets "no
 	// response from stream" (seen once in CI). Wait until it has a leader
@@ -50,6 +47,13 @@ func r3Stream(t *testing.T, name string) (*Cluster, jetstream.JetStream) {
 			}
 		}
 		return true
+	})
+	// The leader's subscription to the stream's subjects reaches the other
+	// nodes over the routes a moment after the election; a publish through a
+	// node that has not heard of it yet gets "no response from stream" too
+	// (6 of 160 runs under load before this wait).
+	relaytest.Eventually(t, 15*time.Second, "every node routing "+name+".> to the stream", func() bool {
+		return cl.Reachable("", name+".a")
 	})
 	return cl, js
 }
