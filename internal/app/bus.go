@@ -52,7 +52,7 @@ func openBus(ctx context.Context, cfg config.Config, log zerolog.Logger, metrics
 	if err != nil {
 		return nil, err
 	}
-	sink, err := jssink.New(nc, cfg.NATS.AckTimeout, cfg.NATS.Window*2+64)
+	sink, err := jssink.New(nc, cfg.NATS.AckTimeout)
 	if err != nil {
 		nc.Close()
 		return nil, err

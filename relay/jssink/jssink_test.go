@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -43,21 +45,9 @@ func TestClassify(t *testing.T) {
 // sequence, a duplicate id is reported as one, and a publish whose expected
 // last sequence is wrong fails with relay.ErrOrderRefused.
 func TestPublishResolvesInOrderAndRefusesAWrongExpectation(t *testing.T) {
-	srv := natstest.New(t)
+	sink := startSink(t, 5*time.Second, "ORDERS", "orders.>")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	sink, err := jssink.New(nc, 5*time.Second, 256)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := jssink.EnsureStreams(ctx, sink.JetStream(), []jssink.StreamSpec{{Name: "ORDERS", Subjects: []string{"orders.>"}, Storage: "memory", Manage: true}}); err != nil {
-		t.Fatal(err)
-	}
 	var futs []relay.Future
 	for i := range 100 {
 		m := &relay.Msg{Subject: "orders.created", Header: relay.Header{}, Data: []byte(`{}`)}
@@ -112,5 +102,242 @@ func TestPublishResolvesInOrderAndRefusesAWrongExpectation(t *testing.T) {
 	}
 	if !tail.StateRead || tail.LastSeq != 90 || tail.Found {
 		t.Fatalf("tail = %+v, want last sequence 90 and nothing of source none", tail)
+	}
+}
+
+// TestPublishTimesOutLostAcksAndDropsLateOnes: a subject some plain
+// subscriber takes (not a stream) answers nothing, so the future fails with
+// the ack timeout; an answer that comes after the timeout is dropped; a
+// subject nobody takes fails at once as "no response from stream"; and the
+// sink goes on publishing to its stream after all of them.
+func TestPublishTimesOutLostAcksAndDropsLateOnes(t *testing.T) {
+	const ackTimeout = 300 * time.Millisecond
+	sink := startSink(t, ackTimeout, "ORDERS", "orders.>")
+	nc := sink.Conn()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// "silent" never answers; "late" answers with a valid ack after the timeout.
+	lateSent := make(chan struct{})
+	silent, err := nc.Subscribe("silent", func(*nats.Msg) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Unsubscribe()
+	late, err := nc.Subscribe("late", func(m *nats.Msg) {
+		time.AfterFunc(2*ackTimeout, func() {
+			_ = m.Respond([]byte(`{"stream":"ORDERS","seq":99}`))
+			close(lateSent)
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer late.Unsubscribe()
+	if err := nc.FlushWithContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	publish := func(subject, id string) relay.Future {
+		t.Helper()
+		f, err := sink.Publish(&relay.Msg{Subject: subject, Header: relay.Header{relay.HeaderMsgID: {id}}, Data: []byte(`{}`)})
+		if err != nil {
+			t.Fatalf("publish %s: %v", subject, err)
+		}
+		return f
+	}
+	wantErr := func(f relay.Future, want error, within time.Duration) {
+		t.Helper()
+		select {
+		case a := <-f.Ok():
+			t.Fatalf("acked %+v, want %v", a, want)
+		case err := <-f.Err():
+			if !errors.Is(err, want) {
+				t.Fatalf("err = %v, want %v", err, want)
+			}
+			if jssink.Classify(err) != relay.Transient {
+				t.Fatalf("%v must be transient", err)
+			}
+		case <-time.After(within):
+			t.Fatalf("no answer within %s, want %v", within, want)
+		}
+	}
+	wantAck := func(f relay.Future, seq uint64) {
+		t.Helper()
+		select {
+		case a := <-f.Ok():
+			if a.Stream != "ORDERS" || a.Sequence != seq {
+				t.Fatalf("ack %+v, want ORDERS %d", a, seq)
+			}
+		case err := <-f.Err():
+			t.Fatalf("publish failed: %v", err)
+		case <-ctx.Done():
+			t.Fatal("no ack")
+		}
+	}
+
+	start := time.Now()
+	fSilent := publish("silent", "a")
+	fLate := publish("late", "b")
+	fStored := publish("orders.created", "c")
+	fNobody := publish("nobody.listens", "d")
+	wantAck(fStored, 1)
+	wantErr(fNobody, jetstream.ErrNoStreamResponse, ackTimeout/2)
+	wantErr(fSilent, jetstream.ErrAsyncPublishTimeout, 10*ackTimeout)
+	wantErr(fLate, jetstream.ErrAsyncPublishTimeout, 10*ackTimeout)
+	if d := time.Since(start); d < ackTimeout {
+		t.Fatalf("timed out after %s, before the ack timeout %s", d, ackTimeout)
+	}
+	select {
+	case <-lateSent:
+	case <-ctx.Done():
+		t.Fatal("the late answer was never sent")
+	}
+	// The late answer's token is gone: it resolves nothing, and nothing else.
+	fAfter := publish("orders.created", "e")
+	wantAck(fAfter, 2)
+	select {
+	case a := <-fLate.Ok():
+		t.Fatalf("a future resolved twice: %+v", a)
+	default:
+	}
+	// The timer re-arms for a new lost ack after the queue ran empty.
+	wantErr(publish("silent", "f"), jetstream.ErrAsyncPublishTimeout, 10*ackTimeout)
+}
+
+// startSink starts a JetStream server and a Sink on it with one memory
+// stream of name capturing subjects.
+func startSink(tb testing.TB, ackTimeout time.Duration, name, subjects string) *jssink.Sink {
+	tb.Helper()
+	srv := natstest.New(tb)
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(nc.Close)
+	sink, err := jssink.New(nc, ackTimeout)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := jssink.EnsureStreams(ctx, sink.JetStream(), []jssink.StreamSpec{{Name: name, Subjects: []string{subjects}, Storage: "memory", Manage: true}}); err != nil {
+		tb.Fatal(err)
+	}
+	return sink
+}
+
+// The publish path's cost per message: through the Sink, through nats.go's
+// PublishMsgAsync (what the Sink was built on before), and with no reply asked for
+// (the floor: the same messages encoded, sent and stored, no acks). Each
+// publishes the relay's headers with a window of 1024 to one embedded
+// server, which runs in this process: cpu-µs/op counts the server too, so
+// only differences between the three are the client's.
+//
+//	go test ./relay/jssink -run '^$' -bench Publish -benchtime 50000x -count 6
+
+const benchWindow = 1024
+
+func benchMsg(i int) *relay.Msg {
+	return &relay.Msg{
+		Subject: "bench.orders",
+		Header: relay.Header{
+			relay.HeaderMsgID:         {"evt-" + strconv.Itoa(i)},
+			relay.HeaderCommitLSN:     {"0/16B3748"},
+			relay.HeaderIndex:         {strconv.Itoa(i % 10)},
+			relay.HeaderSource:        {"bench"},
+			relay.HeaderSystemID:      {"7301234567890123456"},
+			relay.HeaderTimeline:      {"1"},
+			relay.HeaderCommitTime:    {"2026-12-03T11:00:00.000000Z"},
+			relay.HeaderEventType:     {"order.created"},
+			relay.HeaderAggregateType: {"order"},
+			relay.HeaderAggregateID:   {"order-" + strconv.Itoa(i%1000)},
+		},
+		Data:   []byte(`{"order_id":"8a1f6c2e-3b7d-4e59-9c1a-2f0d7b6e5a43","customer":"c-1042","total_cents":129900,"currency":"EUR","items":[{"sku":"sku-17","qty":2},{"sku":"sku-42","qty":1}]}`),
+		Expect: uint64(i), ExpectSet: true,
+	}
+}
+
+// windowed publishes b.N messages with at most benchWindow waiting for
+// their acks, and reports the process's CPU per message.
+func windowed(b *testing.B, publish func(i int) (wait func() error)) {
+	ring := make([]func() error, benchWindow)
+	waitSlot := func(slot int) {
+		if ring[slot] != nil {
+			if err := ring[slot](); err != nil {
+				b.Fatal(err)
+			}
+			ring[slot] = nil
+		}
+	}
+	b.ReportAllocs()
+	cpu0 := cpuNow()
+	b.ResetTimer()
+	for i := range b.N {
+		waitSlot(i % benchWindow)
+		ring[i%benchWindow] = publish(i)
+	}
+	for slot := range ring {
+		waitSlot(slot)
+	}
+	b.StopTimer()
+	b.ReportMetric(float64((cpuNow()-cpu0).Microseconds())/float64(b.N), "cpu-µs/op")
+}
+
+func cpuNow() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func BenchmarkPublishSink(b *testing.B) {
+	sink := startSink(b, 10*time.Second, "BENCH", "bench.>")
+	windowed(b, func(i int) func() error {
+		f, err := sink.Publish(benchMsg(i))
+		if err != nil {
+			b.Fatal(err)
+		}
+		return waitEither(f.Ok(), f.Err())
+	})
+}
+
+func BenchmarkPublishJetStreamAsync(b *testing.B) {
+	// As the Sink used it before: an ack timeout (a timer per message) and
+	// room for the window; without the Sink's old forwarder goroutine.
+	js, err := jetstream.New(startSink(b, 10*time.Second, "BENCH", "bench.>").Conn(),
+		jetstream.WithPublishAsyncTimeout(10*time.Second), jetstream.WithPublishAsyncMaxPending(4*benchWindow))
+	if err != nil {
+		b.Fatal(err)
+	}
+	windowed(b, func(i int) func() error {
+		f, err := js.PublishMsgAsync(jssink.NATSMsg(benchMsg(i)), jetstream.WithRetryAttempts(0))
+		if err != nil {
+			b.Fatal(err)
+		}
+		return waitEither(f.Ok(), f.Err())
+	})
+}
+
+func BenchmarkPublishNoReply(b *testing.B) {
+	nc := startSink(b, 10*time.Second, "BENCH", "bench.>").Conn()
+	windowed(b, func(i int) func() error {
+		if err := nc.PublishMsg(jssink.NATSMsg(benchMsg(i))); err != nil {
+			b.Fatal(err)
+		}
+		if i%benchWindow != benchWindow-1 {
+			return nil
+		}
+		return nc.Flush
+	})
+}
+
+// waitEither waits for an ack or an error of one future.
+func waitEither[A any](ok <-chan A, errc <-chan error) func() error {
+	return func() error {
+		select {
+		case <-ok:
+			return nil
+		case err := <-errc:
+			return err
+		}
 	}
 }
