@@ -12,9 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"iter"
-	"net"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -397,12 +395,9 @@ func portsTaken(ps ...int) string {
 		if p <= 0 {
 			continue
 		}
-		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
-		if err != nil {
+		if err := ports.Listenable(p); err != nil {
 			taken = append(taken, err.Error())
-			continue
 		}
-		_ = ln.Close()
 	}
 	if len(taken) == 0 {
 		return ""

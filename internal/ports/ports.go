@@ -152,16 +152,24 @@ func reserveOne(dir string, free []interval, taken []int) (int, *os.File, error)
 		}
 		// Locked against other walbox processes; now make sure nothing else
 		// listens there.
-		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
-		if err != nil {
+		if err := Listenable(port); err != nil {
 			_ = lock.Close()
 			lastErr = err
 			continue
 		}
-		_ = ln.Close()
 		return port, lock, nil
 	}
 	return 0, nil, fmt.Errorf("ports: no free loopback port after %d tries: %w", attempts, lastErr)
+}
+
+// Listenable says whether a server could listen on the loopback port now:
+// nil, or the error of listening there (e.g. "address already in use").
+func Listenable(port int) error {
+	ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	if err != nil {
+		return err
+	}
+	return ln.Close()
 }
 
 var errLocked = errors.New("locked by another process")
