@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -626,5 +627,40 @@ func TestHandOverCancelled(t *testing.T) {
 				t.Fatalf("err %v, want context.Canceled", err)
 			}
 		})
+	}
+}
+
+// Each event carries how long after its commit the server sent it, read from
+// the server's clock alone (XLogData's send time minus the commit time): the
+// sweeper yields while it is large. A send time before the commit (the
+// server's clock stepped back) gives 0, never a negative delay.
+func TestSentAfterIsTheServersSendDelay(t *testing.T) {
+	src := testSource(t, nil)
+	st, out := testStream(t, src)
+	const final, end = LSN(0x2000), LSN(0x2030)
+	send := func(at time.Time, msg []byte) {
+		t.Helper()
+		if err := st.handleCopyData(t.Context(), xlogData(0x1F00, 0x1F00, at, msg)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send(commitTime, beginMsg(final, commitTime, 900))
+	send(commitTime, relationMsg(outboxRel, "public", "outbox_events", outboxColumns...))
+	send(commitTime.Add(3*time.Second), insertMsg(outboxRel, outboxRow("id-late", "payout.sent", `{}`)...))
+	send(commitTime.Add(2*time.Millisecond), insertMsg(outboxRel, outboxRow("id-soon", "payout.sent", `{}`)...))
+	send(commitTime.Add(-time.Second), insertMsg(outboxRel, outboxRow("id-clock-back", "payout.sent", `{}`)...))
+	send(commitTime.Add(4*time.Second), logicalMsg(true, 0x1F80, MessagePrefix, `{"id": "id-msg", "topic": "payout.sent", "payload": {}}`))
+	send(commitTime.Add(4*time.Second), commitMsg(final, end, commitTime))
+	var got []string
+	for _, b := range handedOver(out) {
+		for _, c := range b {
+			if c.Kind == KindEvent {
+				got = append(got, fmt.Sprintf("%s %s", c.Event.ID, c.Event.SentAfter))
+			}
+		}
+	}
+	want := []string{"id-late 3s", "id-soon 2ms", "id-clock-back 0s", "id-msg 4s"}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("events (id, sent after) = %q, want %q", got, want)
 	}
 }

@@ -42,6 +42,11 @@ func (p Position) String() string { return fmt.Sprintf("%s/%d", p.CommitLSN, p.I
 type Event struct {
 	Pos        Position
 	CommitTime time.Time
+	// SentAfter is how long after the commit the server sent this event,
+	// both read from the server's clock (the XLogData send time minus the
+	// commit time): milliseconds when the relay keeps up, the backlog's age
+	// while it catches up. 0 for backfilled rows.
+	SentAfter time.Duration
 	// Table is the index of the event's outbox table in cdc.Config.Tables
 	// (for a logical message: the table it names, or the default table).
 	Table int

@@ -574,6 +574,7 @@ func (st *stream) handleWAL(ctx context.Context, xld pglogrepl.XLogData) error {
 			return nil
 		}
 		ev := &st.batch[len(st.batch)-1].Event
+		ev.SentAfter = sentAfter(xld.ServerTime, ev.CommitTime)
 		st.batchBytes += int64(len(ev.Payload) + len(ev.Headers))
 		if len(st.batch) >= st.src.cfg.BatchSize || st.batchBytes >= st.src.cfg.BatchBytes {
 			return st.flush(ctx)
@@ -611,6 +612,7 @@ func (st *stream) handleWAL(ctx context.Context, xld pglogrepl.XLogData) error {
 				st.src.log.Error().Err(err).Stringer("lsn", m.LSN).Msg("table-less event with a malformed body")
 			}
 			ev := &st.batch[len(st.batch)-1].Event
+			ev.SentAfter = sentAfter(xld.ServerTime, ev.CommitTime)
 			st.batchBytes += int64(len(ev.Payload) + len(ev.Headers))
 			if len(st.batch) >= st.src.cfg.BatchSize || st.batchBytes >= st.src.cfg.BatchBytes {
 				return st.flush(ctx)
@@ -624,6 +626,16 @@ func (st *stream) handleWAL(ctx context.Context, xld pglogrepl.XLogData) error {
 		// Type, Origin and anything else carry no outbox rows.
 	}
 	return nil
+}
+
+// sentAfter is how long after its commit the server sent an event; a send
+// time the server did not fill in (zero), or a commit stamped after it (the
+// clock stepped back), gives 0.
+func sentAfter(sent, commit time.Time) time.Duration {
+	if sent.IsZero() || commit.IsZero() || sent.Before(commit) {
+		return 0
+	}
+	return sent.Sub(commit)
 }
 
 // flush hands the batch to the relay. While the relay is not taking batches

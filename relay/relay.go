@@ -40,13 +40,16 @@ type Recycler interface {
 // Delivered describes one event that left the window: acked by the sink
 // (Stream, Seq) or dead-lettered (Reason). The sweeper marks rows from it.
 type Delivered struct {
-	ID         string
-	CreatedAt  string
-	Pos        cdc.Position
-	Table      int // the event's outbox table (cdc.Event.Table)
-	Stream     string
-	Seq        uint64
-	AckedAt    time.Time
+	ID        string
+	CreatedAt string
+	Pos       cdc.Position
+	Table     int // the event's outbox table (cdc.Event.Table)
+	Stream    string
+	Seq       uint64
+	AckedAt   time.Time
+	// SentAfter is cdc.Event.SentAfter: how far behind its commit the relay
+	// read the event (the sweeper yields while it is large).
+	SentAfter  time.Duration
 	DeadLetter bool
 	Reason     string
 }
@@ -608,7 +611,7 @@ func (l *loop) done(p *pending, ack *Ack) {
 		}
 	}
 	if l.r.cfg.OnDelivered != nil {
-		d := Delivered{ID: p.ev.ID, CreatedAt: p.ev.CreatedAt, Pos: p.ev.Pos, Table: p.ev.Table, AckedAt: now, DeadLetter: p.dlq, Reason: p.reason}
+		d := Delivered{ID: p.ev.ID, CreatedAt: p.ev.CreatedAt, Pos: p.ev.Pos, Table: p.ev.Table, AckedAt: now, SentAfter: p.ev.SentAfter, DeadLetter: p.dlq, Reason: p.reason}
 		if ack != nil {
 			d.Stream, d.Seq = ack.Stream, ack.Sequence
 		}

@@ -51,6 +51,7 @@ func NewTableSweeper(cfg config.Config, t config.Table, log zerolog.Logger, reg 
 		MarkProcessed:   t.Sweeper.MarkProcessed,
 		BatchSize:       t.Sweeper.BatchSize,
 		Interval:        t.Sweeper.Interval,
+		YieldAfter:      cfg.Sweeper.YieldAfter,
 		PartitionStep:   t.Sweeper.PartitionStep,
 		PartitionsAhead: t.Sweeper.PartitionsAhead,
 		NoMaintenance:   !t.Sweeper.Maintain,

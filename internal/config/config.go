@@ -217,6 +217,11 @@ type Sweeper struct {
 	// Maintain: keep partitions ahead and archive (needs table ownership).
 	// false leaves both to the DBA; rows are still marked.
 	Maintain bool `yaml:"maintain" env:"MAINTAIN"`
+	// YieldAfter: while the relay reads events this long or longer after
+	// their commit (it is catching up on a backlog), the sweeper writes no
+	// marks; those beyond its queue are read back from the stream once the
+	// relay has caught up. 0: never yield.
+	YieldAfter time.Duration `yaml:"yield_after" env:"YIELD_AFTER"`
 }
 
 // Archive moves old processed rows out of the outbox, to cold storage, and
@@ -261,7 +266,7 @@ func Default() Config {
 		Retry:   Retry{Initial: retry.DefaultInitial, Max: retry.DefaultMax},
 		Metrics: Metrics{Listen: "127.0.0.1:9187"},
 		Log:     Log{Level: "info", Format: "auto"},
-		Sweeper: Sweeper{MarkProcessed: true, BatchSize: 1000, Interval: 200 * time.Millisecond, PartitionStep: "day", PartitionsAhead: 7, Maintain: true},
+		Sweeper: Sweeper{MarkProcessed: true, BatchSize: 1000, Interval: 200 * time.Millisecond, PartitionStep: "day", PartitionsAhead: 7, Maintain: true, YieldAfter: time.Second},
 		Archive: Archive{After: 90 * 24 * time.Hour, DeleteAfter: 3 * 365 * 24 * time.Hour, S3: S3{UseSSL: true}},
 		Runtime: Runtime{GOMAXPROCS: 1},
 	}

@@ -19,6 +19,9 @@ func (c *Config) validateSweeper(bad func(key, format string, args ...any)) {
 	default:
 		bad("sweeper.partition_step", "%q: use day or month", sw.PartitionStep)
 	}
+	if sw.YieldAfter < 0 {
+		bad("sweeper.yield_after", "%s: must not be negative (0: the sweeper never yields to a catching-up relay)", sw.YieldAfter)
+	}
 	if sw.PartitionsAhead < 1 || sw.PartitionsAhead > 366 {
 		bad("sweeper.partitions_ahead", "%d: must be between 1 and 366 (days)", sw.PartitionsAhead)
 	}

@@ -10,7 +10,7 @@ func TestSweeperAndArchiveDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Sweeper{MarkProcessed: true, BatchSize: 1000, Interval: 200 * time.Millisecond, PartitionStep: "day", PartitionsAhead: 7, Maintain: true}
+	want := Sweeper{MarkProcessed: true, BatchSize: 1000, Interval: 200 * time.Millisecond, PartitionStep: "day", PartitionsAhead: 7, Maintain: true, YieldAfter: time.Second}
 	if cfg.Sweeper != want {
 		t.Errorf("sweeper %+v, want %+v", cfg.Sweeper, want)
 	}
@@ -21,7 +21,7 @@ func TestSweeperAndArchiveDefaults(t *testing.T) {
 
 func TestSweeperAndArchiveFromFileAndEnv(t *testing.T) {
 	cfg, err := load(t, validYAML+`
-sweeper: {mark_processed: false, batch_size: 500, interval: 1s, partition_step: month, partitions_ahead: 40, maintain: false}
+sweeper: {mark_processed: false, batch_size: 500, interval: 1s, partition_step: month, partitions_ahead: 40, maintain: false, yield_after: 0s}
 archive:
   after: 720h
   export_after: 1440h
@@ -31,7 +31,7 @@ archive:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Sweeper != (Sweeper{MarkProcessed: false, BatchSize: 2000, Interval: time.Second, PartitionStep: "month", PartitionsAhead: 40, Maintain: false}) {
+	if cfg.Sweeper != (Sweeper{MarkProcessed: false, BatchSize: 2000, Interval: time.Second, PartitionStep: "month", PartitionsAhead: 40, Maintain: false, YieldAfter: 0}) {
 		t.Errorf("sweeper %+v", cfg.Sweeper)
 	}
 	want := Archive{After: 720 * time.Hour, ExportAfter: 1440 * time.Hour, S3: S3{Endpoint: "minio:9000", Bucket: "outbox", Prefix: "prod", AccessKey: "ak", SecretKey: "sk"}}
@@ -48,6 +48,7 @@ func TestSweeperAndArchiveErrorsNameTheKey(t *testing.T) {
 		{"sweeper: {interval: 0s}", "sweeper.interval"},
 		{"sweeper: {partition_step: week}", "sweeper.partition_step"},
 		{"sweeper: {partitions_ahead: 0}", "sweeper.partitions_ahead"},
+		{"sweeper: {yield_after: -1s}", "sweeper.yield_after"},
 		{"archive: {after: -1h}", "archive.after"},
 		{"archive: {export_after: 100h, dir: /x}", "archive.export_after"}, // shorter than after
 		{"archive: {after: 0s, export_after: 100h, dir: /x}", "archive.export_after"},

@@ -10,3 +10,6 @@ var ArchiveName = cdc.TableName.Archive
 
 // LockKey is the advisory lock of a table's maintenance.
 var LockKey = lockKey
+
+// Yielding reports whether the sweeper yields to a catching-up relay.
+func (s *Sweeper) Yielding() bool { return s.yielding() }

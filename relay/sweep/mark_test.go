@@ -203,25 +203,35 @@ func TestMarkWaitsForARowNotVisibleYet(t *testing.T) {
 	}
 }
 
+// deliveries returns a delivery of every outbox row, in id order, acked now
+// into stream ORDERS (sequences 1, 2, ...) and sent sentAfter after its commit.
+func (d *db) deliveries(sentAfter time.Duration) []relay.Delivered {
+	d.t.Helper()
+	rows, err := d.pool.Query(context.Background(), `SELECT id::text, created_at::text FROM outbox_events ORDER BY id`)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	defer rows.Close()
+	var ds []relay.Delivered
+	for rows.Next() {
+		dl := relay.Delivered{AckedAt: time.Now(), Stream: "ORDERS", Seq: uint64(len(ds) + 1), SentAfter: sentAfter}
+		if err := rows.Scan(&dl.ID, &dl.CreatedAt); err != nil {
+			d.t.Fatal(err)
+		}
+		ds = append(ds, dl)
+	}
+	if err := rows.Err(); err != nil {
+		d.t.Fatal(err)
+	}
+	return ds
+}
+
 // A full queue drops marks at once (the relay never waits) and counts them.
 func TestFullQueueDropsMarksWithoutBlocking(t *testing.T) {
 	d := newDB(t, true)
 	d.exec(`INSERT INTO outbox_events (topic, payload) SELECT 'orders.x', '{}' FROM generate_series(1, 25)`)
 	sw := d.sweeper(func(c *sweep.Config) { c.QueueSize = 10 })
-	rows, err := d.pool.Query(context.Background(), `SELECT id::text, created_at::text FROM outbox_events`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ds []relay.Delivered
-	for rows.Next() {
-		var dl relay.Delivered
-		if err := rows.Scan(&dl.ID, &dl.CreatedAt); err != nil {
-			t.Fatal(err)
-		}
-		dl.AckedAt, dl.Stream, dl.Seq = time.Now(), "ORDERS", 1
-		ds = append(ds, dl)
-	}
-	rows.Close()
+	ds := d.deliveries(0)
 	for _, dl := range ds {
 		sw.OnDelivered(dl) // nothing drains the queue yet
 	}
@@ -380,4 +390,96 @@ func TestNullProcessedIsUnprocessed(t *testing.T) {
 	if n := d.int(`SELECT count(*) FROM nullable_outbox WHERE processed`); n != 1 {
 		t.Fatalf("%d rows marked, want the acked NULL row", n)
 	}
+}
+
+// While the relay catches up (its events were sent a second or more after
+// their commit) the sweeper writes nothing: marks wait in the queue, and
+// those beyond it are deferred to the read-back, counted apart from drops.
+// Once late marks stop coming it writes again; an on-time mark ends the
+// yield at once.
+func TestSweeperYieldsWhileTheRelayCatchesUp(t *testing.T) {
+	d := newDB(t, true)
+	d.exec(`INSERT INTO outbox_events (topic, payload) SELECT 'orders.x', '{}' FROM generate_series(1, 30)`)
+	sw := d.sweeper(func(c *sweep.Config) { c.QueueSize, c.BatchSize, c.YieldAfter = 10, 5, time.Second })
+	ds := d.deliveries(5 * time.Second)
+	stop := sw.Start(context.Background())
+	defer stop()
+	for _, dl := range ds[:25] {
+		sw.OnDelivered(dl)
+	}
+	if sw.Pending() != 10 || sw.Deferred() != 15 || sw.Dropped() != 0 {
+		t.Fatalf("pending %d, deferred %d, dropped %d; want 10, 15 and 0", sw.Pending(), sw.Deferred(), sw.Dropped())
+	}
+	if v := testutil.ToFloat64(sw.Metrics().Deferred); v != 15 {
+		t.Errorf("walbox_sweeper_marks_deferred_total = %v, want 15", v)
+	}
+	// Late marks keep coming for 1.5 s (the same row again: harmless), 30
+	// times the sweeper's interval: it writes nothing meanwhile.
+	for range 30 {
+		sw.OnDelivered(ds[24])
+		time.Sleep(50 * time.Millisecond)
+		if n := d.int(`SELECT count(*) FROM outbox_events WHERE processed`); n != 0 {
+			t.Fatalf("%d rows marked while the relay was catching up", n)
+		}
+	}
+	// They stop: after the hold (500 ms) the queued marks are written.
+	relaytest.Eventually(t, 10*time.Second, "the queued marks written once late marks stopped", func() bool {
+		return d.int(`SELECT count(*) FROM outbox_events WHERE processed`) == 10
+	})
+	// Yielding again, then an on-time mark: the yield ends at once, without
+	// waiting for the hold to pass.
+	sw.OnDelivered(ds[25])
+	if !sw.Yielding() {
+		t.Fatal("not yielding after a mark sent 5 s after its commit")
+	}
+	onTime := ds[26]
+	onTime.SentAfter = 3 * time.Millisecond
+	sw.OnDelivered(onTime)
+	if sw.Yielding() {
+		t.Fatal("still yielding after a mark sent 3 ms after its commit")
+	}
+	relaytest.Eventually(t, 10*time.Second, "the marks after the on-time one written", func() bool {
+		return d.int(`SELECT count(*) FROM outbox_events WHERE processed`) == 12
+	})
+	if sw.Dropped() != 0 {
+		t.Errorf("%d marks dropped; deferred ones are not drops", sw.Dropped())
+	}
+}
+
+// The whole path: a relay catching up on a backlog makes the sweeper yield;
+// the marks beyond its queue are read back from the stream once the relay
+// has caught up, and every row ends processed with nothing dropped.
+func TestCatchUpDefersMarksToTheReadBack(t *testing.T) {
+	d := newDB(t, true)
+	e := newRelayEnv(t, d, func(c *config.Config) {
+		c.Sweeper.BatchSize = 10 // a queue of 100 marks
+		c.Sweeper.YieldAfter = 300 * time.Millisecond
+	})
+	d.exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, e.cfg.Postgres.Slot)
+	for range 20 {
+		d.exec(`INSERT INTO outbox_events (topic, payload) SELECT 'orders.backlog', '{}' FROM generate_series(1, 100)`)
+	}
+	time.Sleep(400 * time.Millisecond) // the backlog is older than yield_after when the relay reads it
+	e.start()
+	defer e.stop()
+	relaytest.Eventually(t, 60*time.Second, "the 2,000 events published", func() bool { return e.streamMsgs("ORDERS") == 2000 })
+	relaytest.Eventually(t, 60*time.Second, "every row marked (queued or read back)", func() bool {
+		return d.int(`SELECT count(*) FROM outbox_events WHERE processed AND processed_at IS NOT NULL`) == 2000
+	})
+	deferred := relaytest.Metric(t, e.reg, "walbox_sweeper_marks_deferred_total", nil)
+	t.Logf("%v marks deferred to the read-back", deferred)
+	// All 1,900 beyond the queue when nothing stalls; fewer when the relay
+	// paused for longer than the yield's hold (a loaded machine), during
+	// which the sweeper writes.
+	if deferred == 0 {
+		t.Error("no mark deferred: the sweeper did not yield to the catching-up relay")
+	}
+	if dropped := relaytest.Metric(t, e.reg, "walbox_sweeper_dropped_total", nil); dropped != 0 {
+		t.Errorf("%v marks dropped while yielding; deferred marks are not drops", dropped)
+	}
+	// Live events after the catch-up are marked from their acks again.
+	d.exec(`INSERT INTO outbox_events (topic, payload) SELECT 'orders.live', '{}' FROM generate_series(1, 50)`)
+	relaytest.Eventually(t, 30*time.Second, "live rows marked", func() bool {
+		return d.int(`SELECT count(*) FROM outbox_events WHERE topic = 'orders.live' AND processed`) == 50
+	})
 }

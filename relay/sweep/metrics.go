@@ -13,6 +13,7 @@ type Metrics struct {
 	OldestUnprocessed prometheus.Gauge
 	Marked            prometheus.Counter
 	Dropped           prometheus.Counter
+	Deferred          prometheus.Counter
 	Unseen            prometheus.Counter
 	Queue             prometheus.Gauge
 	Archived          prometheus.Counter
@@ -29,6 +30,7 @@ func newMetrics(reg prometheus.Registerer) *Metrics {
 		OldestUnprocessed: f.Gauge("walbox_outbox_oldest_unprocessed_seconds", "Age of the oldest outbox row not yet marked processed; 0 when there is none (computed every 30 s)."),
 		Marked:            f.Counter("walbox_sweeper_marked_total", "Outbox rows the sweeper marked processed after their JetStream ack."),
 		Dropped:           f.Counter("walbox_sweeper_dropped_total", "Marks dropped because the sweeper's queue was full, the update failed for good, or the row stayed out of sight; those rows stay unprocessed until the catch-up reads them back."),
+		Deferred:          f.Counter("walbox_sweeper_marks_deferred_total", "Marks left to the read-back from the stream because the relay was catching up (the sweeper yields to it; see sweeper.yield_after)."),
 		Unseen:            f.Counter("walbox_sweeper_marks_unseen_total", "Marks whose row the sweeper could not see yet (the commit was decoded before it became visible); tried again for up to 10 s."),
 		Queue:             f.Gauge("walbox_sweeper_queue", "Marks waiting to be written to the outbox table."),
 		Archived:          f.Counter("walbox_archive_partitions_archived_total", "Outbox partitions moved into the archive table."),

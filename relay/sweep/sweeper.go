@@ -72,7 +72,14 @@ type Config struct {
 	BackoffMax     time.Duration
 	// StopTimeout bounds the final flush of the queue at Stop (default 5 s).
 	StopTimeout time.Duration
-	Logger      zerolog.Logger
+	// YieldAfter: while the relay delivers events the server sent this long
+	// or longer after their commit (relay.Delivered.SentAfter: it is
+	// catching up on a backlog), the sweeper writes nothing and leaves the
+	// CPU and the database to the relay. Marks beyond the queue are kept as
+	// stream ranges and read back from the stream once it has caught up
+	// (the same path as dropped marks). 0: never yield.
+	YieldAfter time.Duration
+	Logger     zerolog.Logger
 	// Registry receives the metrics; nil leaves them unregistered.
 	Registry prometheus.Registerer
 }
@@ -151,9 +158,16 @@ type Sweeper struct {
 	later []mark // marks whose rows were not visible yet, tried again each round
 	wake  chan struct{}
 
-	dropped atomic.Uint64
-	marked  atomic.Uint64
-	info    atomic.Pointer[tableInfo]
+	dropped  atomic.Uint64
+	deferred atomic.Uint64
+	marked   atomic.Uint64
+
+	// yieldUntil (under mu): the sweeper writes nothing before it (see
+	// Config.YieldAfter); each mark sent late pushes it on by yieldHold, a
+	// mark sent on time clears it.
+	yieldUntil time.Time
+	catchUpNow chan struct{} // the yield ended: read the deferred ranges back now
+	info       atomic.Pointer[tableInfo]
 
 	maint    sync.Mutex // one maintenance run at a time in this process
 	warnOnce sync.Map
@@ -253,6 +267,8 @@ func New(cfg Config) (*Sweeper, error) {
 		m:    newMetrics(cfg.Registry),
 		pool: pool,
 		wake: make(chan struct{}, 1),
+
+		catchUpNow: make(chan struct{}, 1),
 	}
 	return s, nil
 }
@@ -271,23 +287,53 @@ func (s *Sweeper) OnDelivered(d relay.Delivered) {
 		return
 	}
 	mk := mark{id: d.ID, createdAt: d.CreatedAt, at: d.AckedAt, dlq: d.DeadLetter, stored: d.Seq > 0, reason: d.Reason, stream: d.Stream, seq: d.Seq}
+	yielding := false
 	s.mu.Lock()
+	if s.cfg.YieldAfter > 0 {
+		now := time.Now()
+		if d.SentAfter >= s.cfg.YieldAfter {
+			s.yieldUntil = now.Add(s.yieldHold())
+		} else {
+			s.yieldUntil = time.Time{}
+		}
+		yielding = now.Before(s.yieldUntil)
+	}
 	if len(s.queue)-s.head >= s.cfg.QueueSize {
 		s.loseLocked(mk)
 		s.mu.Unlock()
-		s.dropped.Add(1)
-		s.m.Dropped.Inc()
+		if yielding {
+			s.deferred.Add(1)
+			s.m.Deferred.Inc()
+		} else {
+			s.dropped.Add(1)
+			s.m.Dropped.Inc()
+		}
 		return
 	}
 	s.queue = append(s.queue, mk)
 	n := len(s.queue) - s.head
 	s.mu.Unlock()
-	if n >= s.cfg.BatchSize {
+	if n >= s.cfg.BatchSize && !yielding {
 		select {
 		case s.wake <- struct{}{}:
 		default:
 		}
 	}
+}
+
+// yieldHold is how long one mark sent late keeps the sweeper yielding: a
+// catch-up delivers marks far more often than that; once they stop (caught
+// up, or the relay stalled) the sweeper writes again.
+func (s *Sweeper) yieldHold() time.Duration { return max(2*s.cfg.Interval, 500*time.Millisecond) }
+
+// yielding reports whether the relay is catching up (see Config.YieldAfter).
+func (s *Sweeper) yielding() bool {
+	if s.cfg.YieldAfter <= 0 {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return time.Now().Before(s.yieldUntil)
 }
 
 // Hook returns the function to pass as relay.Config.OnDelivered: it queues
@@ -405,6 +451,7 @@ func (s *Sweeper) markLoop(ctx context.Context, stopping <-chan struct{}) {
 	defer ticker.Stop()
 	var batch []mark
 	lastDropped := uint64(0)
+	yieldedAt, deferredAt := time.Time{}, uint64(0)
 	for {
 		final := false
 		select {
@@ -414,6 +461,26 @@ func (s *Sweeper) markLoop(ctx context.Context, stopping <-chan struct{}) {
 			final = true
 		case <-s.wake:
 		case <-ticker.C:
+		}
+		if !final && s.yielding() {
+			if yieldedAt.IsZero() {
+				yieldedAt, deferredAt = time.Now(), s.deferred.Load()
+				s.log.Info().Stringer("sent_after_at_least", s.cfg.YieldAfter).
+					Msg("the relay is catching up: the sweeper yields until it has (marks beyond the queue are read back from the stream afterwards)")
+			}
+			continue
+		}
+		if !yieldedAt.IsZero() {
+			n := s.deferred.Load() - deferredAt
+			s.log.Info().Stringer("yielded_for", time.Since(yieldedAt).Round(time.Millisecond)).Uint64("deferred_marks", n).
+				Msg("the relay has caught up: the sweeper writes its marks again")
+			yieldedAt = time.Time{}
+			if n > 0 {
+				select {
+				case s.catchUpNow <- struct{}{}:
+				default:
+				}
+			}
 		}
 		if l := s.takeLater(); len(l) > 0 {
 			s.retryLater(s.write(ctx, l))
@@ -704,6 +771,10 @@ func (s *Sweeper) Marked() uint64 { return s.marked.Load() }
 // Dropped is the number of marks this sweeper dropped.
 func (s *Sweeper) Dropped() uint64 { return s.dropped.Load() }
 
+// Deferred is the number of marks left to the read-back while the sweeper
+// yielded to a catching-up relay.
+func (s *Sweeper) Deferred() uint64 { return s.deferred.Load() }
+
 // statsLoop refreshes the unprocessed gauges.
 func (s *Sweeper) statsLoop(ctx context.Context, stopping <-chan struct{}) {
 	// The catch-up of dropped marks looks every 2 s (cheap: one look at
@@ -714,8 +785,13 @@ func (s *Sweeper) statsLoop(ctx context.Context, stopping <-chan struct{}) {
 	defer ticker.Stop()
 	var lastGauges time.Time
 	for {
-		if err := s.catchUp(ctx); err != nil && ctx.Err() == nil {
-			s.log.Warn().Err(err).Msg("catch-up of dropped marks failed; will retry")
+		// While the relay catches up, the catch-up waits too (the ranges
+		// stay in evidence): it would compete with the relay for the same
+		// CPU and database.
+		if !s.yielding() {
+			if err := s.catchUp(ctx); err != nil && ctx.Err() == nil {
+				s.log.Warn().Err(err).Msg("catch-up of dropped marks failed; will retry")
+			}
 		}
 		if time.Since(lastGauges) >= s.cfg.StatsInterval-tick/2 {
 			lastGauges = time.Now()
@@ -729,6 +805,7 @@ func (s *Sweeper) statsLoop(ctx context.Context, stopping <-chan struct{}) {
 		case <-stopping:
 			return
 		case <-ticker.C:
+		case <-s.catchUpNow:
 		}
 	}
 }
