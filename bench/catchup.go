@@ -300,9 +300,10 @@ func (b *bench) endCatchup(ctx context.Context, res *catchupResult, meter *phase
 
 // settle lets the relay finish what the catch-up left behind before it is
 // stopped, so that the next phase does not pay for it: with the processed
-// flag on, the sweeper marking the last rows (timed: MarkedAfter); then a
-// checkpoint (which logs the running transactions the slot's restart point
-// advances by) and the slot confirming the WAL written so far.
+// flag on, the sweeper marking the last rows (timed: MarkedAfter); then
+// checkpoints (each logs the running transactions the slot's restart point
+// advances by) until the slot has confirmed the WAL written so far and its
+// restart point has passed it.
 func (b *bench) settle(ctx context.Context, r *relayProc, res *catchupResult, marks bool) error {
 	deadline := time.Now().Add(b.p.Stall)
 	poll := func(what string, done func(context.Context) (bool, error)) error {
@@ -350,22 +351,57 @@ func (b *bench) settle(ctx context.Context, r *relayProc, res *catchupResult, ma
 			return fmt.Errorf("marking the flag-off run's rows: %w", err)
 		}
 	}
-	var lsn string
-	qctx, cancel := context.WithTimeout(ctx, time.Minute)
-	_, err := b.env.pool.Exec(qctx, "CHECKPOINT")
-	if err == nil {
-		err = b.env.pool.QueryRow(qctx, "SELECT pg_current_wal_lsn()::text").Scan(&lsn)
+	// The slot's restart point moves to the snapshot the walsender saved
+	// at the running-transactions record before the last one it decoded:
+	// one checkpoint leaves restart_lsn behind this phase's WAL, and the
+	// next relay start decodes all of it again (280 MB more than its own
+	// backlog, seen in the flag-on rounds that followed a flag-off one).
+	// Checkpoints until restart_lsn has passed the WAL written so far.
+	var first string
+	for i := 0; ; i++ {
+		var lsn string
+		qctx, cancel := context.WithTimeout(ctx, time.Minute)
+		_, err := b.env.pool.Exec(qctx, "CHECKPOINT")
+		if err == nil {
+			err = b.env.pool.QueryRow(qctx, "SELECT pg_current_wal_lsn()::text").Scan(&lsn)
+		}
+		cancel()
+		if err != nil {
+			return fmt.Errorf("checkpoint: %w", err)
+		}
+		if first == "" {
+			first = lsn
+		}
+		err = poll("waiting for the slot to confirm the WAL written", func(ctx context.Context) (bool, error) {
+			var ok bool
+			err := b.env.pool.QueryRow(ctx, "SELECT coalesce(bool_and(confirmed_flush_lsn >= $2::pg_lsn), false) FROM pg_replication_slots WHERE slot_name = $1",
+				slotName, lsn).Scan(&ok)
+			return ok, err
+		})
+		if err != nil {
+			return err
+		}
+		var restarted bool
+		qctx, cancel = context.WithTimeout(ctx, 10*time.Second)
+		err = b.env.pool.QueryRow(qctx, "SELECT coalesce(bool_and(restart_lsn >= $2::pg_lsn), false) FROM pg_replication_slots WHERE slot_name = $1",
+			slotName, first).Scan(&restarted)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("slot restart_lsn: %w", err)
+		}
+		if restarted {
+			return nil
+		}
+		if i == 4 {
+			b.logf("  the slot's restart_lsn is still before %s after 5 checkpoints: the next start decodes that WAL again", first)
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond): // the walsender saves the restart point at the next status update
+		}
 	}
-	cancel()
-	if err != nil {
-		return fmt.Errorf("checkpoint: %w", err)
-	}
-	return poll("waiting for the slot to confirm the WAL written", func(ctx context.Context) (bool, error) {
-		var ok bool
-		err := b.env.pool.QueryRow(ctx, "SELECT coalesce(bool_and(confirmed_flush_lsn >= $2::pg_lsn), false) FROM pg_replication_slots WHERE slot_name = $1",
-			slotName, lsn).Scan(&ok)
-		return ok, err
-	})
 }
 
 // loadBacklog commits n events in transactions of TxnRows rows over Loaders
