@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -655,7 +654,7 @@ func TestSentAfterIsTheServersSendDelay(t *testing.T) {
 	for _, b := range handedOver(out) {
 		for _, c := range b {
 			if c.Kind == KindEvent {
-				got = append(got, fmt.Sprintf("%s %s", c.Event.ID, c.Event.SentAfter))
+				got = append(got, c.Event.ID+" "+c.Event.SentAfter.String())
 			}
 		}
 	}
