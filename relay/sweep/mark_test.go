@@ -368,6 +368,23 @@ func TestMarksLostInACrashAreCaughtUpAtStart(t *testing.T) {
 	})
 }
 
+// A stop while the sweeper yielded to a catch-up leaves more delivered rows
+// unmarked than the mark queue and the publish window. The read-back at
+// start takes as many of the newest messages as there are unprocessed rows,
+// so those are caught up too. Before, only the fixed tail (here 10 × 1 +
+// 2 × 100 = 210 messages) was read back and 790 rows stayed unprocessed.
+func TestUnmarkedRowsBeyondTheTailAreCaughtUpAtStart(t *testing.T) {
+	d, e := deliveredUnmarked(t, 1000) // as if a stop left the deferred marks unwritten
+	e.cfg.Sweeper.MarkProcessed = true
+	e.cfg.Sweeper.BatchSize = 1
+	e.cfg.NATS.Window = 100
+	e.start()
+	defer e.stop()
+	relaytest.Eventually(t, 60*time.Second, "the 1,000 delivered rows caught up at start", func() bool {
+		return d.int(`SELECT count(*) FROM outbox_events WHERE processed AND processed_at IS NOT NULL`) == 1000
+	})
+}
+
 // A nullable processed column: a NULL is unprocessed everywhere. Before,
 // a NULL row was never marked (NOT NULL is NULL), never counted and never
 // backfilled, and archival did not see it as blocking.

@@ -784,11 +784,13 @@ func (s *Sweeper) statsLoop(ctx context.Context, stopping <-chan struct{}) {
 	ticker := time.NewTicker(tick)
 	defer ticker.Stop()
 	var lastGauges time.Time
-	for {
+	for first := true; ; first = false {
 		// While the relay catches up, the catch-up waits too (the ranges
 		// stay in evidence): it would compete with the relay for the same
-		// CPU and database.
-		if !s.yielding() {
+		// CPU and database. The first waits one tick, so that a relay
+		// starting on a backlog is seen catching up before the read-back
+		// at start begins.
+		if !first && !s.yielding() {
 			if err := s.catchUp(ctx); err != nil && ctx.Err() == nil {
 				s.log.Warn().Err(err).Msg("catch-up of dropped marks failed; will retry")
 			}
@@ -847,8 +849,12 @@ func (s *Sweeper) catchUp(ctx context.Context) error {
 	}
 	var jobs []job
 	if s.tailOnStart.Load() {
+		tail := rb.tail
+		if n, err := s.unprocessedRows(ctx); err == nil && n > int64(tail) {
+			tail = int(min(n, startTailMax))
+		}
 		for _, st := range rb.streams {
-			jobs = append(jobs, job{stream: st, tail: rb.tail})
+			jobs = append(jobs, job{stream: st, tail: tail})
 		}
 	}
 	s.mu.Lock()
@@ -909,6 +915,23 @@ func (s *Sweeper) catchUp(ctx context.Context) error {
 	s.log.Info().Uint64("rows", total).Int("ranges", len(jobs)).
 		Msg("caught up dropped marks: rows whose ids were read back from their streams marked processed")
 	return nil
+}
+
+// startTailMax bounds the messages per stream the read-back at start takes.
+const startTailMax = 1_000_000
+
+// unprocessedRows is the number of rows not marked processed (0 when the
+// table has no processed column). At start the read-back takes at least as
+// many of each stream's newest messages: a stop while the sweeper yielded
+// (or after drops) can leave that many delivered rows unmarked, beyond the
+// mark queue and the publish window that a crash alone leaves.
+func (s *Sweeper) unprocessedRows(ctx context.Context) (int64, error) {
+	ti, err := s.tableInfo(ctx)
+	if err != nil || !ti.processed {
+		return 0, err
+	}
+	n, _, err := unprocessed(ctx, s.pool, ti)
+	return n, err
 }
 
 // unprocessed counts the rows not marked processed and the age of the oldest.
