@@ -573,12 +573,7 @@ func (st *stream) handleWAL(ctx context.Context, xld pglogrepl.XLogData) error {
 			st.batch = st.batch[:len(st.batch)-1]
 			return nil
 		}
-		ev := &st.batch[len(st.batch)-1].Event
-		ev.SentAfter = sentAfter(xld.ServerTime, ev.CommitTime)
-		st.batchBytes += int64(len(ev.Payload) + len(ev.Headers))
-		if len(st.batch) >= st.src.cfg.BatchSize || st.batchBytes >= st.src.cfg.BatchBytes {
-			return st.flush(ctx)
-		}
+		return st.appended(ctx, xld.ServerTime)
 	case pglogrepl.MessageTypeCommit:
 		var m pglogrepl.CommitMessage
 		if err := m.Decode(d[1:]); err != nil {
@@ -611,12 +606,7 @@ func (st *stream) handleWAL(ctx context.Context, xld pglogrepl.XLogData) error {
 				// dead-letters it with the reason.
 				st.src.log.Error().Err(err).Stringer("lsn", m.LSN).Msg("table-less event with a malformed body")
 			}
-			ev := &st.batch[len(st.batch)-1].Event
-			ev.SentAfter = sentAfter(xld.ServerTime, ev.CommitTime)
-			st.batchBytes += int64(len(ev.Payload) + len(ev.Headers))
-			if len(st.batch) >= st.src.cfg.BatchSize || st.batchBytes >= st.src.cfg.BatchBytes {
-				return st.flush(ctx)
-			}
+			return st.appended(ctx, xld.ServerTime)
 		} else if !m.Transactional && !st.dec.inTxn {
 			// A heartbeat: everything before it was handed over already.
 			st.batch = append(st.batch, Change{Kind: KindWALEnd, LSN: m.LSN})
@@ -624,6 +614,18 @@ func (st *stream) handleWAL(ctx context.Context, xld pglogrepl.XLogData) error {
 		}
 	default:
 		// Type, Origin and anything else carry no outbox rows.
+	}
+	return nil
+}
+
+// appended accounts for the event just appended to the batch (sent by the
+// server at sent) and hands the batch over when it is full.
+func (st *stream) appended(ctx context.Context, sent time.Time) error {
+	ev := &st.batch[len(st.batch)-1].Event
+	ev.SentAfter = sentAfter(sent, ev.CommitTime)
+	st.batchBytes += int64(len(ev.Payload) + len(ev.Headers))
+	if len(st.batch) >= st.src.cfg.BatchSize || st.batchBytes >= st.src.cfg.BatchBytes {
+		return st.flush(ctx)
 	}
 	return nil
 }

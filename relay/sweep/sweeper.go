@@ -797,7 +797,7 @@ func (s *Sweeper) statsLoop(ctx context.Context, stopping <-chan struct{}) {
 		}
 		if time.Since(lastGauges) >= s.cfg.StatsInterval-tick/2 {
 			lastGauges = time.Now()
-			if err := s.refreshGauges(ctx); err != nil && ctx.Err() == nil {
+			if _, err := s.refreshGauges(ctx); err != nil && ctx.Err() == nil {
 				s.log.Debug().Err(err).Msg("unprocessed gauges not updated")
 			}
 		}
@@ -812,21 +812,23 @@ func (s *Sweeper) statsLoop(ctx context.Context, stopping <-chan struct{}) {
 	}
 }
 
-func (s *Sweeper) refreshGauges(ctx context.Context) error {
+// refreshGauges sets the unprocessed gauges and returns the number of rows
+// not marked processed (0 when the table has no processed column).
+func (s *Sweeper) refreshGauges(ctx context.Context) (unprocessedRows int64, err error) {
 	ti, err := s.tableInfo(ctx)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if !ti.processed {
-		return nil
+		return 0, nil
 	}
 	n, age, err := unprocessed(ctx, s.pool, ti)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	s.m.Unprocessed.Set(float64(n))
 	s.m.OldestUnprocessed.Set(age.Seconds())
-	return nil
+	return n, nil
 }
 
 // catchUp marks the rows whose marks were dropped, from evidence alone: the
@@ -850,7 +852,11 @@ func (s *Sweeper) catchUp(ctx context.Context) error {
 	var jobs []job
 	if s.tailOnStart.Load() {
 		tail := rb.tail
-		if n, err := s.unprocessedRows(ctx); err == nil && n > int64(tail) {
+		// At least as many of each stream's newest messages as there are
+		// unprocessed rows: a stop while the sweeper yielded (or after
+		// drops) can leave that many delivered rows unmarked, beyond the
+		// mark queue and the publish window that a crash alone leaves.
+		if n, err := s.refreshGauges(ctx); err == nil && n > int64(tail) {
 			tail = int(min(n, startTailMax))
 		}
 		for _, st := range rb.streams {
@@ -919,20 +925,6 @@ func (s *Sweeper) catchUp(ctx context.Context) error {
 
 // startTailMax bounds the messages per stream the read-back at start takes.
 const startTailMax = 1_000_000
-
-// unprocessedRows is the number of rows not marked processed (0 when the
-// table has no processed column). At start the read-back takes at least as
-// many of each stream's newest messages: a stop while the sweeper yielded
-// (or after drops) can leave that many delivered rows unmarked, beyond the
-// mark queue and the publish window that a crash alone leaves.
-func (s *Sweeper) unprocessedRows(ctx context.Context) (int64, error) {
-	ti, err := s.tableInfo(ctx)
-	if err != nil || !ti.processed {
-		return 0, err
-	}
-	n, _, err := unprocessed(ctx, s.pool, ti)
-	return n, err
-}
 
 // unprocessed counts the rows not marked processed and the age of the oldest.
 func unprocessed(ctx context.Context, q querier, ti *tableInfo) (int64, time.Duration, error) {
