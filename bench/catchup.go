@@ -357,6 +357,13 @@ func (b *bench) settle(ctx context.Context, r *relayProc, res *catchupResult, ma
 	// next relay start decodes all of it again (280 MB more than its own
 	// backlog, seen in the flag-on rounds that followed a flag-off one).
 	// Checkpoints until restart_lsn has passed the WAL written so far.
+	// slotPast: the slot's col (confirmed_flush_lsn or restart_lsn) is at or past lsn.
+	slotPast := func(ctx context.Context, col, lsn string) (bool, error) {
+		var ok bool
+		err := b.env.pool.QueryRow(ctx, "SELECT coalesce(bool_and("+col+" >= $2::pg_lsn), false) FROM pg_replication_slots WHERE slot_name = $1",
+			slotName, lsn).Scan(&ok)
+		return ok, err
+	}
 	var first string
 	for i := 0; ; i++ {
 		var lsn string
@@ -373,18 +380,13 @@ func (b *bench) settle(ctx context.Context, r *relayProc, res *catchupResult, ma
 			first = lsn
 		}
 		err = poll("waiting for the slot to confirm the WAL written", func(ctx context.Context) (bool, error) {
-			var ok bool
-			err := b.env.pool.QueryRow(ctx, "SELECT coalesce(bool_and(confirmed_flush_lsn >= $2::pg_lsn), false) FROM pg_replication_slots WHERE slot_name = $1",
-				slotName, lsn).Scan(&ok)
-			return ok, err
+			return slotPast(ctx, "confirmed_flush_lsn", lsn)
 		})
 		if err != nil {
 			return err
 		}
-		var restarted bool
 		qctx, cancel = context.WithTimeout(ctx, 10*time.Second)
-		err = b.env.pool.QueryRow(qctx, "SELECT coalesce(bool_and(restart_lsn >= $2::pg_lsn), false) FROM pg_replication_slots WHERE slot_name = $1",
-			slotName, first).Scan(&restarted)
+		restarted, err := slotPast(qctx, "restart_lsn", first)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("slot restart_lsn: %w", err)
