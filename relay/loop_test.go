@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -11,7 +12,9 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/walbox/walbox/cdc"
 )
@@ -903,6 +906,51 @@ func TestLoopPublishCallFailsWithAcksInFlight(t *testing.T) {
 		} {
 			if c.got != c.want {
 				t.Errorf("%s = %v, want %v", name, c.got, c.want)
+			}
+		}
+	})
+}
+
+// Commit → ack is split at the server's send time: the part before it is
+// PostgreSQL's (its walsender, its WAL flush), the part after walbox's and
+// JetStream's. An event without a send time (backfilled) is in neither.
+func TestLoopSplitsCommitToAckAtTheServersSend(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sc := buildScript(1, 1, 1)
+		commit := time.Now().Add(-50 * time.Millisecond)
+		for i, txn := range sc.txns {
+			ev := &txn[1].Event
+			ev.CommitTime = commit
+			if i < 2 {
+				ev.SentAfter = 30 * time.Millisecond
+			}
+		}
+		rig := startLoop(t, sc, Config{Window: 8}, func(st, _ *fakeStream) { st.hold = true })
+		rig.feed(0, 3)
+		synctest.Wait()
+		time.Sleep(20 * time.Millisecond) // the ack comes 70 ms after the commit
+		for n := 1; n <= 3; n++ {
+			rig.resolve(rig.st, n, nil)
+		}
+		rig.waitConfirmed(sc.last())
+		rig.stop()
+		for _, h := range []struct {
+			name       string
+			m          prometheus.Histogram
+			count      uint64
+			sumSeconds float64
+		}{
+			{"walbox_commit_to_ack_seconds", rig.m.CommitToAck, 3, 3 * 0.070},
+			{"walbox_commit_to_sent_seconds", rig.m.CommitToSent, 2, 2 * 0.030},
+			{"walbox_sent_to_ack_seconds", rig.m.SentToAck, 2, 2 * 0.040},
+		} {
+			var m dto.Metric
+			if err := h.m.Write(&m); err != nil {
+				t.Fatal(err)
+			}
+			got := m.GetHistogram()
+			if got.GetSampleCount() != h.count || math.Abs(got.GetSampleSum()-h.sumSeconds) > 1e-9 {
+				t.Errorf("%s: %d samples summing to %.6fs, want %d summing to %.6fs", h.name, got.GetSampleCount(), got.GetSampleSum(), h.count, h.sumSeconds)
 			}
 		}
 	})
