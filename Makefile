@@ -20,6 +20,7 @@ test:
 	cd bench/watermill && $(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || (echo "gofmt needed:"; gofmt -l .; exit 1)
 	for m in $(LIBS); do (cd $$m && $(GO) test -race -count=1 ./...) || exit 1; done
+	cd bench && $(GO) test -race -count=1 .
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 
 # A few minutes: the unit tests (no servers) and one end-to-end smoke test

@@ -56,6 +56,7 @@ type environment struct {
 	ns        *natstest.Server
 	nc        *nats.Conn
 	js        jetstream.JetStream
+	metrics   string // the relay's metrics address (host:port)
 	info      envInfo
 }
 
@@ -170,7 +171,11 @@ func (b *bench) setup(ctx context.Context) (*environment, error) {
 	cfg.Postgres.Publication = publication
 	cfg.NATS.URL = env.ns.URL()
 	cfg.NATS.Streams = []config.Stream{{Name: benchStream, Subjects: []string{"bench.>"}, Storage: "file", DuplicateWindow: dupWindow}}
-	cfg.Metrics.Listen = ""
+	// The live phases read the relay's split of commit → ack from it.
+	if env.metrics, err = freeLocalAddr(); err != nil {
+		return nil, err
+	}
+	cfg.Metrics.Listen = env.metrics
 	cfg.Log.Level = "warn"
 	cfg.Log.Format = "json"
 	if err := cfg.Validate(); err != nil {
@@ -302,6 +307,29 @@ func procStatTicks(pid, first, second int) (time.Duration, error) {
 		return 0, fmt.Errorf("/proc/%d/stat: unexpected format", pid)
 	}
 	return time.Duration(x+y) * clockTick, nil
+}
+
+// procWait is how long pid's threads have been runnable but waiting for a
+// CPU, from /proc/<pid>/task/*/schedstat (the second field, ns): a Go
+// process runs on several threads; threads that exited are not counted.
+func procWait(pid int) time.Duration {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return 0
+	}
+	var sum time.Duration
+	for _, t := range tasks {
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/schedstat", pid, t.Name()))
+		if err != nil {
+			continue
+		}
+		if f := strings.Fields(string(data)); len(f) >= 2 {
+			if ns, err := strconv.ParseInt(f[1], 10, 64); err == nil {
+				sum += time.Duration(ns)
+			}
+		}
+	}
+	return sum
 }
 
 // procHWM returns the peak resident set size (VmHWM) of pid in bytes.
@@ -623,13 +651,15 @@ func (b *bench) walLSN(ctx context.Context) int64 {
 type procSample struct {
 	label  string
 	cpu    time.Duration
-	parent int // -1: a child of the postmaster, -2: of this process
+	wait   time.Duration // runnable but waiting for a CPU (schedstat)
+	parent int           // -1: a child of the postmaster, -2: of this process
 }
 
 // cpuShare is the CPU used by one group of processes during a phase.
 type cpuShare struct {
 	Label string
 	CPU   time.Duration
+	Wait  time.Duration // of the group's processes alive at the end: runnable, waiting for a CPU
 }
 
 // procSnapshot reads the CPU time of every process on the machine.
@@ -649,7 +679,7 @@ func (b *bench) procSnapshot(relayPID int) map[int]procSample {
 		if err != nil {
 			continue
 		}
-		ps := procSample{label: procLabel(pid, self, relayPID, pm), cpu: cpu}
+		ps := procSample{label: procLabel(pid, self, relayPID, pm), cpu: cpu, wait: procWait(pid)}
 		switch procPPID(pid) {
 		case pm:
 			ps.parent = -1
@@ -760,12 +790,13 @@ func procLabel(pid, self, relay, postmaster int) string {
 // Processes that started in between count in full; ones that exited in
 // between are lost (see "unattributed").
 func cpuDelta(before, after map[int]procSample, busy, irq time.Duration, gone map[int]time.Duration) []cpuShare {
-	sums := map[string]time.Duration{}
+	sums, waits := map[string]time.Duration{}, map[string]time.Duration{}
 	var total time.Duration
 	for pid, a := range after {
-		d := a.cpu
+		d, w := a.cpu, a.wait
 		if bs, ok := before[pid]; ok {
 			d -= bs.cpu
+			w -= bs.wait
 		}
 		if pid < 0 {
 			d -= gone[pid]
@@ -774,17 +805,20 @@ func cpuDelta(before, after map[int]procSample, busy, irq time.Duration, gone ma
 			sums[a.label] += d
 			total += d
 		}
+		if w > 0 {
+			waits[a.label] += w
+		}
 	}
 	var out []cpuShare
 	for l, d := range sums {
-		out = append(out, cpuShare{l, d})
+		out = append(out, cpuShare{Label: l, CPU: d, Wait: waits[l]})
 	}
 	if irq >= 10*time.Millisecond {
-		out = append(out, cpuShare{"kernel irq/softirq (mostly loopback networking)", irq})
+		out = append(out, cpuShare{Label: "kernel irq/softirq (mostly loopback networking)", CPU: irq})
 		total += irq
 	}
 	if busy > total+20*time.Millisecond {
-		out = append(out, cpuShare{"unattributed (exited processes, kernel)", busy - total})
+		out = append(out, cpuShare{Label: "unattributed (exited processes, kernel)", CPU: busy - total})
 	}
 	slices.SortFunc(out, func(x, y cpuShare) int { return int(y.CPU - x.CPU) })
 	return out

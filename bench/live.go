@@ -31,6 +31,7 @@ type liveResult struct {
 	StoreMax     time.Duration
 	InsertP50    time.Duration // producer side: INSERT + COMMIT round trip
 	InsertP99    time.Duration
+	Split        splitLatency  // walbox: commit → ack cut at PostgreSQL's send
 	CPU          time.Duration // relay, over the run
 	WalsenderCPU time.Duration
 	Busy         float64
@@ -46,8 +47,9 @@ type liveTarget struct {
 	stream  string
 	subject string // events of rate r go to subject.r<r>
 	proc    *relayProc
-	wsPID   int  // walbox's walsender (0: none)
-	header  bool // messages carry Walbox-Commit-Time
+	wsPID   int    // walbox's walsender (0: none)
+	metrics string // walbox's metrics address ("": none)
+	header  bool   // messages carry Walbox-Commit-Time
 	producers
 }
 
@@ -138,7 +140,7 @@ func (b *bench) live(ctx context.Context) error {
 		return err
 	}
 	t := liveTarget{system: "walbox", stream: benchStream, subject: "bench.live", proc: r, wsPID: wsPID, header: true,
-		producers: b.sqlLoad(pool)}
+		metrics: b.env.metrics, producers: b.sqlLoad(pool)}
 	if err := b.warmUp(ctx, t); err != nil {
 		return err
 	}
@@ -382,6 +384,12 @@ func (b *bench) liveRate(ctx context.Context, t liveTarget, rate int) (liveResul
 		return res, err
 	}
 	ws0, _ := procCPU(t.wsPID)
+	var hist0 map[string]histSnapshot
+	if t.metrics != "" {
+		if hist0, err = relayHistograms(ctx, t.metrics); err != nil {
+			return res, err
+		}
+	}
 	meter := b.startPhase(t.proc.pid())
 	var producing atomic.Bool
 	producing.Store(true)
@@ -419,6 +427,13 @@ func (b *bench) liveRate(ctx context.Context, t liveTarget, rate int) (liveResul
 		res.WalsenderCPU = b.walsenderSince(ctx, t.wsPID, ws0)
 	}
 	res.Busy, res.Where, res.Span = meter.stop()
+	if t.metrics != "" {
+		hist1, err := relayHistograms(ctx, t.metrics)
+		if err != nil {
+			return res, err
+		}
+		res.Split = split(hist0, hist1)
+	}
 	if n := received.Load(); n > int64(res.Events) {
 		return res, fmt.Errorf("%d messages received for %d events committed: duplicates", n, res.Events)
 	}

@@ -1,0 +1,35 @@
+package main
+
+import (
+	"math"
+	"testing"
+	"time"
+)
+
+func TestHistogramQuantileInterpolatesWithinABucket(t *testing.T) {
+	// Buckets ≤1 ms: 50, ≤2 ms: 90, ≤4 ms: 100 (cumulative).
+	before := histSnapshot{upper: []float64{0.001, 0.002, 0.004}, count: []uint64{10, 10, 10}, total: 10}
+	after := histSnapshot{upper: []float64{0.001, 0.002, 0.004}, count: []uint64{60, 100, 110}, total: 110}
+	d := after.since(before)
+	for _, c := range []struct {
+		q    float64
+		want time.Duration
+	}{
+		{0.25, 500 * time.Microsecond}, // rank 25 of 50 in [0, 1 ms]
+		{0.50, time.Millisecond},       // the first bucket's bound
+		{0.70, 1500 * time.Microsecond},
+		{0.99, 3800 * time.Microsecond}, // rank 99: 9 of 10 in [2, 4 ms]
+	} {
+		if got := d.quantile(c.q); got != c.want {
+			t.Errorf("quantile(%v) = %v, want %v", c.q, got, c.want)
+		}
+	}
+	if got := (histSnapshot{}).quantile(0.99); got != 0 {
+		t.Errorf("empty histogram: quantile %v, want 0", got)
+	}
+	// Past the last finite bucket (only +Inf above it): its bound.
+	over := histSnapshot{upper: []float64{0.001, math.Inf(1)}, count: []uint64{1, 3}, total: 3}
+	if got := over.quantile(0.99); got != time.Millisecond {
+		t.Errorf("beyond the last bucket: %v, want 1ms", got)
+	}
+}
