@@ -899,30 +899,14 @@ func applySets(data []byte, sets []string) ([]byte, error) {
 	return yaml.Marshal(doc)
 }
 
-// gitHead reads the commit checked out in dir from .git's files (no git
-// command), or "".
+// gitHead is the commit checked out in dir (git rev-parse), or "".
 func gitHead(dir string) string {
-	git := filepath.Join(dir, ".git")
-	head, err := os.ReadFile(filepath.Join(git, "HEAD"))
+	// git itself: .git is a file in a worktree, and HEAD may be detached.
+	out, err := exec.Command("git", "-C", dir, "rev-parse", "--short=12", "HEAD").Output()
 	if err != nil {
 		return ""
 	}
-	h := strings.TrimSpace(string(head))
-	ref, ok := strings.CutPrefix(h, "ref: ")
-	if !ok {
-		return h[:min(12, len(h))]
-	}
-	if b, err := os.ReadFile(filepath.Join(git, filepath.FromSlash(ref))); err == nil {
-		r := strings.TrimSpace(string(b))
-		return r[:min(12, len(r))]
-	}
-	packed, _ := os.ReadFile(filepath.Join(git, "packed-refs"))
-	for _, line := range strings.Split(string(packed), "\n") {
-		if f := strings.Fields(line); len(f) == 2 && f[1] == ref {
-			return f[0][:min(12, len(f[0]))]
-		}
-	}
-	return ""
+	return strings.TrimSpace(string(out))
 }
 
 // stopRelay stops the relay and shows what it logged (warnings and errors).
