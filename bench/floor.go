@@ -22,6 +22,7 @@ type floorResult struct {
 	Rate      int
 	Events    int
 	Achieved  float64
+	Producers int
 	P50, P99  time.Duration // commit (the transaction's commit timestamp, from pgoutput's Begin) -> received
 	StoreP50  time.Duration // insert time in the payload -> received
 	StoreP99  time.Duration
@@ -219,6 +220,11 @@ func (f *floorReader) since(i int) []floorSample {
 // producers' maximum rate with no reader at all. walbox's slot is then
 // moved past these events: its relay never sees them.
 func (b *bench) floor(ctx context.Context, pool *pgxpool.Pool) error {
+	// First the producers' maximum with no reader at all: the floor then
+	// offers that rate too.
+	if err := b.maxRate(ctx, pool); err != nil {
+		return err
+	}
 	var out tailBuffer
 	create := b.recvlogical(ctx, &out, "--slot", floorSlot, "--create-slot", "--plugin", "pgoutput")
 	if err := create.Run(); err != nil {
@@ -294,23 +300,23 @@ func (b *bench) floor(ctx context.Context, pool *pgxpool.Pool) error {
 	if err := waitFor(int64(prod.Events), "the warm-up events"); err != nil {
 		return err
 	}
-	for _, r := range b.p.Rates {
+	rateRun := func(produce produceFunc, r int, subject string) (floorResult, error) {
 		b.logf("floor %d/s: single-event transactions for %v, pg_recvlogical reading", r, b.p.LiveFor)
 		base := int(fr.count.Load())
 		meter := b.startPhase(0)
 		start := time.Now().Add(20 * time.Millisecond)
-		prod, err := produce(ctx, fmt.Sprintf("bench.floor.r%d", r), r, start, start.Add(b.p.LiveFor))
+		prod, err := produce(ctx, subject, r, start, start.Add(b.p.LiveFor))
 		if err != nil {
-			return fmt.Errorf("floor %d/s: %w", r, err)
+			return floorResult{}, fmt.Errorf("floor %d/s: %w", r, err)
 		}
 		if err := waitFor(int64(base+prod.Events), fmt.Sprintf("the %d events at %d/s", prod.Events, r)); err != nil {
-			return err
+			return floorResult{}, err
 		}
-		res := floorResult{Rate: r, Events: prod.Events, Achieved: prod.Achieved, InsertP50: prod.InsertP50, InsertP99: prod.InsertP99}
+		res := floorResult{Rate: r, Events: prod.Events, Achieved: prod.Achieved, Producers: prod.Producers, InsertP50: prod.InsertP50, InsertP99: prod.InsertP99}
 		res.Busy, res.Where, res.Span = meter.stop()
 		s := fr.since(base)
 		if len(s) != prod.Events {
-			return fmt.Errorf("floor %d/s: %d events received for %d committed", r, len(s), prod.Events)
+			return res, fmt.Errorf("floor %d/s: %d events received for %d committed", r, len(s), prod.Events)
 		}
 		commit, insert := make([]time.Duration, len(s)), make([]time.Duration, len(s))
 		for i, x := range s {
@@ -320,9 +326,28 @@ func (b *bench) floor(ctx context.Context, pool *pgxpool.Pool) error {
 		slices.Sort(insert)
 		res.P50, res.P99 = pct(commit, 0.5), pct(commit, 0.99)
 		res.StoreP50, res.StoreP99 = pct(insert, 0.5), pct(insert, 0.99)
-		b.res.floor = append(b.res.floor, res)
 		b.logf("floor %d/s: %d events at %.0f/s: commit-to-received p50 %s p99 %s; insert-to-received p50 %s p99 %s",
 			r, res.Events, res.Achieved, ms(res.P50), ms(res.P99), ms(res.StoreP50), ms(res.StoreP99))
+		return res, nil
+	}
+	for _, r := range b.p.Rates {
+		res, err := rateRun(produce, r, fmt.Sprintf("bench.floor.r%d", r))
+		if err != nil {
+			return err
+		}
+		b.res.floor = append(b.res.floor, res)
+	}
+	// The producers' maximum rate, offered paced as it is to the relay
+	// later, with pg_recvlogical as the only reader: what a reader that
+	// costs nothing but its walsender leaves the producers.
+	mr := b.res.maxTarget()
+	mp, err := b.livePool(ctx, max(b.p.MaxConns, producersFor(mr)))
+	if err != nil {
+		return err
+	}
+	defer mp.Close()
+	if b.res.maxFloor, err = rateRun(b.sqlProducersN(mp, b.p.MaxConns), mr, "bench.floor.max"); err != nil {
+		return err
 	}
 	if err := stop(); err != nil {
 		return err
@@ -338,10 +363,6 @@ func (b *bench) floor(ctx context.Context, pool *pgxpool.Pool) error {
 	cancel()
 	if err != nil {
 		return fmt.Errorf("drop slot %s: %w", floorSlot, err)
-	}
-
-	if err := b.maxRate(ctx, pool); err != nil {
-		return err
 	}
 
 	// walbox's relay must not relay the floor's and the maximum rate's

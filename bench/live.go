@@ -240,12 +240,15 @@ func (b *bench) sqlLoad(pool *pgxpool.Pool) producers {
 
 // sqlProducers returns paced producers that commit single-event
 // transactions into outbox_events (walbox and the polling baseline).
-func (b *bench) sqlProducers(pool *pgxpool.Pool) func(ctx context.Context, subject string, rate int, start, end time.Time) (produced, error) {
+func (b *bench) sqlProducers(pool *pgxpool.Pool) produceFunc {
 	return b.sqlProducersN(pool, 0)
 }
 
+// produceFunc commits single-event transactions at rate from start to end.
+type produceFunc = func(ctx context.Context, subject string, rate int, start, end time.Time) (produced, error)
+
 // sqlProducersN is sqlProducers with at least n producers.
-func (b *bench) sqlProducersN(pool *pgxpool.Pool, n int) func(ctx context.Context, subject string, rate int, start, end time.Time) (produced, error) {
+func (b *bench) sqlProducersN(pool *pgxpool.Pool, n int) produceFunc {
 	return func(ctx context.Context, subject string, rate int, start, end time.Time) (produced, error) {
 		g := max(n, producersFor(rate))
 		res := produced{Producers: g}

@@ -22,6 +22,7 @@ type results struct {
 	floor    []floorResult    // each live rate, pg_recvlogical the only reader
 	maxAlone maxResult        // the producers' maximum rate, relay stopped
 	maxRelay liveResult       // that rate offered with the relay running
+	maxFloor floorResult      // that rate offered with pg_recvlogical the only reader
 	// Every round's figures; the four above are their medians.
 	catchupRuns, noflagRuns []catchupResult
 	decodeRuns, publishRuns []ceilingResult
@@ -290,6 +291,12 @@ func (r *results) render() table {
 			"p99 ≤ 25 ms", verdict(mr.P99 <= targetMaxP99 && mr.Events > 0))
 		add(fmt.Sprintf("  %d/s with the relay: relay / walsender CPU per event; CPU by process group", mr.Rate),
 			fmt.Sprintf("%.1f / %.1f µs; %s", us(perEvent(mr.CPU, mr.Events)), us(perEvent(mr.WalsenderCPU, mr.Events)), perEventWhere(mr.Where, mr.Events)), "", "")
+		if mf := r.maxFloor; mf.Events > 0 && ma.Achieved > 0 {
+			add(fmt.Sprintf("  the same, offered at %d/s with pg_recvlogical the only reader (no relay, no JetStream): achieved / alone", mf.Rate),
+				fmt.Sprintf("%.2f× (%.0f events/s, %d producers; INSERT+COMMIT p99 %.2f ms; commit → received p50 / p99 %.2f / %.2f ms)",
+					mf.Achieved/ma.Achieved, mf.Achieved, mf.Producers, msf(mf.InsertP99), msf(mf.P50), msf(mf.P99)), "", "")
+			add(fmt.Sprintf("  %d/s with pg_recvlogical only: CPU by process group", mf.Rate), perEventWhere(mf.Where, mf.Events), "", "")
+		}
 	}
 
 	g := r.big
@@ -528,7 +535,8 @@ How it is measured:
   walbox adds over it.
 - Producers' maximum rate: with the relay stopped and no reader at all, 40 connections commit
   single-event transactions back to back; that rate (rounded down to 100/s) is then offered,
-  paced, with the relay running: it should keep 95% of it, commit → ack p99 ≤ 25 ms.
+  paced, with pg_recvlogical as the only reader (the floor's set-up) and, later, with the relay
+  running: it should keep 95% of it, commit → ack p99 ≤ 25 ms.
 - CPU by process group: every phase reads /proc for every process; the rows give each group's
   CPU per event of that phase. "bench driver + nats-server" is the benchmark process: the
   embedded nats-server together with the drivers (producers' client side, consumers, the
@@ -581,6 +589,9 @@ func (r *results) whereLines() []string {
 	}
 	if r.maxAlone.Events > 0 {
 		out = append(out, line("producers alone, maximum rate", r.maxAlone.Span, r.maxAlone.Busy, r.maxAlone.Where))
+	}
+	if r.maxFloor.Events > 0 {
+		out = append(out, line(fmt.Sprintf("floor %d/s (the producers' maximum, pg_recvlogical)", r.maxFloor.Rate), r.maxFloor.Span, r.maxFloor.Busy, r.maxFloor.Where))
 	}
 	for _, l := range r.live {
 		out = append(out, line(fmt.Sprintf("live %d/s", l.Rate), l.Span, l.Busy, l.Where))
@@ -647,6 +658,9 @@ func (r *results) worstForeign() (string, float64) {
 		check(fmt.Sprintf("floor %d/s", f.Rate), f.Where, f.Span)
 	}
 	check("producers alone", r.maxAlone.Where, r.maxAlone.Span)
+	if r.maxFloor.Events > 0 {
+		check("floor, producers' maximum", r.maxFloor.Where, r.maxFloor.Span)
+	}
 	check("live, producers' maximum", r.maxRelay.Where, r.maxRelay.Span)
 	for _, l := range r.live {
 		check(fmt.Sprintf("live %d/s", l.Rate), l.Where, l.Span)
