@@ -606,11 +606,12 @@ func (l *loop) done(p *pending, ack *Ack) {
 			l.r.m.DeadLettered.WithLabelValues(l.r.router.TableName(p.ev.Table)).Inc()
 		} else {
 			l.r.m.Published.WithLabelValues(ack.Stream, l.r.router.TableName(p.ev.Table)).Inc()
-			l.r.m.CommitToAck.Observe(now.Sub(p.ev.CommitTime).Seconds())
+			commitToAck := now.Sub(p.ev.CommitTime)
+			l.r.m.CommitToAck.Observe(commitToAck.Seconds())
 			l.r.m.PublishToAck.Observe(now.Sub(p.sentAt).Seconds())
 			if p.ev.SentAfter > 0 { // 0: backfilled, or no send time
 				l.r.m.CommitToSent.Observe(p.ev.SentAfter.Seconds())
-				l.r.m.SentToAck.Observe((now.Sub(p.ev.CommitTime) - p.ev.SentAfter).Seconds())
+				l.r.m.SentToAck.Observe((commitToAck - p.ev.SentAfter).Seconds())
 			}
 		}
 	}
