@@ -35,6 +35,7 @@ type Sink struct {
 	js         jetstream.JetStream
 	ackTimeout time.Duration
 	prefix     string // a reply subject is prefix + token in base 36
+	lastStream string // onReply's, see parseReply
 
 	mu      sync.Mutex
 	next    uint64   // the next token
@@ -115,7 +116,7 @@ func (s *Sink) onReply(m *nats.Msg) {
 	if resolve == nil {
 		return
 	}
-	resolve(parseReply(m))
+	resolve(parseReply(m, &s.lastStream))
 }
 
 // take removes the future of tok from the queue and returns its resolve
@@ -190,9 +191,17 @@ type pubAckReply struct {
 	Duplicate bool                `json:"duplicate,omitempty"`
 }
 
-func parseReply(m *nats.Msg) (*relay.Ack, error) {
+// parseReply reads the reply to a publish. stream holds the last stream
+// name read, so that the replies of one stream share one string.
+func parseReply(m *nats.Msg, stream *string) (*relay.Ack, error) {
 	if len(m.Data) == 0 && m.Header.Get(statusHeader) == statusNoResponders {
 		return nil, jetstream.ErrNoStreamResponse
+	}
+	if name, seq, dup, ok := scanAck(m.Data); ok {
+		if string(name) != *stream {
+			*stream = string(name)
+		}
+		return &relay.Ack{Stream: *stream, Sequence: seq, Duplicate: dup}, nil
 	}
 	var r pubAckReply
 	if err := json.Unmarshal(m.Data, &r); err != nil {

@@ -341,3 +341,23 @@ func waitEither[A any](ok <-chan A, errc <-chan error) func() error {
 		}
 	}
 }
+
+// TestServerAcksAreReadWithoutEncodingJSON: the acks a real server sends,
+// for a new message and for a duplicate, are in the shapes scanAck reads
+// (a server that changed them would send every reply through encoding/json
+// again: slower, still right).
+func TestServerAcksAreReadWithoutEncodingJSON(t *testing.T) {
+	nc := startSink(t, 5*time.Second, "ACKS", "acks.>").Conn()
+	for i, want := range []bool{false, true} {
+		msg := nats.NewMsg("acks.x")
+		msg.Header.Set(relay.HeaderMsgID, "same")
+		reply, err := nc.RequestMsg(msg, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stream, seq, dup, ok := jssink.ScanAck(reply.Data)
+		if !ok || string(stream) != "ACKS" || seq != 1 || dup != want {
+			t.Fatalf("publish %d: ack %s read as %q %d %v %v", i, reply.Data, stream, seq, dup, ok)
+		}
+	}
+}
