@@ -96,52 +96,58 @@ type Router struct {
 // maxFree bounds the recycled messages kept (about one window's worth).
 const maxFree = 4096
 
-// standardHeader reports whether Message or the relay's send sets key on
-// every kind of event: a recycled map holding only such keys can be reused
-// by overwriting or deleting each of them.
-func standardHeader(key string) bool {
-	switch key {
-	case HeaderMsgID, HeaderCommitLSN, HeaderIndex, HeaderCommitTime, HeaderSource, HeaderSystemID, HeaderTimeline, HeaderEventType,
-		HeaderAggregateType, HeaderAggregateID, HeaderPartitionKey, HeaderExpectedLastSeq, HeaderExpectedLastMsgID:
-		return true
+// The headers Message sets from the event and the router on every kind of
+// event, in the order of a message's slots.
+var slotKeys = [...]string{HeaderMsgID, HeaderCommitLSN, HeaderIndex, HeaderCommitTime, HeaderSource, HeaderSystemID, HeaderTimeline,
+	HeaderEventType, HeaderAggregateType, HeaderAggregateID, HeaderPartitionKey}
+
+// headerSlots hold the values of a message's slotKeys. The header map's
+// entry for a slot key is a one-element slice of vals (once set): a
+// recycled message's next values are written there, without a map
+// operation, and the map changes only when a header comes or goes.
+type headerSlots struct {
+	vals [len(slotKeys)]string
+	set  [len(slotKeys)]bool // the map holds vals[i:i+1] under slotKeys[i]
+	n    int                 // how many are set
+}
+
+// put sets slot i of h to v (v empty: removes the header).
+func (s *headerSlots) put(h Header, i int, v string) {
+	switch {
+	case v != "":
+		s.vals[i] = v
+		if !s.set[i] {
+			h[slotKeys[i]] = s.vals[i : i+1 : i+1]
+			s.set[i] = true
+			s.n++
+		}
+	case s.set[i]:
+		delete(h, slotKeys[i])
+		s.vals[i], s.set[i] = "", false
+		s.n--
 	}
-	return false
 }
 
 // Recycle hands back a message made by Message once nothing refers to it
 // any more (its ack resolved and the relay is done with it). Messages with
-// other headers (an envelope's, the row's own) are left to the GC.
+// other headers (an envelope's, the row's own) are left to the GC: Message
+// gives them no slots. Only the sink adds headers after Message, the
+// expected-sequence ones; a message with any other is not reused.
 func (r *Router) Recycle(m *Msg) {
-	if m == nil || len(r.free) >= maxFree {
+	if m == nil || m.slots == nil || len(r.free) >= maxFree {
 		return
 	}
-	for k := range m.Header {
-		if !standardHeader(k) {
-			return
+	h, n := m.Header, len(m.Header)
+	for _, k := range [...]string{HeaderExpectedLastSeq, HeaderExpectedLastMsgID} {
+		if _, ok := h[k]; ok {
+			n--
 		}
+	}
+	if n != m.slots.n {
+		return
 	}
 	m.Data = nil
 	r.free = append(r.free, m)
-}
-
-// setHeader sets h[key] to the one value v, reusing the value slice.
-func setHeader(h Header, key, v string) {
-	if vs := h[key]; cap(vs) > 0 {
-		vs = vs[:1]
-		vs[0] = v
-		h[key] = vs
-		return
-	}
-	h[key] = []string{v}
-}
-
-// setOptional sets h[key] to v, or deletes it when v is empty.
-func setOptional(h Header, key, v string) {
-	if v == "" {
-		delete(h, key)
-		return
-	}
-	setHeader(h, key, v)
 }
 
 // NewRouter builds a router. source identifies this relay's database and slot
@@ -262,26 +268,19 @@ func (r *Router) Message(ev *cdc.Event) (*Msg, string, error) {
 	if n := len(r.free); n > 0 {
 		m, r.free = r.free[n-1], r.free[:n-1]
 	} else {
-		m = &Msg{Header: make(Header, 8)}
+		m = &Msg{Header: make(Header, len(slotKeys)+2), slots: new(headerSlots)}
 	}
-	h := m.Header
+	h, sl := m.Header, m.slots
 	if ev.Pos.CommitLSN != r.lastLSN || r.lastLSNStr == "" {
 		r.lastLSN, r.lastLSNStr = ev.Pos.CommitLSN, ev.Pos.CommitLSN.String()
 	}
 	if !ev.CommitTime.Equal(r.lastTime) || r.lastTimeStr == "" {
 		r.lastTime, r.lastTimeStr = ev.CommitTime, ev.CommitTime.UTC().Format(time.RFC3339Nano)
 	}
-	setHeader(h, HeaderMsgID, ev.ID)
-	setHeader(h, HeaderCommitLSN, r.lastLSNStr)
-	setHeader(h, HeaderIndex, strconv.FormatUint(uint64(ev.Pos.Index), 10))
-	setHeader(h, HeaderCommitTime, r.lastTimeStr)
-	setOptional(h, HeaderSource, r.source)
-	setOptional(h, HeaderSystemID, r.systemID)
-	setOptional(h, HeaderTimeline, r.timeline)
-	setOptional(h, HeaderEventType, ev.EventType)
-	setOptional(h, HeaderAggregateType, ev.AggregateType)
-	setOptional(h, HeaderAggregateID, ev.AggregateID)
-	setOptional(h, HeaderPartitionKey, ev.PartitionKey)
+	for i, v := range [len(slotKeys)]string{ev.ID, r.lastLSNStr, strconv.FormatUint(uint64(ev.Pos.Index), 10), r.lastTimeStr,
+		r.source, r.systemID, r.timeline, ev.EventType, ev.AggregateType, ev.AggregateID, ev.PartitionKey} {
+		sl.put(h, i, v)
+	}
 	delete(h, HeaderExpectedLastSeq) // the relay sets it when it sends
 	delete(h, HeaderExpectedLastMsgID)
 	if sh.idHeader != "" {
@@ -292,6 +291,9 @@ func (r *Router) Message(ev *cdc.Event) (*Msg, string, error) {
 		if err := addJSONHeaders(h, ev.Headers); err != nil {
 			return nil, "", poison("headers column: %v", err)
 		}
+	}
+	if sh.idHeader != "" || len(h) != sl.n {
+		m.slots = nil // other headers: not reused (see Recycle)
 	}
 	data, err := sh.envelopeData(ev)
 	if err != nil {
@@ -428,7 +430,7 @@ func ValidSubject(s string) error {
 	if strings.ContainsAny(s, " \t\r\n") {
 		return errors.New("contains white space")
 	}
-	for _, tok := range strings.Split(s, ".") {
+	for tok := range strings.SplitSeq(s, ".") {
 		switch tok {
 		case "":
 			return errors.New("empty token")

@@ -53,6 +53,8 @@ type Msg struct {
 	// must follow (strict order); a sink that cannot check it ignores it.
 	Expect    uint64
 	ExpectSet bool
+
+	slots *headerSlots // Router.Message's, for Recycle
 }
 
 // Ack is a broker's acknowledgement: the stream (or topic) and the
