@@ -138,6 +138,11 @@ func (b *bench) catchUp(ctx context.Context) error {
 		b.res.catchupRuns, b.res.decodeRuns = append(b.res.catchupRuns, c), append(b.res.decodeRuns, dec)
 		b.res.publishRuns, b.res.noflagRuns = append(b.res.publishRuns, pub), append(b.res.noflagRuns, nf)
 	}
+	pubs, err := b.publishFloor(ctx)
+	if err != nil {
+		return fmt.Errorf("publishing alone: %w", err)
+	}
+	b.res.pubAlone = pubs
 	// Each figure is the median of its runs.
 	b.res.catchup = medianRun(b.res.catchupRuns, func(c catchupResult) float64 { return rate(c.Events, c.Took) })
 	b.res.noflag = medianRun(b.res.noflagRuns, func(c catchupResult) float64 { return rate(c.Events, c.Took) })

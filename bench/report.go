@@ -19,6 +19,7 @@ type results struct {
 	decode   ceilingResult
 	publish  ceilingResult
 	conc     concurrentResult // the two ceilings at the same time
+	pubAlone []pubFloorResult // publishing alone, in a process of its own
 	floor    []floorResult    // each live rate, pg_recvlogical the only reader
 	maxAlone maxResult        // the producers' maximum rate, relay stopped
 	maxRelay liveResult       // that rate offered with the relay running
@@ -156,6 +157,39 @@ func verdict(ok bool) string {
 	return "MISS"
 }
 
+// relayFloorString adds the least CPU per event pg_recvlogical spent in
+// any of decoders (its own, the reading half of a relay) to the least a
+// publisher that waits for acks spent alone per message (the publishing
+// half), and compares the sum with the walsender's CPU per event in the
+// relay's run; then the same with the publisher that asks for no acks.
+func relayFloorString(pubs []pubFloorResult, decoders []ceilingResult, walsender time.Duration, n int) string {
+	read := time.Duration(-1)
+	for _, d := range decoders {
+		if d.Events > 0 && (read < 0 || perEvent(d.ClientCPU, d.Events) < read) {
+			read = perEvent(d.ClientCPU, d.Events)
+		}
+	}
+	pub, mode := time.Duration(-1), ""
+	for _, p := range pubs {
+		if p.Mode != pubNoAck && p.Msgs > 0 && (pub < 0 || perEvent(p.CPU, p.Msgs) < pub) {
+			pub, mode = perEvent(p.CPU, p.Msgs), p.Mode
+		}
+	}
+	if read < 0 || pub < 0 || walsender <= 0 || n <= 0 {
+		return "n/a"
+	}
+	ws := perEvent(walsender, n)
+	out := fmt.Sprintf("%.1f + %.1f (%s) = %.1f µs/event = %.2f× (walsender %.1f µs/event)",
+		us(read), us(pub), mode, us(read+pub), float64(read+pub)/float64(ws), us(ws))
+	for _, p := range pubs {
+		if p.Mode == pubNoAck && p.Msgs > 0 {
+			w := perEvent(p.CPU, p.Msgs)
+			out += fmt.Sprintf("; with no acks at all: %.1f + %.1f = %.1f µs/event = %.2f×", us(read), us(w), us(read+w), float64(read+w)/float64(ws))
+		}
+	}
+	return out
+}
+
 func perEvent(cpu time.Duration, n int) time.Duration {
 	if n <= 0 {
 		return 0
@@ -219,6 +253,20 @@ func (r *results) render() table {
 	add("  walsender CPU per 100,000: relay run / pg_recvlogical run", per100k(c.WalsenderCPU, n)+" / "+per100k(d.ServerCPU, d.Events), "", "")
 	add("  nats-server (in-process) + driver CPU per 100,000: relay run / publisher", per100k(c.DriverCPU, n)+" / "+per100k(p.ServerCPU, p.Events), "", "")
 	add("  pg_recvlogical's own CPU per 100,000", per100k(d.ClientCPU, d.Events), "", "")
+	if len(r.pubAlone) > 0 {
+		var parts []string
+		for _, pa := range r.pubAlone {
+			part := fmt.Sprintf("%s %.1f µs (%.0f msgs/s)", pa.Mode, us(perEvent(pa.CPU, pa.Msgs)), rate(pa.Msgs, pa.Took))
+			if pa.Stored != uint64(pa.Msgs) {
+				part += fmt.Sprintf(", %d of %d stored", pa.Stored, pa.Msgs)
+			}
+			parts = append(parts, part)
+		}
+		add("  publishing alone in a process of its own, the relay's headers, window as the relay's: own CPU per message",
+			strings.Join(parts, "; "), "", "")
+		add("  floor of a relay that reads pgoutput and publishes with nats.go: pg_recvlogical's own + the cheaper acked publisher's own, per event / its walsender's (relay run)",
+			relayFloorString(r.pubAlone, []ceilingResult{d, cc.Decode}, c.WalsenderCPU, n), fmt.Sprintf("(target ≤ %.1f×)", targetCPUCatchup), "")
+	}
 	add("  concurrent ceiling: walsender / pg_recvlogical / nats-server + publisher CPU per 100,000",
 		per100k(cc.Decode.ServerCPU, cc.Decode.Events)+" / "+per100k(cc.Decode.ClientCPU, cc.Decode.Events)+" / "+per100k(cc.DriverCPU, cc.Publish.Events), "", "")
 	add("  machine CPU busy: relay run / decoding / publishing / concurrent",

@@ -33,3 +33,20 @@ func TestHistogramQuantileInterpolatesWithinABucket(t *testing.T) {
 		t.Errorf("beyond the last bucket: %v, want 1ms", got)
 	}
 }
+
+func TestRelayFloorAddsTheCheapestReaderAndAckedPublisher(t *testing.T) {
+	decoders := []ceilingResult{{Events: 100, ClientCPU: 500 * time.Microsecond}, {Events: 100, ClientCPU: 200 * time.Microsecond}}
+	pubs := []pubFloorResult{
+		{Mode: pubWalbox, Msgs: 100, CPU: 600 * time.Microsecond},
+		{Mode: pubNATS, Msgs: 100, CPU: 900 * time.Microsecond},
+		{Mode: pubNoAck, Msgs: 100, CPU: 250 * time.Microsecond},
+	}
+	got := relayFloorString(pubs, decoders, 800*time.Microsecond, 100)
+	want := "2.0 + 6.0 (walbox) = 8.0 µs/event = 1.00× (walsender 8.0 µs/event); with no acks at all: 2.0 + 2.5 = 4.5 µs/event = 0.56×"
+	if got != want {
+		t.Fatalf("floor\n%s\nwant\n%s", got, want)
+	}
+	if got := relayFloorString(pubs[2:], decoders, 800*time.Microsecond, 100); got != "n/a" {
+		t.Fatalf("without an acked publisher: %s, want n/a", got)
+	}
+}
