@@ -104,8 +104,7 @@ func (b *bench) publishFloor(ctx context.Context) ([]pubFloorResult, error) {
 		if got != uint64(res.Msgs) && mode != pubNoAck {
 			return nil, fmt.Errorf("publisher %s: stream %s holds %d messages, want %d", mode, pubFloorStream, got, res.Msgs)
 		}
-		b.logf("publishing alone (%s): %.2f µs of its own CPU per message, %.0f msgs/s", mode,
-			float64(perEvent(res.CPU, res.Msgs).Nanoseconds())/1e3, rate(res.Msgs, res.Took))
+		b.logf("publishing alone (%s): %.2f µs of its own CPU per message, %.0f msgs/s", mode, us(perEvent(res.CPU, res.Msgs)), rate(res.Msgs, res.Took))
 		out = append(out, res)
 	}
 	return out, nil
