@@ -510,13 +510,7 @@ func (l *loop) publishFailed(p *pending, err error) {
 
 // msgSize is what a message holds in memory: data and headers.
 func msgSize(m *Msg) int64 {
-	n := int64(len(m.Data) + len(m.Subject) + len(m.Key))
-	for k, vs := range m.Header {
-		for _, v := range vs {
-			n += int64(len(k) + len(v))
-		}
-	}
-	return max(n, 1)
+	return int64(len(m.Data) + len(m.Subject) + len(m.Key) + m.headerSize())
 }
 
 func cmpU64(a, b uint64) int {

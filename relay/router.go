@@ -137,14 +137,15 @@ func (r *Router) Recycle(m *Msg) {
 	if m == nil || m.slots == nil || len(r.free) >= maxFree {
 		return
 	}
-	h, n := m.Header, len(m.Header)
-	for _, k := range [...]string{HeaderExpectedLastSeq, HeaderExpectedLastMsgID} {
-		if _, ok := h[k]; ok {
-			n--
+	if h, n := m.Header, len(m.Header); n != m.slots.n {
+		for _, k := range [...]string{HeaderExpectedLastSeq, HeaderExpectedLastMsgID} {
+			if _, ok := h[k]; ok {
+				n--
+			}
 		}
-	}
-	if n != m.slots.n {
-		return
+		if n != m.slots.n {
+			return
+		}
 	}
 	m.Data = nil
 	r.free = append(r.free, m)
@@ -281,8 +282,10 @@ func (r *Router) Message(ev *cdc.Event) (*Msg, string, error) {
 		r.source, r.systemID, r.timeline, ev.EventType, ev.AggregateType, ev.AggregateID, ev.PartitionKey} {
 		sl.put(h, i, v)
 	}
-	delete(h, HeaderExpectedLastSeq) // the relay sets it when it sends
-	delete(h, HeaderExpectedLastMsgID)
+	if len(h) != sl.n { // a recycled message the sink added to
+		delete(h, HeaderExpectedLastSeq) // the relay sets it when it sends
+		delete(h, HeaderExpectedLastMsgID)
+	}
 	if sh.idHeader != "" {
 		h[sh.idHeader] = []string{ev.ID}
 	}
@@ -301,12 +304,29 @@ func (r *Router) Message(ev *cdc.Event) (*Msg, string, error) {
 	}
 	m.Subject, m.Data, m.Key = subject, data, partitionKey(ev)
 	m.Expect, m.ExpectSet = 0, false
-	if r.maxBytes > 0 && len(data)+headerSize(h) > r.maxBytes {
-		return nil, "", poison("message of %d bytes exceeds the server's max_payload of %d", len(data)+headerSize(h), r.maxBytes)
+	if r.maxBytes > 0 && len(data)+m.headerSize() > r.maxBytes {
+		return nil, "", poison("message of %d bytes exceeds the server's max_payload of %d", len(data)+m.headerSize(), r.maxBytes)
 	}
 	return m, stream, nil
 }
 
+// headerSize is headerSize(m.Header), from the slots while the map holds
+// only them.
+func (m *Msg) headerSize() int {
+	sl := m.slots
+	if sl == nil || len(m.Header) != sl.n {
+		return headerSize(m.Header)
+	}
+	n := 12
+	for i, v := range sl.vals {
+		if sl.set[i] {
+			n += len(slotKeys[i]) + len(v) + 4
+		}
+	}
+	return n
+}
+
+// headerSize is the size of h written as NATS headers.
 func headerSize(h Header) int {
 	n := 12
 	for k, vs := range h {

@@ -708,6 +708,9 @@ func TestRecycledMessagesCarryOnlyTheirOwnHeaders(t *testing.T) {
 		if !maps.EqualFunc(got.Header, want.Header, slices.Equal) {
 			t.Fatalf("event %d: headers\n%v\nwant\n%v", i, got.Header, want.Header)
 		}
+		if g, w := got.headerSize(), headerSize(want.Header); g != w {
+			t.Fatalf("event %d: header size %d, want %d", i, g, w)
+		}
 		if i%4 == 0 { // the sink sent it with an expected sequence
 			got.Header[HeaderExpectedLastSeq] = []string{fmt.Sprint(i)}
 		}
@@ -726,6 +729,7 @@ func TestRecycledMessagesCarryOnlyTheirOwnHeaders(t *testing.T) {
 func BenchmarkRouterMessage(b *testing.B) {
 	r := NewRouter("", "db1/walbox", testRoutes)
 	r.SetOrigin(&cdc.Origin{SystemID: "7441234567890123456", Timeline: 1})
+	r.SetMaxPayload(1 << 20) // as the relay sets it from the server's max_payload
 	ev := cdc.Event{ID: "0193a4b2-7c1d-7e3f-9a8b-1c2d3e4f5a6b", Topic: "orders.created", EventType: "OrderCreated",
 		AggregateType: "order", AggregateID: "4711", Payload: []byte(`{"order":4711,"note":"` + strings.Repeat("x", 170) + `"}`),
 		PayloadIsJSON: true, CommitTime: time.Unix(1_780_000_000, 123456000)}
