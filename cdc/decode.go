@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -133,6 +134,33 @@ func (d *decoder) mapRoles(r *relation, m *pglogrepl.RelationMessage) {
 // insert decodes an Insert frame ('I', relid, 'N', tuple) straight from the
 // wire bytes, copying only the mapped columns. pglogrepl's generic decoder
 // allocates every column; this is the hot path of catch-up.
+// textRoles are the columns an Event holds as strings.
+var textRoles = [...]Role{RoleID, RoleTopic, RoleStream, RoleEventType, RoleAggregateType, RoleAggregateID, RolePartitionKey, RoleCreatedAt}
+
+// textColumns copies the text columns of a row into strings that share one
+// allocation: they live as long as the event does (the id and created_at a
+// little longer, in the sweeper's queue), so one allocation serves them
+// instead of one per column.
+func textColumns(vals *[numRoles][]byte) (text [numRoles]string) {
+	n := 0
+	for _, role := range textRoles {
+		n += len(vals[role])
+	}
+	if n == 0 {
+		return text
+	}
+	var b strings.Builder
+	b.Grow(n)
+	for _, role := range textRoles {
+		b.Write(vals[role])
+	}
+	all := b.String()
+	for _, role := range textRoles {
+		text[role], all = all[:len(vals[role])], all[len(vals[role]):]
+	}
+	return text
+}
+
 func (d *decoder) insert(data []byte, ev *Event) (bool, error) {
 	if len(data) < 8 {
 		return false, fmt.Errorf("decode insert: short message (%d bytes)", len(data))
@@ -193,20 +221,21 @@ func (d *decoder) insert(data []byte, ev *Event) (bool, error) {
 			}
 		}
 	}
+	text := textColumns(&vals)
 	*ev = Event{
 		Poison:        r.unmappable,
 		Table:         r.table,
 		Pos:           Position{CommitLSN: d.commitLSN, Index: d.index},
 		CommitTime:    d.commitTime,
-		ID:            string(vals[RoleID]),
-		Topic:         string(vals[RoleTopic]),
+		ID:            text[RoleID],
+		Topic:         text[RoleTopic],
 		TopicNull:     nulls[RoleTopic] || r.roleIdx[RoleTopic] < 0,
-		Stream:        string(vals[RoleStream]),
-		EventType:     string(vals[RoleEventType]),
-		AggregateType: string(vals[RoleAggregateType]),
-		AggregateID:   string(vals[RoleAggregateID]),
-		PartitionKey:  string(vals[RolePartitionKey]),
-		CreatedAt:     string(vals[RoleCreatedAt]),
+		Stream:        text[RoleStream],
+		EventType:     text[RoleEventType],
+		AggregateType: text[RoleAggregateType],
+		AggregateID:   text[RoleAggregateID],
+		PartitionKey:  text[RolePartitionKey],
+		CreatedAt:     text[RoleCreatedAt],
 		PayloadNull:   nulls[RolePayload],
 		PayloadIsJSON: r.payloadIsJSON,
 	}
