@@ -7,6 +7,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime/pprof"
+	"strings"
 	"syscall"
 
 	"github.com/rs/zerolog"
@@ -49,7 +50,25 @@ func runProfiledRelay(cfgPath, out string) int {
 		fmt.Fprintln(os.Stderr, "relay:", err)
 		return 1
 	}
+	if err := writeAllocs(strings.TrimSuffix(out, ".pprof") + ".allocs.pprof"); err != nil {
+		fmt.Fprintln(os.Stderr, "relay:", err)
+		return 1
+	}
 	return 0
+}
+
+// writeAllocs writes the relay's allocation profile (every allocation
+// since it started, sampled), beside its CPU profile.
+func writeAllocs(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+		f.Close()
+		return fmt.Errorf("allocation profile: %w", err)
+	}
+	return f.Close()
 }
 
 // relayCommand returns the program and arguments that run the relay for a
