@@ -79,18 +79,18 @@ type pubRecord struct {
 type heldAck struct {
 	pub *pubRecord
 	ack *Ack // nil: the message was lost, it can only fail
-	f   *fakeFuture
+	f   Resolver
 }
 
 // resolveLocked sends the ack (err nil) or err to a future, and records it.
-func (st *fakeStream) resolveLocked(pub *pubRecord, f *fakeFuture, ack *Ack, err error) {
+func (st *fakeStream) resolveLocked(pub *pubRecord, f Resolver, ack *Ack, err error) {
 	pub.resolved = true
 	if err != nil {
-		f.err <- err
+		f.Resolve(nil, err)
 		return
 	}
 	st.acked[pub.id]++
-	f.ok <- ack
+	f.Resolve(ack, nil)
 }
 
 // release sends the acks held back so far, in publish order, and stops
@@ -147,14 +147,6 @@ func newFakeStream() *fakeStream {
 		reconnectDuring: map[int]bool{}, callFails: map[int]error{}, acked: map[string]int{}, readBack: map[string]bool{}}
 }
 
-type fakeFuture struct {
-	ok  chan *Ack
-	err chan error
-}
-
-func (f *fakeFuture) Ok() <-chan *Ack   { return f.ok }
-func (f *fakeFuture) Err() <-chan error { return f.err }
-
 // The fake's errors, sorted the way a real sink's Classify sorts them.
 var (
 	errNoResponders = errors.New("no responders: the stream has no leader")
@@ -207,39 +199,39 @@ func (s *fakeSink) Publish(m *Msg) (Future, error) {
 	if st.reconnectDuring[n] {
 		defer s.epoch.Add(1)
 	}
-	f := &fakeFuture{ok: make(chan *Ack, 1), err: make(chan error, 1)}
+	fut, f := NewFuture()
 	if st.unavailable > 0 {
 		st.unavailable--
 		st.resolveLocked(pub, f, nil, errNoResponders)
-		return f, nil
+		return fut, nil
 	}
 	if st.lose[n] {
 		if st.hold {
 			st.held = append(st.held, &heldAck{pub: pub, f: f})
-			return f, nil
+			return fut, nil
 		}
 		time.AfterFunc(s.ackTimeout, func() {
 			st.mu.Lock()
 			defer st.mu.Unlock()
 			st.resolveLocked(pub, f, nil, errAckTimeout)
 		})
-		return f, nil
+		return fut, nil
 	}
 	if code, ok := st.reject[id]; ok {
 		// Refused for good (e.g. too large), like a stream leader does.
 		st.resolveLocked(pub, f, nil, &refusedError{code: code})
-		return f, nil
+		return fut, nil
 	}
 	if st.foreign[n] {
 		st.store("foreign-"+strconv.Itoa(n), Header{})
 	}
 	if seq, dup := st.seqOf[id]; dup && !st.kafka {
 		st.resolveLocked(pub, f, &Ack{Stream: "ORDERS", Sequence: seq, Duplicate: true}, nil)
-		return f, nil
+		return fut, nil
 	}
 	if m.ExpectSet && m.Expect != st.lastSeq {
 		st.resolveLocked(pub, f, nil, fmt.Errorf("%w: wrong last sequence: %d", ErrOrderRefused, st.lastSeq))
-		return f, nil
+		return fut, nil
 	}
 	h := Header{}
 	for k, v := range m.Header {
@@ -253,10 +245,10 @@ func (s *fakeSink) Publish(m *Msg) (Future, error) {
 	if st.hold {
 		st.held = append(st.held, &heldAck{pub: pub, ack: ack, f: f})
 		st.maxHeld = max(st.maxHeld, len(st.held))
-		return f, nil
+		return fut, nil
 	}
 	st.resolveLocked(pub, f, ack, nil)
-	return f, nil
+	return fut, nil
 }
 
 func (st *fakeStream) store(id string, h Header) uint64 {

@@ -188,8 +188,6 @@ type pending struct {
 	reason string
 	sentAt time.Time
 	fut    Future
-	okCh   <-chan *Ack
-	errCh  <-chan error
 	epoch  uint64 // the connection it was published on
 	size   int64  // bytes held for it (counted in loop.held until done)
 }
@@ -254,10 +252,9 @@ func (r *Relay) run(ctx context.Context, in <-chan []cdc.Change, conf Confirmer)
 		}
 		l.fill()
 
-		var okCh <-chan *Ack
-		var errCh <-chan error
+		var head Future
 		if len(l.window) > 0 {
-			okCh, errCh = l.window[0].okCh, l.window[0].errCh
+			head = l.window[0].fut
 		}
 		var inCh <-chan []cdc.Change
 		if l.canRead() {
@@ -271,11 +268,8 @@ func (r *Relay) run(ctx context.Context, in <-chan []cdc.Change, conf Confirmer)
 		select {
 		case <-ctx.Done():
 			return l.drain(in)
-		case ack := <-okCh:
-			l.acked(ack, nil)
-			l.drainResolved()
-		case err := <-errCh:
-			l.acked(nil, err)
+		case res := <-head:
+			l.acked(res.Ack, res.Err)
 			l.drainResolved()
 		case b := <-inCh:
 			l.cur, l.curPos = b, 0
@@ -451,7 +445,6 @@ func (l *loop) send(p *pending) {
 		p.epoch = ^uint64(0) // reconnected during the call: which connection is unknown
 	}
 	p.fut = fut
-	p.okCh, p.errCh = fut.Ok(), fut.Err()
 	if p.size == 0 {
 		p.size = msgSize(p.msg)
 		l.held += p.size
@@ -655,10 +648,8 @@ func (l *loop) settleBookkeeping(in <-chan []cdc.Change) {
 func (l *loop) drainResolved() {
 	for len(l.window) > 0 {
 		select {
-		case ack := <-l.window[0].okCh:
-			l.acked(ack, nil)
-		case err := <-l.window[0].errCh:
-			l.acked(nil, err)
+		case res := <-l.window[0].fut:
+			l.acked(res.Ack, res.Err)
 		default:
 			return
 		}
@@ -682,16 +673,15 @@ func (l *loop) drain(in <-chan []cdc.Change) error {
 	// confirmed (acks count only in order); they are resent on next start.
 	for len(l.window) > 0 {
 		select {
-		case ack := <-l.window[0].okCh:
+		case res := <-l.window[0].fut:
 			p := l.window[0]
 			l.window = l.window[1:]
-			if len(l.retry) == 0 {
-				l.done(p, ack)
+			switch {
+			case res.Err != nil:
+				l.retry = append(l.retry, p)
+			case len(l.retry) == 0:
+				l.done(p, res.Ack)
 			}
-		case <-l.window[0].errCh:
-			p := l.window[0]
-			l.window = l.window[1:]
-			l.retry = append(l.retry, p)
 		case <-deadline.C:
 			l.r.log.Warn().Int("inflight", len(l.window)).Msg("shutdown: acks still outstanding; they will be resent on next start")
 			return nil

@@ -68,19 +68,23 @@ type Ack struct {
 	Duplicate bool
 }
 
-// Future resolves once with an ack or an error.
-type Future interface {
-	Ok() <-chan *Ack
-	Err() <-chan error
+// Result is how one publish ended: the broker's ack, or an error.
+type Result struct {
+	Ack *Ack
+	Err error
 }
+
+// Future delivers the Result of one publish, once.
+type Future <-chan Result
+
+// Resolver resolves the Future NewFuture made with it.
+type Resolver chan<- Result
 
 // Await waits for f to resolve, or for ctx to end.
 func Await(ctx context.Context, f Future) (*Ack, error) {
 	select {
-	case a := <-f.Ok():
-		return a, nil
-	case err := <-f.Err():
-		return nil, err
+	case r := <-f:
+		return r.Ack, r.Err
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
@@ -111,24 +115,18 @@ type Sink interface {
 	StoredTail(ctx context.Context, stream, source string, n int) (StoredTail, error)
 }
 
-// future is a Future a sink resolves from a callback: resolve once.
-type future struct {
-	ok  chan *Ack
-	err chan error
+// NewFuture returns a Future and its Resolver for a sink to resolve from a
+// callback. They are one buffered channel: one allocation per publish.
+func NewFuture() (Future, Resolver) {
+	ch := make(chan Result, 1)
+	return ch, ch
 }
 
-// NewFuture returns a Future and the function that resolves it (once; it
-// never blocks).
-func NewFuture() (Future, func(*Ack, error)) {
-	f := &future{ok: make(chan *Ack, 1), err: make(chan error, 1)}
-	return f, func(a *Ack, err error) {
-		if err != nil {
-			f.err <- err
-			return
-		}
-		f.ok <- a
+// Resolve resolves the future with an ack (err nil) or with err. Call it
+// once: it never blocks then.
+func (r Resolver) Resolve(a *Ack, err error) {
+	if err != nil {
+		a = nil
 	}
+	r <- Result{Ack: a, Err: err}
 }
-
-func (f *future) Ok() <-chan *Ack   { return f.ok }
-func (f *future) Err() <-chan error { return f.err }

@@ -108,17 +108,16 @@ func (b *kafkaReplay) storeTopicIDs(ctx context.Context, conn *pgx.Conn, topic s
 }
 
 func (b *kafkaReplay) wait(ctx context.Context, fl kafkaFlight) error {
-	select {
-	case <-fl.f.Ok():
-		if !fl.dlq {
-			b.res.Published++
+	if _, err := relay.Await(ctx, fl.f); err != nil {
+		if ctx.Err() != nil {
+			return err
 		}
-		return nil
-	case err := <-fl.f.Err():
 		return fmt.Errorf("publish %s: %w", fl.id, err)
-	case <-ctx.Done():
-		return ctx.Err()
 	}
+	if !fl.dlq {
+		b.res.Published++
+	}
+	return nil
 }
 
 func (b *kafkaReplay) publish(ctx context.Context, m *relay.Msg, _ string, dlq bool) error {

@@ -45,7 +45,7 @@ type Sink struct {
 }
 
 type waiter struct {
-	resolve  func(*relay.Ack, error) // nil once resolved
+	resolve  relay.Resolver // nil once resolved
 	deadline time.Time
 }
 
@@ -116,12 +116,12 @@ func (s *Sink) onReply(m *nats.Msg) {
 	if resolve == nil {
 		return
 	}
-	resolve(parseReply(m, &s.lastStream))
+	resolve.Resolve(parseReply(m, &s.lastStream))
 }
 
-// take removes the future of tok from the queue and returns its resolve
-// function, nil if it was resolved already.
-func (s *Sink) take(tok uint64) func(*relay.Ack, error) {
+// take removes the future of tok from the queue and returns its resolver,
+// nil if it was resolved already.
+func (s *Sink) take(tok uint64) relay.Resolver {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	first := s.next - uint64(len(s.waiting))
@@ -155,7 +155,7 @@ func (s *Sink) dropResolvedLocked() {
 // so the expired futures are at the front.
 func (s *Sink) expire() {
 	now := time.Now()
-	var expired []func(*relay.Ack, error)
+	var expired []relay.Resolver
 	s.mu.Lock()
 	s.armed = false
 	n := 0
@@ -173,7 +173,7 @@ func (s *Sink) expire() {
 	}
 	s.mu.Unlock()
 	for _, r := range expired {
-		r(nil, jetstream.ErrAsyncPublishTimeout)
+		r.Resolve(nil, jetstream.ErrAsyncPublishTimeout)
 	}
 }
 

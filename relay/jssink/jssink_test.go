@@ -61,8 +61,11 @@ func TestPublishResolvesInOrderAndRefusesAWrongExpectation(t *testing.T) {
 	}
 	for i, f := range futs {
 		select {
-		case a := <-f.Ok():
+		case r := <-f:
+			a := r.Ack
 			switch {
+			case r.Err != nil:
+				t.Fatalf("publish %d failed: %v", i, r.Err)
 			case a.Stream != "ORDERS":
 				t.Fatalf("ack %d: stream %q", i, a.Stream)
 			case i < 90 && (a.Sequence != uint64(i+1) || a.Duplicate):
@@ -70,8 +73,6 @@ func TestPublishResolvesInOrderAndRefusesAWrongExpectation(t *testing.T) {
 			case i >= 90 && !a.Duplicate:
 				t.Fatalf("ack %d: a repeated id was stored again (sequence %d)", i, a.Sequence)
 			}
-		case err := <-f.Err():
-			t.Fatalf("publish %d failed: %v", i, err)
 		case <-ctx.Done():
 			t.Fatalf("publish %d: no ack", i)
 		}
@@ -83,9 +84,11 @@ func TestPublishResolvesInOrderAndRefusesAWrongExpectation(t *testing.T) {
 		t.Fatal(err)
 	}
 	select {
-	case a := <-f.Ok():
-		t.Fatalf("stored at %d despite expecting last sequence 3", a.Sequence)
-	case err := <-f.Err():
+	case r := <-f:
+		err := r.Err
+		if err == nil {
+			t.Fatalf("stored at %d despite expecting last sequence 3", r.Ack.Sequence)
+		}
 		if !errors.Is(err, relay.ErrOrderRefused) {
 			t.Fatalf("err = %v, want relay.ErrOrderRefused", err)
 		}
@@ -148,9 +151,11 @@ func TestPublishTimesOutLostAcksAndDropsLateOnes(t *testing.T) {
 	wantErr := func(f relay.Future, want error, within time.Duration) {
 		t.Helper()
 		select {
-		case a := <-f.Ok():
-			t.Fatalf("acked %+v, want %v", a, want)
-		case err := <-f.Err():
+		case r := <-f:
+			err := r.Err
+			if err == nil {
+				t.Fatalf("acked %+v, want %v", r.Ack, want)
+			}
 			if !errors.Is(err, want) {
 				t.Fatalf("err = %v, want %v", err, want)
 			}
@@ -164,12 +169,13 @@ func TestPublishTimesOutLostAcksAndDropsLateOnes(t *testing.T) {
 	wantAck := func(f relay.Future, seq uint64) {
 		t.Helper()
 		select {
-		case a := <-f.Ok():
-			if a.Stream != "ORDERS" || a.Sequence != seq {
+		case r := <-f:
+			if r.Err != nil {
+				t.Fatalf("publish failed: %v", r.Err)
+			}
+			if a := r.Ack; a.Stream != "ORDERS" || a.Sequence != seq {
 				t.Fatalf("ack %+v, want ORDERS %d", a, seq)
 			}
-		case err := <-f.Err():
-			t.Fatalf("publish failed: %v", err)
 		case <-ctx.Done():
 			t.Fatal("no ack")
 		}
@@ -196,8 +202,8 @@ func TestPublishTimesOutLostAcksAndDropsLateOnes(t *testing.T) {
 	fAfter := publish("orders.created", "e")
 	wantAck(fAfter, 2)
 	select {
-	case a := <-fLate.Ok():
-		t.Fatalf("a future resolved twice: %+v", a)
+	case r := <-fLate:
+		t.Fatalf("a future resolved twice: %+v", r)
 	default:
 	}
 	// The timer re-arms for a new lost ack after the queue ran empty.
@@ -296,7 +302,7 @@ func BenchmarkPublishSink(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		return waitEither(f.Ok(), f.Err())
+		return func() error { return (<-f).Err }
 	})
 }
 

@@ -141,12 +141,12 @@ func (s *Sink) Publish(m *relay.Msg) (relay.Future, error) {
 	fut, resolve := relay.NewFuture()
 	s.cl.Produce(context.Background(), rec, func(r *kgo.Record, err error) {
 		if err != nil {
-			resolve(nil, fmt.Errorf("produce to %s: %w", r.Topic, err))
+			resolve.Resolve(nil, fmt.Errorf("produce to %s: %w", r.Topic, err))
 			return
 		}
 		// Sequence is 1-based, as JetStream's: offset 0 is sequence 1
 		// (the relay and the sweeper take sequence 0 for "not stored").
-		resolve(&relay.Ack{Stream: r.Topic, Partition: r.Partition, Sequence: uint64(r.Offset) + 1}, nil)
+		resolve.Resolve(&relay.Ack{Stream: r.Topic, Partition: r.Partition, Sequence: uint64(r.Offset) + 1}, nil)
 	})
 	return fut, nil
 }

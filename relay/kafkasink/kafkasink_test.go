@@ -200,10 +200,11 @@ func TestRefusedProducesWaitAndLandInOrder(t *testing.T) {
 	}
 	for i, f := range futs {
 		select {
-		case a := <-f.Ok():
-			t.Fatalf("record %d acked at %d while the broker refuses", i, a.Sequence)
-		case err := <-f.Err():
-			t.Fatalf("record %d failed while the broker refuses (the producer retries): %v", i, err)
+		case r := <-f:
+			if r.Err != nil {
+				t.Fatalf("record %d failed while the broker refuses (the producer retries): %v", i, r.Err)
+			}
+			t.Fatalf("record %d acked at %d while the broker refuses", i, r.Ack.Sequence)
 		default:
 		}
 	}
