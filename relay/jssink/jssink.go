@@ -97,7 +97,9 @@ func (s *Sink) Publish(m *relay.Msg) (relay.Future, error) {
 		s.armed = true
 	}
 	s.mu.Unlock()
-	reply := s.prefix + strconv.FormatUint(tok, 36)
+	// One allocation: the token (a uint64 in base 36) is built on the stack.
+	var tokBuf [13]byte
+	reply := s.prefix + string(strconv.AppendUint(tokBuf[:0], tok, 36))
 	if err := s.nc.PublishMsg(&nats.Msg{Subject: m.Subject, Reply: reply, Header: h, Data: m.Data}); err != nil {
 		s.take(tok)
 		return nil, wrapOrder(err)
