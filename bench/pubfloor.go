@@ -168,7 +168,12 @@ func publisher(url, mode, nArg, sizeArg, windowArg string) error {
 			if err != nil {
 				return nil, err
 			}
-			return func() error { return waitFuture(ctx, f.Ok(), f.Err()) }, nil
+			return func() error {
+				if _, err := relay.Await(ctx, f); err != nil {
+					return fmt.Errorf("publish: %w", err)
+				}
+				return nil
+			}, nil
 		}
 	case pubNATS:
 		js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4*window), jetstream.WithPublishAsyncTimeout(30*time.Second))
