@@ -650,6 +650,11 @@ func (st *stream) flush(ctx context.Context) error {
 	b := st.batch
 	st.batch = st.src.newBatch()
 	st.batchBytes = 0
+	select {
+	case st.out <- b: // the relay is waiting for it: no timer needed
+		return nil
+	default:
+	}
 	for {
 		wait := time.Until(st.nextStatus)
 		if wait <= 0 {
