@@ -33,6 +33,7 @@ type liveResult struct {
 	InsertP99    time.Duration
 	Split        splitLatency  // walbox: commit → ack cut at PostgreSQL's send
 	CPU          time.Duration // relay, over the run
+	SysmonCPU    time.Duration // the relay's, part of CPU (see sysmonCPU)
 	WalsenderCPU time.Duration
 	Busy         float64
 	Where        []cpuShare
@@ -386,6 +387,7 @@ func (b *bench) liveRate(ctx context.Context, t liveTarget, rate int) (liveResul
 	if err != nil {
 		return res, err
 	}
+	sysmon0, sysmonErr := sysmonCPU(t.proc.pid())
 	ws0, _ := procCPU(t.wsPID)
 	var hist0 map[string]histSnapshot
 	if t.metrics != "" {
@@ -426,6 +428,9 @@ func (b *bench) liveRate(ctx context.Context, t liveTarget, rate int) (liveResul
 		return res, err
 	}
 	res.CPU = cpu1 - cpu0
+	if sysmon1, err := sysmonCPU(t.proc.pid()); err == nil && sysmonErr == nil {
+		res.SysmonCPU = sysmon1 - sysmon0
+	}
 	if t.wsPID != 0 {
 		res.WalsenderCPU = b.walsenderSince(ctx, t.wsPID, ws0)
 	}

@@ -320,6 +320,10 @@ func (r *results) render() table {
 			s, x := ratioString(l.CPU, l.WalsenderCPU, l.Events)
 			add(fmt.Sprintf("%d/s: relay CPU per event / its walsender's", l.Rate), s, fmt.Sprintf("≤ %.1f×", targetCPULive), verdict(x <= targetCPULive))
 		}
+		if l.SysmonCPU > 0 && l.CPU > 0 {
+			add(fmt.Sprintf("  %d/s: of the relay's CPU, the Go runtime's sysmon thread (woken by every wake-up of an idle process)", l.Rate),
+				fmt.Sprintf("%.1f µs/event (%.0f%%)", us(perEvent(l.SysmonCPU, l.Events)), 100*float64(l.SysmonCPU)/float64(l.CPU)), "", "")
+		}
 		add(fmt.Sprintf("  %d/s: CPU by process group", l.Rate), perEventWhere(l.Where, l.Events), "", "")
 		add(fmt.Sprintf("  %d/s: runnable but waiting for a CPU, by process group", l.Rate), perEventWait(l.Where, l.Events), "", "")
 	}
