@@ -45,8 +45,11 @@ const (
 
 	// walboxLDFlags are the Makefile's (and the Dockerfile's) for the walbox
 	// binary: the relay is measured as it is built for users
-	// (internal/deploytest checks the three agree).
-	walboxLDFlags = "-ldflags=-X=runtime.godebugDefault=schedtrace=2147483647"
+	// (internal/deploytest checks the three agree). The profiled relay runs
+	// in this program, built without them: it gets walboxGODEBUG from its
+	// environment instead.
+	walboxGODEBUG = "schedtrace=2147483647"
+	walboxLDFlags = "-ldflags=-X=runtime.godebugDefault=" + walboxGODEBUG
 )
 
 // environment is what the phases share.
@@ -474,6 +477,9 @@ func (b *bench) startRelay(phase string, env ...string) (*relayProc, error) {
 	prog, args, err := b.relayCommand(phase)
 	if err != nil {
 		return nil, err
+	}
+	if prog != b.env.binary {
+		env = append([]string{"GODEBUG=" + walboxGODEBUG}, env...)
 	}
 	if b.p.RelayEnv != "" {
 		env = append(env, strings.Split(b.p.RelayEnv, ",")...)

@@ -60,7 +60,8 @@ func TestBuildSetsTheRuntimesDefaultGODEBUG(t *testing.T) {
 	if !strings.HasPrefix(ldflags, prefix) || !strings.Contains(ldflags, "schedtrace=") {
 		t.Fatalf("the Makefile's build sets no default schedtrace (%q)", ldflags)
 	}
-	if bench := string(readRoot(t, "bench/env.go")); !strings.Contains(bench, `"`+ldflags+`"`) {
+	bench := string(readRoot(t, "bench/env.go"))
+	if !strings.Contains(bench, `walboxGODEBUG = "`+strings.TrimPrefix(ldflags, prefix)+`"`) || !strings.Contains(bench, `"`+prefix+`"`) {
 		t.Errorf("bench/env.go does not build walbox with the Makefile's %s", ldflags)
 	}
 
