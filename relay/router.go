@@ -339,10 +339,14 @@ func headerSize(h Header) int {
 
 // addJSONHeaders copies a JSON object's keys into message headers. Values
 // that are not strings are kept as their JSON text. A key never overrides a
-// header walbox set itself (Nats-Msg-Id, the position headers, ...), and keys
-// the NATS client would refuse are skipped: one bad key fails the whole
-// publish with nats.ErrBadHeaderMsg, which is not a per-event error.
+// header walbox set itself (the position headers, ...); keys the NATS client
+// would refuse are skipped (one bad key fails the whole publish with
+// nats.ErrBadHeaderMsg, which is not a per-event error), and so are
+// JetStream's own, Nats-*: the server acts on them (Nats-Msg-Id deduplicates,
+// Nats-Rollup purges, an unmet Nats-Expected-* refuses the message or stops
+// a replicated stream), and a row must not steer it.
 func addJSONHeaders(h Header, raw []byte) error {
+	const natsHeaderPrefix = "Nats-"
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &obj); err != nil {
 		return fmt.Errorf("want a JSON object: %w", err)
@@ -352,7 +356,7 @@ func addJSONHeaders(h Header, raw []byte) error {
 		own = append(own, k)
 	}
 	for k, v := range obj {
-		if !validHeaderKey(k) || strings.EqualFold(k, HeaderMsgID) ||
+		if !validHeaderKey(k) || len(k) >= len(natsHeaderPrefix) && strings.EqualFold(k[:len(natsHeaderPrefix)], natsHeaderPrefix) ||
 			slices.ContainsFunc(own, func(o string) bool { return strings.EqualFold(o, k) }) {
 			continue
 		}

@@ -302,6 +302,14 @@ func TestMessageHeadersColumn(t *testing.T) {
 		{"values with line breaks are skipped", `{"evil":"a\r\nNats-Msg-Id: forged","good":"g"}`,
 			map[string]string{"evil": "", "good": "g", HeaderMsgID: "0195b7a4-1b2c-7d3e-8f90-a1b2c3d4e5f6"}},
 		{"empty object", `{}`, map[string]string{HeaderMsgID: "0195b7a4-1b2c-7d3e-8f90-a1b2c3d4e5f6"}},
+		// JetStream acts on its own headers: a rollup purges the subject
+		// or the stream, an expected last message id that does not match
+		// stops a replicated stream, other expectations refuse the message
+		// (and hold the relay's window). A row cannot give them.
+		{"JetStream's own headers are skipped", `{"Nats-Rollup":"all","Nats-Expected-Last-Msg-Id":"x","nats-expected-stream":"OTHER",` +
+			`"Nats-Expected-Last-Subject-Sequence":"1","Nats-TTL":"1s","NATS-Marker-Reason":"Purge","Nats-Batch-Id":"b","traceparent":"t"}`,
+			map[string]string{"Nats-Rollup": "", "Nats-Expected-Last-Msg-Id": "", "nats-expected-stream": "", "Nats-Expected-Last-Subject-Sequence": "",
+				"Nats-TTL": "", "NATS-Marker-Reason": "", "Nats-Batch-Id": "", "traceparent": "t"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
