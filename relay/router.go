@@ -24,11 +24,10 @@ const (
 	// it before it proposes, so a mismatch is a rejection on R1 and R3 alike.
 	// (Nats-Expected-Last-Msg-Id is checked only when replicas apply the
 	// entry, where a mismatch wedges a replicated stream for good.)
-	HeaderExpectedLastSeq   = "Nats-Expected-Last-Sequence"
-	HeaderExpectedLastMsgID = "Nats-Expected-Last-Msg-Id"
-	HeaderCommitLSN         = "Walbox-Commit-Lsn"
-	HeaderIndex             = "Walbox-Txn-Index"
-	HeaderSource            = "Walbox-Source"
+	HeaderExpectedLastSeq = "Nats-Expected-Last-Sequence"
+	HeaderCommitLSN       = "Walbox-Commit-Lsn"
+	HeaderIndex           = "Walbox-Txn-Index"
+	HeaderSource          = "Walbox-Source"
 	// HeaderSystemID and HeaderTimeline name the WAL history the position
 	// headers belong to: the cluster's system identifier and timeline.
 	HeaderSystemID      = "Walbox-System-Id"
@@ -97,9 +96,13 @@ type Router struct {
 const maxFree = 4096
 
 // The headers Message sets from the event and the router on every kind of
-// event, in the order of a message's slots.
+// event, in the order of a message's slots, and last the one a sink sets
+// when it sends (Msg.SetHeader).
 var slotKeys = [...]string{HeaderMsgID, HeaderCommitLSN, HeaderIndex, HeaderCommitTime, HeaderSource, HeaderSystemID, HeaderTimeline,
-	HeaderEventType, HeaderAggregateType, HeaderAggregateID, HeaderPartitionKey}
+	HeaderEventType, HeaderAggregateType, HeaderAggregateID, HeaderPartitionKey, HeaderExpectedLastSeq}
+
+// routerSlots is how many of slotKeys Message sets.
+const routerSlots = len(slotKeys) - 1
 
 // headerSlots hold the values of a message's slotKeys. The header map's
 // entry for a slot key is a one-element slice of vals (once set): a
@@ -131,24 +134,29 @@ func (s *headerSlots) put(h Header, i int, v string) {
 // Recycle hands back a message made by Message once nothing refers to it
 // any more (its ack resolved and the relay is done with it). Messages with
 // other headers (an envelope's, the row's own) are left to the GC: Message
-// gives them no slots. Only the sink adds headers after Message, the
-// expected-sequence ones; a message with any other is not reused.
+// gives them no slots. A sink adds headers only with SetHeader; a message
+// with any other is not reused.
 func (r *Router) Recycle(m *Msg) {
-	if m == nil || m.slots == nil || len(r.free) >= maxFree {
+	if m == nil || m.slots == nil || len(m.Header) != m.slots.n || len(r.free) >= maxFree {
 		return
-	}
-	if h, n := m.Header, len(m.Header); n != m.slots.n {
-		for _, k := range [...]string{HeaderExpectedLastSeq, HeaderExpectedLastMsgID} {
-			if _, ok := h[k]; ok {
-				n--
-			}
-		}
-		if n != m.slots.n {
-			return
-		}
 	}
 	m.Data = nil
 	r.free = append(r.free, m)
+}
+
+// SetHeader sets a header of m as a sink sends it (v empty: removes it).
+// On a message Router.Message made, the expected-sequence header is written
+// in place, without a map operation once it is there.
+func (m *Msg) SetHeader(key, v string) {
+	if m.slots != nil && key == slotKeys[routerSlots] {
+		m.slots.put(m.Header, routerSlots, v)
+		return
+	}
+	if v == "" {
+		delete(m.Header, key)
+		return
+	}
+	m.Header[key] = []string{v}
 }
 
 // NewRouter builds a router. source identifies this relay's database and slot
@@ -278,14 +286,12 @@ func (r *Router) Message(ev *cdc.Event) (*Msg, string, error) {
 	if !ev.CommitTime.Equal(r.lastTime) || r.lastTimeStr == "" {
 		r.lastTime, r.lastTimeStr = ev.CommitTime, ev.CommitTime.UTC().Format(time.RFC3339Nano)
 	}
-	for i, v := range [len(slotKeys)]string{ev.ID, r.lastLSNStr, strconv.FormatUint(uint64(ev.Pos.Index), 10), r.lastTimeStr,
+	for i, v := range [routerSlots]string{ev.ID, r.lastLSNStr, strconv.FormatUint(uint64(ev.Pos.Index), 10), r.lastTimeStr,
 		r.source, r.systemID, r.timeline, ev.EventType, ev.AggregateType, ev.AggregateID, ev.PartitionKey} {
 		sl.put(h, i, v)
 	}
-	if len(h) != sl.n { // a recycled message the sink added to
-		delete(h, HeaderExpectedLastSeq) // the relay sets it when it sends
-		delete(h, HeaderExpectedLastMsgID)
-	}
+	// A recycled message keeps the sink's expected sequence: the sink sets
+	// or removes it when it sends (Msg.Expect says which).
 	if sh.idHeader != "" {
 		h[sh.idHeader] = []string{ev.ID}
 	}
@@ -296,7 +302,8 @@ func (r *Router) Message(ev *cdc.Event) (*Msg, string, error) {
 		}
 	}
 	if sh.idHeader != "" || len(h) != sl.n {
-		m.slots = nil // other headers: not reused (see Recycle)
+		sl.put(h, routerSlots, "") // the sink's, from the message's last use
+		m.slots = nil              // other headers: not reused (see Recycle)
 	}
 	data, err := sh.envelopeData(ev)
 	if err != nil {
@@ -310,15 +317,16 @@ func (r *Router) Message(ev *cdc.Event) (*Msg, string, error) {
 	return m, stream, nil
 }
 
-// headerSize is headerSize(m.Header), from the slots while the map holds
-// only them.
+// headerSize is headerSize(m.Header) without the sink's header, from the
+// slots while the map holds only them: the same for a recycled message
+// (which keeps the sink's last one) as for a new one.
 func (m *Msg) headerSize() int {
 	sl := m.slots
 	if sl == nil || len(m.Header) != sl.n {
 		return headerSize(m.Header)
 	}
 	n := 12
-	for i, v := range sl.vals {
+	for i, v := range sl.vals[:routerSlots] {
 		if sl.set[i] {
 			n += len(slotKeys[i]) + len(v) + 4
 		}

@@ -81,12 +81,12 @@ func (s *Sink) JetStream() jetstream.JetStream { return s.js }
 // Publish implements relay.Sink. m.Expect becomes the expected-last-sequence
 // header; a refusal for it comes back wrapping relay.ErrOrderRefused.
 func (s *Sink) Publish(m *relay.Msg) (relay.Future, error) {
-	h := nats.Header(m.Header)
+	expect := ""
 	if m.ExpectSet {
-		h[relay.HeaderExpectedLastSeq] = []string{strconv.FormatUint(m.Expect, 10)}
-	} else {
-		delete(h, relay.HeaderExpectedLastSeq)
+		expect = strconv.FormatUint(m.Expect, 10)
 	}
+	m.SetHeader(relay.HeaderExpectedLastSeq, expect)
+	h := nats.Header(m.Header)
 	fut, resolve := relay.NewFuture()
 	s.mu.Lock()
 	tok := s.next
