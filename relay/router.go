@@ -354,7 +354,6 @@ func headerSize(h Header) int {
 // Nats-Rollup purges, an unmet Nats-Expected-* refuses the message or stops
 // a replicated stream), and a row must not steer it.
 func addJSONHeaders(h Header, raw []byte) error {
-	const natsHeaderPrefix = "Nats-"
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &obj); err != nil {
 		return fmt.Errorf("want a JSON object: %w", err)
@@ -364,7 +363,7 @@ func addJSONHeaders(h Header, raw []byte) error {
 		own = append(own, k)
 	}
 	for k, v := range obj {
-		if !validHeaderKey(k) || len(k) >= len(natsHeaderPrefix) && strings.EqualFold(k[:len(natsHeaderPrefix)], natsHeaderPrefix) ||
+		if !validHeaderKey(k) || jetStreamHeader(k) ||
 			slices.ContainsFunc(own, func(o string) bool { return strings.EqualFold(o, k) }) {
 			continue
 		}
@@ -379,6 +378,10 @@ func addJSONHeaders(h Header, raw []byte) error {
 	}
 	return nil
 }
+
+// jetStreamHeader reports whether k is one of JetStream's own headers:
+// Nats-*, in any case.
+func jetStreamHeader(k string) bool { return len(k) >= 5 && strings.EqualFold(k[:5], "Nats-") }
 
 // validHeaderKey reports whether the NATS client accepts k as a header key:
 // printable ASCII without the separators it forbids (ADR-4, nats.go).

@@ -96,7 +96,8 @@ func Await(ctx context.Context, f Future) (*Ack, error) {
 // relay's; a sink knows only its bus.
 type Sink interface {
 	// Publish sends m. Once its future has resolved with an ack, the relay
-	// reuses m for a later event: a Sink must not keep it past that.
+	// reuses m for a later event: a Sink must not keep it past that. A
+	// header the sink adds to m goes in with m.SetHeader.
 	Publish(m *Msg) (Future, error)
 	Classify(err error) ErrorClass
 	// MaxPayload is the largest message the server takes (0 when unknown).

@@ -327,9 +327,8 @@ func (sp StreamSpec) Config() jetstream.StreamConfig {
 // NATSMsg is m as a NATS message, for the tools that publish with their own
 // connection (replay, dead-letter retry). It shares m's header map.
 func NATSMsg(m *relay.Msg) *nats.Msg {
-	h := nats.Header(m.Header)
 	if m.ExpectSet {
-		h[relay.HeaderExpectedLastSeq] = []string{strconv.FormatUint(m.Expect, 10)}
+		m.SetHeader(relay.HeaderExpectedLastSeq, strconv.FormatUint(m.Expect, 10))
 	}
-	return &nats.Msg{Subject: m.Subject, Header: h, Data: m.Data}
+	return &nats.Msg{Subject: m.Subject, Header: nats.Header(m.Header), Data: m.Data}
 }
