@@ -131,9 +131,6 @@ func (d *decoder) mapRoles(r *relation, m *pglogrepl.RelationMessage) {
 	}
 }
 
-// insert decodes an Insert frame ('I', relid, 'N', tuple) straight from the
-// wire bytes, copying only the mapped columns. pglogrepl's generic decoder
-// allocates every column; this is the hot path of catch-up.
 // textRoles are the columns an Event holds as strings.
 var textRoles = [...]Role{RoleID, RoleTopic, RoleStream, RoleEventType, RoleAggregateType, RoleAggregateID, RolePartitionKey, RoleCreatedAt}
 
@@ -161,6 +158,9 @@ func textColumns(vals *[numRoles][]byte) (text [numRoles]string) {
 	return text
 }
 
+// insert decodes an Insert frame ('I', relid, 'N', tuple) straight from the
+// wire bytes, copying only the mapped columns. pglogrepl's generic decoder
+// allocates every column; this is the hot path of catch-up.
 func (d *decoder) insert(data []byte, ev *Event) (bool, error) {
 	if len(data) < 8 {
 		return false, fmt.Errorf("decode insert: short message (%d bytes)", len(data))
