@@ -68,7 +68,8 @@ func (b *bench) publishFloor(ctx context.Context) ([]pubFloorResult, error) {
 		}
 		b.logf("publishing alone (%s): %d messages from a process of its own", mode, b.p.Events)
 		p, err := b.startProc("publisher-"+mode, self, []string{publisherArg, b.env.ns.URL(), mode,
-			strconv.Itoa(b.p.Events), strconv.Itoa(b.p.PayloadBytes), strconv.Itoa(b.p.Window)}, "GOMAXPROCS=1") // as the relay runs
+			strconv.Itoa(b.p.Events), strconv.Itoa(b.p.PayloadBytes), strconv.Itoa(b.p.Window)},
+			"GOMAXPROCS=1", "GODEBUG="+walboxGODEBUG) // as the relay runs
 		if err != nil {
 			return nil, err
 		}
