@@ -500,3 +500,58 @@ func TestCatchUpDefersMarksToTheReadBack(t *testing.T) {
 		return d.int(`SELECT count(*) FROM outbox_events WHERE topic = 'orders.live' AND processed`) == 50
 	})
 }
+
+// Ids, created_at texts and reasons go to PostgreSQL as array literals: each
+// mark finds its row whatever its id holds (quotes, backslashes, commas,
+// braces, spaces, the word NULL), and processed_at is the ack time to the
+// microsecond, before 1970 too.
+func TestMarksRowsWhateverTheirIDsHold(t *testing.T) {
+	d := newDB(t, false)
+	d.exec(`CREATE TABLE odd_outbox (id text, stream text, topic text, payload jsonb, created_at timestamptz NOT NULL DEFAULT now(),
+		processed boolean NOT NULL DEFAULT false, processed_at timestamptz, error text, attempts int NOT NULL DEFAULT 0, PRIMARY KEY (id, created_at))`)
+	ids := []string{`a,b`, `{x}`, `say "hi"`, `back\slash`, `\"`, `NULL`, ` spaced `, `ünï`, `'q'`, `}{","\`}
+	for _, id := range ids {
+		d.exec(`INSERT INTO odd_outbox (id, topic, payload) VALUES ($1, 'orders.x', '{}')`, id)
+	}
+	d.exec(`INSERT INTO odd_outbox (id, topic, payload) VALUES ('by id', 'orders.x', '{}'), ('dlq "1"', 'x', '{}'), ('dlq\2', 'x', '{}'), ('untouched', 'x', '{}')`)
+	sw := d.sweeperOn("odd_outbox", cdc.RoleEventType, cdc.RoleAggregateType, cdc.RoleAggregateID, cdc.RolePartitionKey, cdc.RoleHeaders)
+	stop := sw.Start(context.Background())
+	at := map[string]time.Time{}
+	for i, id := range ids {
+		at[id] = time.Date(1969+i, 7, 20, 20, 17, 40, 123456789, time.UTC)
+		created := queryOne[string](d, `SELECT created_at::text FROM odd_outbox WHERE id = $1`, id)
+		sw.OnDelivered(relay.Delivered{ID: id, CreatedAt: created, AckedAt: at[id], Stream: "ORDERS", Seq: uint64(i + 1)})
+	}
+	at["by id"] = time.Date(2031, 1, 1, 0, 0, 0, 1000, time.UTC)
+	sw.OnDelivered(relay.Delivered{ID: "by id", AckedAt: at["by id"], Stream: "ORDERS", Seq: 100})
+	reasons := map[string]string{`dlq "1"`: "refused: \"x\", {y}\nline two \\ end", `dlq\2`: `NULL`}
+	sw.OnDelivered(relay.Delivered{ID: `dlq "1"`, CreatedAt: queryOne[string](d, `SELECT created_at::text FROM odd_outbox WHERE id = 'dlq "1"'`),
+		AckedAt: time.Now(), Stream: "WALBOX_DLQ", Seq: 1, DeadLetter: true, Reason: reasons[`dlq "1"`]})
+	sw.OnDelivered(relay.Delivered{ID: `dlq\2`, AckedAt: time.Now(), DeadLetter: true, Reason: reasons[`dlq\2`]})
+	stop()
+
+	for id, want := range at {
+		var processed bool
+		var got *time.Time
+		if err := d.pool.QueryRow(context.Background(), `SELECT processed, processed_at FROM odd_outbox WHERE id = $1`, id).Scan(&processed, &got); err != nil {
+			t.Fatalf("row %q: %v", id, err)
+		}
+		if !processed || got == nil || !got.Equal(want.Truncate(time.Microsecond)) {
+			t.Errorf("row %q: processed %v at %v, want true at %v", id, processed, got, want.Truncate(time.Microsecond))
+		}
+	}
+	for id, reason := range reasons {
+		var processed bool
+		var errText *string
+		var attempts int
+		if err := d.pool.QueryRow(context.Background(), `SELECT processed, error, attempts FROM odd_outbox WHERE id = $1`, id).Scan(&processed, &errText, &attempts); err != nil {
+			t.Fatalf("row %q: %v", id, err)
+		}
+		if errText == nil || *errText != reason || attempts != 1 || processed != (id == `dlq "1"`) {
+			t.Errorf("dead letter %q: processed %v, error %v, attempts %d; want error %q, attempts 1, processed only when stored", id, processed, errText, attempts, reason)
+		}
+	}
+	if n := d.int(`SELECT count(*) FROM odd_outbox WHERE id = 'untouched' AND (processed OR error IS NOT NULL OR attempts <> 0)`); n != 0 {
+		t.Error("an undelivered row was touched")
+	}
+}

@@ -19,6 +19,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -645,17 +647,22 @@ func (s *Sweeper) apply(ctx context.Context, batch []mark) (written, error) {
 		caCond = fmt.Sprintf(" AND t.%s = u.created_at::%s", cdc.QuoteIdent(ti.createdCol), ti.createdTy)
 	}
 	set := "processed = true"
+	// Each array goes as one parameter in PostgreSQL's text form: pgx would
+	// box every element of a []string or []time.Time to encode it (a fifth of
+	// the relay's allocations in a live run), and the ack times as integers
+	// spare the server parsing timestamps.
 	if ti.processedAt {
-		set += ", processed_at = u.acked_at"
+		set += ", processed_at = timestamptz 'epoch' + u.acked_us * interval '1 microsecond'"
 	}
 	if len(proc.ids) > 0 {
-		b.Queue(fmt.Sprintf(`UPDATE %s t SET %s FROM unnest($1::text[], $2::text[], $3::timestamptz[]) AS u(id, created_at, acked_at)
-			WHERE %s%s AND t.processed IS NOT TRUE`, tq, set, idCond, caCond), proc.ids, proc.cas, proc.ats)
+		b.Queue(fmt.Sprintf(`UPDATE %s t SET %s FROM unnest($1::text[], $2::text[], $3::int8[]) AS u(id, created_at, acked_us)
+			WHERE %s%s AND t.processed IS NOT TRUE`, tq, set, idCond, caCond),
+			textArray(proc.ids), textArray(proc.cas), microsArray(proc.ats))
 		nproc++
 	}
 	if len(procByID.ids) > 0 {
-		b.Queue(fmt.Sprintf(`UPDATE %s t SET %s FROM unnest($1::text[], $2::timestamptz[]) AS u(id, acked_at)
-			WHERE %s AND t.processed IS NOT TRUE`, tq, set, idCond), procByID.ids, procByID.ats)
+		b.Queue(fmt.Sprintf(`UPDATE %s t SET %s FROM unnest($1::text[], $2::int8[]) AS u(id, acked_us)
+			WHERE %s AND t.processed IS NOT TRUE`, tq, set, idCond), textArray(procByID.ids), microsArray(procByID.ats))
 		nproc++
 	}
 	eset := "error = u.reason"
@@ -666,11 +673,11 @@ func (s *Sweeper) apply(ctx context.Context, batch []mark) (written, error) {
 	// so a retry needs to know which of them were written.
 	if len(dlq.ids) > 0 {
 		b.Queue(fmt.Sprintf(`UPDATE %s t SET %s FROM unnest($1::text[], $2::text[], $3::text[]) AS u(id, created_at, reason)
-			WHERE %s%s RETURNING u.id`, tq, eset, idCond, caCond), dlq.ids, dlq.cas, dlq.reasons)
+			WHERE %s%s RETURNING u.id`, tq, eset, idCond, caCond), textArray(dlq.ids), textArray(dlq.cas), textArray(dlq.reasons))
 	}
 	if len(dlqByID.ids) > 0 {
 		b.Queue(fmt.Sprintf(`UPDATE %s t SET %s FROM unnest($1::text[], $2::text[]) AS u(id, reason) WHERE %s RETURNING u.id`, tq, eset, idCond),
-			dlqByID.ids, dlqByID.reasons)
+			textArray(dlqByID.ids), textArray(dlqByID.reasons))
 	}
 	if b.Len() == 0 {
 		return written{ti: ti, procAll: true, errorAll: true}, nil
@@ -712,6 +719,48 @@ func (s *Sweeper) apply(ctx context.Context, batch []mark) (written, error) {
 	return w, nil
 }
 
+// textArray is vals as a PostgreSQL text array literal ({"a","b\"c"}):
+// every element quoted, so that none reads as NULL and commas, braces and
+// spaces stay in it; backslash and double quote escaped.
+func textArray(vals []string) string {
+	n := 2
+	for _, v := range vals {
+		n += len(v) + 3
+	}
+	var b strings.Builder
+	b.Grow(n)
+	b.WriteByte('{')
+	for i, v := range vals {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteByte('"')
+		for j := 0; j < len(v); j++ {
+			if c := v[j]; c == '"' || c == '\\' {
+				b.WriteByte('\\')
+			}
+			b.WriteByte(v[j])
+		}
+		b.WriteByte('"')
+	}
+	b.WriteByte('}')
+	return b.String()
+}
+
+// microsArray is ts as a PostgreSQL int8 array literal of microseconds since
+// the Unix epoch (a timestamptz's precision).
+func microsArray(ts []time.Time) string {
+	b := make([]byte, 0, 2+len(ts)*17)
+	b = append(b, '{')
+	for i, t := range ts {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, t.UnixMicro(), 10)
+	}
+	return string(append(b, '}'))
+}
+
 // addIDs adds the ids rows return (one text column) to set.
 func addIDs(rows pgx.Rows, set map[string]struct{}) error {
 	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
@@ -743,7 +792,7 @@ func (s *Sweeper) unseen(ctx context.Context, w written, batch []mark) []mark {
 		processed = make(map[string]struct{}, len(ids))
 		var rows pgx.Rows
 		rows, err = s.pool.Query(ctx, fmt.Sprintf(`SELECT u.id FROM unnest($1::text[]) AS u(id) WHERE EXISTS (SELECT 1 FROM %s t WHERE %s AND t.processed)`,
-			ti.table.Quoted(), ti.idCond()), ids)
+			ti.table.Quoted(), ti.idCond()), textArray(ids))
 		if err == nil {
 			err = addIDs(rows, processed)
 		}
