@@ -20,7 +20,6 @@ import (
 	"fmt"
 	"io"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -615,9 +614,14 @@ func (s *Sweeper) apply(ctx context.Context, batch []mark) (written, error) {
 	if err != nil {
 		return written{}, err
 	}
+	// Each array goes as one parameter in PostgreSQL's text form, built as
+	// the batch is read: pgx would box every element of a []string or
+	// []time.Time to encode it (a fifth of the relay's allocations in a live
+	// run), and the ack times as integers spare the server parsing
+	// timestamps.
 	type group struct {
-		ids, cas, reasons []string
-		ats               []time.Time
+		n                      int
+		ids, cas, ats, reasons arrayLiteral
 	}
 	var proc, procByID, dlq, dlqByID group
 	for i := range batch {
@@ -628,14 +632,20 @@ func (s *Sweeper) apply(ctx context.Context, batch []mark) (written, error) {
 			if byID {
 				g = &procByID
 			}
-			g.ids, g.cas, g.ats = append(g.ids, mk.id), append(g.cas, mk.createdAt), append(g.ats, mk.at)
+			g.n++
+			g.ids.text(mk.id)
+			g.cas.text(mk.createdAt)
+			g.ats.int(mk.at.UnixMicro())
 		}
 		if ti.marksError(mk) {
 			g := &dlq
 			if byID {
 				g = &dlqByID
 			}
-			g.ids, g.cas, g.reasons = append(g.ids, mk.id), append(g.cas, mk.createdAt), append(g.reasons, mk.reason)
+			g.n++
+			g.ids.text(mk.id)
+			g.cas.text(mk.createdAt)
+			g.reasons.text(mk.reason)
 		}
 	}
 	b := &pgx.Batch{}
@@ -647,22 +657,18 @@ func (s *Sweeper) apply(ctx context.Context, batch []mark) (written, error) {
 		caCond = fmt.Sprintf(" AND t.%s = u.created_at::%s", cdc.QuoteIdent(ti.createdCol), ti.createdTy)
 	}
 	set := "processed = true"
-	// Each array goes as one parameter in PostgreSQL's text form: pgx would
-	// box every element of a []string or []time.Time to encode it (a fifth of
-	// the relay's allocations in a live run), and the ack times as integers
-	// spare the server parsing timestamps.
 	if ti.processedAt {
 		set += ", processed_at = timestamptz 'epoch' + u.acked_us * interval '1 microsecond'"
 	}
-	if len(proc.ids) > 0 {
+	if proc.n > 0 {
 		b.Queue(fmt.Sprintf(`UPDATE %s t SET %s FROM unnest($1::text[], $2::text[], $3::int8[]) AS u(id, created_at, acked_us)
 			WHERE %s%s AND t.processed IS NOT TRUE`, tq, set, idCond, caCond),
-			textArray(proc.ids), textArray(proc.cas), microsArray(proc.ats))
+			proc.ids.String(), proc.cas.String(), proc.ats.String())
 		nproc++
 	}
-	if len(procByID.ids) > 0 {
+	if procByID.n > 0 {
 		b.Queue(fmt.Sprintf(`UPDATE %s t SET %s FROM unnest($1::text[], $2::int8[]) AS u(id, acked_us)
-			WHERE %s AND t.processed IS NOT TRUE`, tq, set, idCond), textArray(procByID.ids), microsArray(procByID.ats))
+			WHERE %s AND t.processed IS NOT TRUE`, tq, set, idCond), procByID.ids.String(), procByID.ats.String())
 		nproc++
 	}
 	eset := "error = u.reason"
@@ -671,13 +677,13 @@ func (s *Sweeper) apply(ctx context.Context, batch []mark) (written, error) {
 	}
 	// The dead letters' updates return their ids: attempts must count once,
 	// so a retry needs to know which of them were written.
-	if len(dlq.ids) > 0 {
+	if dlq.n > 0 {
 		b.Queue(fmt.Sprintf(`UPDATE %s t SET %s FROM unnest($1::text[], $2::text[], $3::text[]) AS u(id, created_at, reason)
-			WHERE %s%s RETURNING u.id`, tq, eset, idCond, caCond), textArray(dlq.ids), textArray(dlq.cas), textArray(dlq.reasons))
+			WHERE %s%s RETURNING u.id`, tq, eset, idCond, caCond), dlq.ids.String(), dlq.cas.String(), dlq.reasons.String())
 	}
-	if len(dlqByID.ids) > 0 {
+	if dlqByID.n > 0 {
 		b.Queue(fmt.Sprintf(`UPDATE %s t SET %s FROM unnest($1::text[], $2::text[]) AS u(id, reason) WHERE %s RETURNING u.id`, tq, eset, idCond),
-			textArray(dlqByID.ids), textArray(dlqByID.reasons))
+			dlqByID.ids.String(), dlqByID.reasons.String())
 	}
 	if b.Len() == 0 {
 		return written{ti: ti, procAll: true, errorAll: true}, nil
@@ -714,51 +720,48 @@ func (s *Sweeper) apply(ctx context.Context, batch []mark) (written, error) {
 	}
 	s.marked.Add(uint64(marked))
 	s.m.Marked.Add(float64(marked))
-	w.procAll = marked == int64(len(proc.ids)+len(procByID.ids))
-	w.errorAll = len(w.errored) == len(dlq.ids)+len(dlqByID.ids)
+	w.procAll = marked == int64(proc.n+procByID.n)
+	w.errorAll = len(w.errored) == dlq.n+dlqByID.n
 	return w, nil
 }
 
-// textArray is vals as a PostgreSQL text array literal ({"a","b\"c"}):
-// every element quoted, so that none reads as NULL and commas, braces and
-// spaces stay in it; backslash and double quote escaped.
-func textArray(vals []string) string {
-	n := 2
-	for _, v := range vals {
-		n += len(v) + 3
+// arrayLiteral builds a PostgreSQL array literal, one element at a time:
+// text elements quoted, so that none reads as NULL and commas, braces and
+// spaces stay in them, with backslash and double quote escaped
+// ({"a","b\"c"}); integers as they are.
+type arrayLiteral struct{ b []byte }
+
+func (a *arrayLiteral) next() {
+	if len(a.b) == 0 {
+		a.b = append(a.b, '{')
+	} else {
+		a.b = append(a.b, ',')
 	}
-	var b strings.Builder
-	b.Grow(n)
-	b.WriteByte('{')
-	for i, v := range vals {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteByte('"')
-		for j := 0; j < len(v); j++ {
-			if c := v[j]; c == '"' || c == '\\' {
-				b.WriteByte('\\')
-			}
-			b.WriteByte(v[j])
-		}
-		b.WriteByte('"')
-	}
-	b.WriteByte('}')
-	return b.String()
 }
 
-// microsArray is ts as a PostgreSQL int8 array literal of microseconds since
-// the Unix epoch (a timestamptz's precision).
-func microsArray(ts []time.Time) string {
-	b := make([]byte, 0, 2+len(ts)*17)
-	b = append(b, '{')
-	for i, t := range ts {
-		if i > 0 {
-			b = append(b, ',')
+func (a *arrayLiteral) text(v string) {
+	a.next()
+	a.b = append(a.b, '"')
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; c == '"' || c == '\\' {
+			a.b = append(a.b, '\\')
 		}
-		b = strconv.AppendInt(b, t.UnixMicro(), 10)
+		a.b = append(a.b, v[i])
 	}
-	return string(append(b, '}'))
+	a.b = append(a.b, '"')
+}
+
+func (a *arrayLiteral) int(v int64) {
+	a.next()
+	a.b = strconv.AppendInt(a.b, v, 10)
+}
+
+// String is the literal; {} when nothing was added.
+func (a *arrayLiteral) String() string {
+	if len(a.b) == 0 {
+		return "{}"
+	}
+	return string(append(a.b, '}'))
 }
 
 // addIDs adds the ids rows return (one text column) to set.
@@ -783,21 +786,23 @@ func (s *Sweeper) unseen(ctx context.Context, w written, batch []mark) []mark {
 	var processed map[string]struct{}
 	var err error
 	if !w.procAll {
-		var ids []string
+		var ids arrayLiteral
+		n := 0
 		for i := range batch {
 			if ti.marksProcessed(&batch[i]) {
-				ids = append(ids, batch[i].id)
+				ids.text(batch[i].id)
+				n++
 			}
 		}
-		processed = make(map[string]struct{}, len(ids))
+		processed = make(map[string]struct{}, n)
 		var rows pgx.Rows
 		rows, err = s.pool.Query(ctx, fmt.Sprintf(`SELECT u.id FROM unnest($1::text[]) AS u(id) WHERE EXISTS (SELECT 1 FROM %s t WHERE %s AND t.processed)`,
-			ti.table.Quoted(), ti.idCond()), textArray(ids))
+			ti.table.Quoted(), ti.idCond()), ids.String())
 		if err == nil {
 			err = addIDs(rows, processed)
 		}
 		if err != nil {
-			s.log.Debug().Err(err).Int("marks", len(ids)).Msg("could not look up the rows of marks that matched none; trying them again")
+			s.log.Debug().Err(err).Int("marks", n).Msg("could not look up the rows of marks that matched none; trying them again")
 			clear(processed)
 		}
 	}
