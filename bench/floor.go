@@ -365,8 +365,14 @@ func (b *bench) floor(ctx context.Context, pool *pgxpool.Pool) error {
 		return fmt.Errorf("drop slot %s: %w", floorSlot, err)
 	}
 
-	// walbox's relay must not relay the floor's and the maximum rate's
-	// events: mark them processed, then move its slot past them.
+	// The bare relay at the same rates, on a slot of its own.
+	if err := b.bareRelay(ctx, produce); err != nil {
+		return err
+	}
+
+	// walbox's relay must not relay the floor's, the bare relay's and the
+	// maximum rate's events: mark them processed, then move its slot past
+	// them.
 	qctx, cancel = context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	if _, err := b.env.pool.Exec(qctx, "UPDATE outbox_events SET processed = true, processed_at = now() WHERE NOT processed AND topic LIKE 'bench.floor.%'"); err != nil {

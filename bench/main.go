@@ -136,6 +136,9 @@ func main() {
 	if len(os.Args) == 7 && os.Args[1] == publisherArg {
 		os.Exit(runPublisher(os.Args[2], os.Args[3], os.Args[4], os.Args[5], os.Args[6]))
 	}
+	if len(os.Args) == 5 && os.Args[1] == bareRelayArg {
+		os.Exit(runBareRelay(os.Args[2], os.Args[3], os.Args[4]))
+	}
 	if len(os.Args) == 5 && os.Args[1] == pollRelayArg {
 		os.Exit(runPollRelay(os.Args[2], os.Args[3], os.Args[4]))
 	}

@@ -21,6 +21,7 @@ type results struct {
 	conc     concurrentResult // the two ceilings at the same time
 	pubAlone []pubFloorResult // publishing alone, in a process of its own
 	floor    []floorResult    // each live rate, pg_recvlogical the only reader
+	bare     []bareResult     // the bare relay at 1,000 and 2,000/s
 	maxAlone maxResult        // the producers' maximum rate, relay stopped
 	maxRelay liveResult       // that rate offered with the relay running
 	maxFloor floorResult      // that rate offered with pg_recvlogical the only reader
@@ -319,6 +320,13 @@ func (r *results) render() table {
 		if l.Rate == 1000 || l.Rate == 2000 {
 			s, x := ratioString(l.CPU, l.WalsenderCPU, l.Events)
 			add(fmt.Sprintf("%d/s: relay CPU per event / its walsender's", l.Rate), s, fmt.Sprintf("≤ %.1f×", targetCPULive), verdict(x <= targetCPULive))
+			for _, br := range r.bare {
+				if br.Rate == l.Rate {
+					s, _ := ratioString(br.CPU, br.WalsenderCPU, br.Events)
+					add(fmt.Sprintf("  %d/s: the bare relay's CPU per event / its walsender's (pglogrepl + nats.go, one header, acks awaited, nothing else; see below)", l.Rate), s, "", "")
+					add(fmt.Sprintf("  %d/s: the bare relay's run, CPU by process group", l.Rate), perEventWhere(br.Where, br.Events), "", "")
+				}
+			}
 		}
 		if l.SysmonCPU > 0 && l.CPU > 0 {
 			add(fmt.Sprintf("  %d/s: of the relay's CPU, the Go runtime's sysmon thread (woken by every wake-up of an idle process)", l.Rate),
@@ -585,6 +593,13 @@ How it is measured:
   moved past these events (pg_replication_slot_advance) and they are marked processed, so the
   relay never sees them. Where the floor is above a latency target, the target applies to what
   walbox adds over it.
+- The bare relay: after the floor, with walbox's relay still stopped, a child process of the
+  benchmark (GOMAXPROCS=1 and walbox's GODEBUG, as the relay runs) reads pgoutput from a slot of
+  its own with pglogrepl and publishes each inserted row with nats.go's PublishMsgAsync and one
+  header (Nats-Msg-Id), confirming a transaction's end once its acks are in; the same paced
+  producers at 1,000 and 2,000/s. No order guard, position headers, routing, dead letters,
+  marking or metrics: what a Go relay on walbox's libraries pays per event on this machine at
+  least, beside walbox's relay at the same rate.
 - Producers' maximum rate: with the relay stopped and no reader at all, 40 connections commit
   single-event transactions back to back; that rate (rounded down to 100/s) is then offered,
   paced, with pg_recvlogical as the only reader (the floor's set-up) and, later, with the relay
