@@ -658,6 +658,8 @@ func (s *Sweeper) apply(ctx context.Context, batch []mark) (written, error) {
 	}
 	set := "processed = true"
 	if ti.processedAt {
+		// int8 * interval multiplies as float8: exact for microseconds up
+		// to 2^53, the year 2255.
 		set += ", processed_at = timestamptz 'epoch' + u.acked_us * interval '1 microsecond'"
 	}
 	if proc.n > 0 {
