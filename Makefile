@@ -80,6 +80,7 @@ demo: build
 # runs in `make test`).
 CHAOS_DURATION ?= 3m
 chaos:
+	bash scripts/ensure-kcat.sh
 	WALBOX_CHAOS_DURATION=$(CHAOS_DURATION) $(GO) test -race -count=1 -v -run 'TestChaos$$|TestChaosKafka$$' -timeout 60m ./internal/e2e
 
 clean:
