@@ -801,6 +801,9 @@ func procLabel(pid, self, relay, postmaster int) string {
 		if name == "walbox" {
 			return "walbox relay"
 		}
+		if args, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline"); bytes.Contains(args, []byte(bareRelayArg)) {
+			return "bare relay"
+		}
 		return "relay under test (" + name + ")"
 	}
 	if name == "pg_recvlogical" {
