@@ -85,39 +85,16 @@ func (b *bench) bareRelay(ctx context.Context, produce produceFunc) error {
 	if err != nil {
 		return err
 	}
-	count := func() uint64 { n, _ := b.streamMsgs(ctx, bareStream); return n }
-	waitFor := func(n uint64, what string) error {
-		deadline := time.Now().Add(b.p.Stall)
-		for count() < n {
-			if p.exited() {
-				return fmt.Errorf("bare relay exited while waiting for %s: %s\n%s", what, p.cmd.ProcessState, p.logs)
-			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("bare relay: %s not stored within %s (%d of %d)", what, b.p.Stall, count(), n)
-			}
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(20 * time.Millisecond):
-			}
-		}
-		return nil
-	}
-	d := 3 * time.Second
-	if b.p.Quick {
-		d = time.Second
-	}
-	start := time.Now().Add(20 * time.Millisecond)
-	prod, err := produce(ctx, "bench.floor.bare.warmup", rates[0], start, start.Add(d))
-	if err != nil {
-		return fmt.Errorf("bare relay warm-up: %w", err)
-	}
-	if err := waitFor(uint64(prod.Events), "the warm-up events"); err != nil {
-		return err
+	t := liveTarget{system: "bare", stream: bareStream, subject: "bench.floor.bare", proc: p, producers: producers{produce: produce}}
+	if err := b.warmUp(ctx, t); err != nil {
+		return fmt.Errorf("bare relay: %w", err)
 	}
 	for _, r := range rates {
 		b.logf("bare relay %d/s: single-event transactions for %v", r, b.p.LiveFor)
-		base := count()
+		base, err := b.streamMsgs(ctx, bareStream)
+		if err != nil {
+			return err
+		}
 		cpu0, err := p.cpu()
 		if err != nil {
 			return err
@@ -125,11 +102,11 @@ func (b *bench) bareRelay(ctx context.Context, produce produceFunc) error {
 		ws0, _ := procCPU(wsPID)
 		meter := b.startPhase(p.pid())
 		start := time.Now().Add(20 * time.Millisecond)
-		prod, err := produce(ctx, fmt.Sprintf("bench.floor.bare.r%d", r), r, start, start.Add(b.p.LiveFor))
+		prod, err := produce(ctx, fmt.Sprintf("%s.r%d", t.subject, r), r, start, start.Add(b.p.LiveFor))
 		if err != nil {
 			return fmt.Errorf("bare relay %d/s: %w", r, err)
 		}
-		if err := waitFor(base+uint64(prod.Events), fmt.Sprintf("the %d events at %d/s", prod.Events, r)); err != nil {
+		if err := b.waitStream(ctx, t, base+uint64(prod.Events), fmt.Sprintf("the %d events at %d/s", prod.Events, r), 20*time.Millisecond); err != nil {
 			return err
 		}
 		res := bareResult{Rate: r, Events: prod.Events}
