@@ -172,7 +172,7 @@ func relayFloorString(pubs []pubFloorResult, decoders []ceilingResult, walsender
 	}
 	pub, mode := time.Duration(-1), ""
 	for _, p := range pubs {
-		if p.Mode != pubNoAck && p.Msgs > 0 && (pub < 0 || perEvent(p.CPU, p.Msgs) < pub) {
+		if p.Mode != pubNoAck && p.Mode != pubIDOnly && p.Msgs > 0 && (pub < 0 || perEvent(p.CPU, p.Msgs) < pub) {
 			pub, mode = perEvent(p.CPU, p.Msgs), p.Mode
 		}
 	}
@@ -189,6 +189,27 @@ func relayFloorString(pubs []pubFloorResult, decoders []ceilingResult, walsender
 		}
 	}
 	return out
+}
+
+// headerCostString is the publishers' difference in CPU per message
+// between walbox's path with the relay's headers and with Nats-Msg-Id
+// alone, and that difference over the walsender's CPU per event.
+func headerCostString(pubs []pubFloorResult, walsender time.Duration, n int) string {
+	var all, one time.Duration = -1, -1
+	for _, p := range pubs {
+		switch {
+		case p.Msgs <= 0:
+		case p.Mode == pubWalbox:
+			all = perEvent(p.CPU, p.Msgs)
+		case p.Mode == pubIDOnly:
+			one = perEvent(p.CPU, p.Msgs)
+		}
+	}
+	if all < 0 || one < 0 || walsender <= 0 || n <= 0 {
+		return "n/a"
+	}
+	ws := perEvent(walsender, n)
+	return fmt.Sprintf("%.1f − %.1f = %.1f µs = %.2f× (walsender %.1f µs/event)", us(all), us(one), us(all-one), float64(all-one)/float64(ws), us(ws))
 }
 
 func perEvent(cpu time.Duration, n int) time.Duration {
@@ -267,6 +288,8 @@ func (r *results) render() table {
 			strings.Join(parts, "; "), "", "")
 		add("  floor of a relay that reads pgoutput and publishes with nats.go: pg_recvlogical's own + the cheaper acked publisher's own, per event / its walsender's (relay run)",
 			relayFloorString(r.pubAlone, []ceilingResult{d, cc.Decode}, c.WalsenderCPU, n), fmt.Sprintf("(target ≤ %.1f×)", targetCPUCatchup), "")
+		add("  what walbox's headers beyond Nats-Msg-Id cost a publish: walbox's path with them − with Nats-Msg-Id only, per message / the walsender's per event (relay run)",
+			headerCostString(r.pubAlone, c.WalsenderCPU, n), "", "")
 	}
 	add("  concurrent ceiling: walsender / pg_recvlogical / nats-server + publisher CPU per 100,000",
 		per100k(cc.Decode.ServerCPU, cc.Decode.Events)+" / "+per100k(cc.Decode.ClientCPU, cc.Decode.Events)+" / "+per100k(cc.DriverCPU, cc.Publish.Events), "", "")

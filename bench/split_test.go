@@ -40,6 +40,7 @@ func TestRelayFloorAddsTheCheapestReaderAndAckedPublisher(t *testing.T) {
 		{Mode: pubWalbox, Msgs: 100, CPU: 600 * time.Microsecond},
 		{Mode: pubNATS, Msgs: 100, CPU: 900 * time.Microsecond},
 		{Mode: pubNoAck, Msgs: 100, CPU: 250 * time.Microsecond},
+		{Mode: pubIDOnly, Msgs: 100, CPU: 400 * time.Microsecond}, // not the relay's headers: never the floor
 	}
 	got := relayFloorString(pubs, decoders, 800*time.Microsecond, 100)
 	want := "2.0 + 6.0 (walbox) = 8.0 µs/event = 1.00× (walsender 8.0 µs/event); with no acks at all: 2.0 + 2.5 = 4.5 µs/event = 0.56×"
@@ -48,5 +49,11 @@ func TestRelayFloorAddsTheCheapestReaderAndAckedPublisher(t *testing.T) {
 	}
 	if got := relayFloorString(pubs[2:], decoders, 800*time.Microsecond, 100); got != "n/a" {
 		t.Fatalf("without an acked publisher: %s, want n/a", got)
+	}
+	if got, want := headerCostString(pubs, 800*time.Microsecond, 100), "6.0 − 4.0 = 2.0 µs = 0.25× (walsender 8.0 µs/event)"; got != want {
+		t.Fatalf("header cost\n%s\nwant\n%s", got, want)
+	}
+	if got := headerCostString(pubs[:3], 800*time.Microsecond, 100); got != "n/a" {
+		t.Fatalf("without the one-header publisher: %s, want n/a", got)
 	}
 }
