@@ -39,7 +39,9 @@ type bareResult struct {
 	Events       int
 	CPU          time.Duration // the bare relay's, over the run
 	WalsenderCPU time.Duration // its walsender's
-	Where        []cpuShare
+	// Wake-ups of its threads and of its walsender, over the run.
+	Wakeups, WalsenderWakeups uint64
+	Where                     []cpuShare
 }
 
 // bareRelay runs the bare relay at the live rates the CPU targets name
@@ -100,6 +102,8 @@ func (b *bench) bareRelay(ctx context.Context, produce produceFunc) error {
 			return err
 		}
 		ws0, _ := procCPU(wsPID)
+		wake0, _ := procWakeups(p.pid())
+		wsWake0, _ := procWakeups(wsPID)
 		meter := b.startPhase(p.pid())
 		start := time.Now().Add(20 * time.Millisecond)
 		prod, err := produce(ctx, fmt.Sprintf("%s.r%d", t.subject, r), r, start, start.Add(b.p.LiveFor))
@@ -116,6 +120,7 @@ func (b *bench) bareRelay(ctx context.Context, produce produceFunc) error {
 		}
 		res.CPU = cpu1 - cpu0
 		res.WalsenderCPU = b.walsenderSince(ctx, wsPID, ws0)
+		res.Wakeups, res.WalsenderWakeups = wakeupsSince(p.pid(), wake0), wakeupsSince(wsPID, wsWake0)
 		_, res.Where, _ = meter.stop()
 		b.logf("bare relay %d/s: %d events; its CPU %.1f µs/event, its walsender's %.1f µs/event",
 			r, res.Events, us(perEvent(res.CPU, res.Events)), us(perEvent(res.WalsenderCPU, res.Events)))

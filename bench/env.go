@@ -386,6 +386,42 @@ func procHWM(pid int) (int64, error) {
 	return 0, fmt.Errorf("/proc/%d/status: no VmHWM", pid)
 }
 
+// procWakeups returns how often pid's threads blocked and were woken
+// again: their voluntary context switches, summed over
+// /proc/<pid>/task/*/status (threads that exited are not counted).
+func procWakeups(pid int) (uint64, error) {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return 0, err
+	}
+	var sum uint64
+	for _, t := range tasks {
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/status", pid, t.Name()))
+		if err != nil {
+			continue // the thread exited
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			if v, ok := strings.CutPrefix(line, "voluntary_ctxt_switches:"); ok {
+				n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+				if err != nil {
+					return 0, fmt.Errorf("/proc/%d/task/%s/status: %w", pid, t.Name(), err)
+				}
+				sum += n
+			}
+		}
+	}
+	return sum, nil
+}
+
+// wakeupsSince returns pid's wake-ups since it had w0 (0: it is gone).
+func wakeupsSince(pid int, w0 uint64) uint64 {
+	w, err := procWakeups(pid)
+	if err != nil || w < w0 {
+		return 0
+	}
+	return w - w0
+}
+
 // selfCPU is this process's user+sys time: the embedded nats-server and the
 // benchmark driver.
 func selfCPU() time.Duration {

@@ -35,9 +35,12 @@ type liveResult struct {
 	CPU          time.Duration // relay, over the run
 	SysmonCPU    time.Duration // the relay's, part of CPU (see sysmonCPU)
 	WalsenderCPU time.Duration
-	Busy         float64
-	Where        []cpuShare
-	Span         time.Duration
+	// Wake-ups of the relay's threads and of its walsender (voluntary
+	// context switches), over the run.
+	Wakeups, WalsenderWakeups uint64
+	Busy                      float64
+	Where                     []cpuShare
+	Span                      time.Duration
 
 	store []time.Duration // sorted insert -> stored latencies, for the chart
 }
@@ -389,6 +392,8 @@ func (b *bench) liveRate(ctx context.Context, t liveTarget, rate int) (liveResul
 	}
 	sysmon0, sysmonErr := sysmonCPU(t.proc.pid())
 	ws0, _ := procCPU(t.wsPID)
+	wake0, _ := procWakeups(t.proc.pid())
+	wsWake0, _ := procWakeups(t.wsPID)
 	var hist0 map[string]histSnapshot
 	if t.metrics != "" {
 		if hist0, err = relayHistograms(ctx, t.metrics); err != nil {
@@ -428,11 +433,13 @@ func (b *bench) liveRate(ctx context.Context, t liveTarget, rate int) (liveResul
 		return res, err
 	}
 	res.CPU = cpu1 - cpu0
+	res.Wakeups = wakeupsSince(t.proc.pid(), wake0)
 	if sysmon1, err := sysmonCPU(t.proc.pid()); err == nil && sysmonErr == nil {
 		res.SysmonCPU = sysmon1 - sysmon0
 	}
 	if t.wsPID != 0 {
 		res.WalsenderCPU = b.walsenderSince(ctx, t.wsPID, ws0)
+		res.WalsenderWakeups = wakeupsSince(t.wsPID, wsWake0)
 	}
 	res.Busy, res.Where, res.Span = meter.stop()
 	if t.metrics != "" {

@@ -212,6 +212,16 @@ func headerCostString(pubs []pubFloorResult, walsender time.Duration, n int) str
 	return fmt.Sprintf("%.1f − %.1f = %.1f µs = %.2f× (walsender %.1f µs/event)", us(all), us(one), us(all-one), float64(all-one)/float64(ws), us(ws))
 }
 
+// wakeupString gives a relay's and its walsender's wake-ups per event and
+// the CPU each spent per wake-up.
+func wakeupString(cpu, wsCPU time.Duration, wake, wsWake uint64, n int) string {
+	if n <= 0 || wake == 0 || wsWake == 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.2f / %.2f; %.1f / %.1f µs", float64(wake)/float64(n), float64(wsWake)/float64(n),
+		us(cpu/time.Duration(wake)), us(wsCPU/time.Duration(wsWake)))
+}
+
 func perEvent(cpu time.Duration, n int) time.Duration {
 	if n <= 0 {
 		return 0
@@ -340,6 +350,10 @@ func (r *results) render() table {
 		}
 		add(fmt.Sprintf("  %d/s: relay / walsender CPU per event; machine busy", l.Rate),
 			fmt.Sprintf("%.1f / %.1f µs; %.0f%% of %d CPUs", us(perEvent(l.CPU, l.Events)), us(perEvent(l.WalsenderCPU, l.Events)), l.Busy*100, int(cores)), "", "")
+		if l.Wakeups > 0 && l.WalsenderWakeups > 0 {
+			add(fmt.Sprintf("  %d/s: wake-ups per event (voluntary context switches, all threads) relay / walsender; CPU per wake-up", l.Rate),
+				wakeupString(l.CPU, l.WalsenderCPU, l.Wakeups, l.WalsenderWakeups, l.Events), "", "")
+		}
 		if l.Rate == 1000 || l.Rate == 2000 {
 			s, x := ratioString(l.CPU, l.WalsenderCPU, l.Events)
 			add(fmt.Sprintf("%d/s: relay CPU per event / its walsender's", l.Rate), s, fmt.Sprintf("≤ %.1f×", targetCPULive), verdict(x <= targetCPULive))
@@ -347,6 +361,10 @@ func (r *results) render() table {
 				if br.Rate == l.Rate {
 					s, _ := ratioString(br.CPU, br.WalsenderCPU, br.Events)
 					add(fmt.Sprintf("  %d/s: the bare relay's CPU per event / its walsender's (pglogrepl + nats.go, one header, acks awaited, nothing else; see below)", l.Rate), s, "", "")
+					if br.Wakeups > 0 && br.WalsenderWakeups > 0 {
+						add(fmt.Sprintf("  %d/s: the bare relay's wake-ups per event / its walsender's; CPU per wake-up", l.Rate),
+							wakeupString(br.CPU, br.WalsenderCPU, br.Wakeups, br.WalsenderWakeups, br.Events), "", "")
+					}
 					add(fmt.Sprintf("  %d/s: the bare relay's run, CPU by process group", l.Rate), perEventWhere(br.Where, br.Events), "", "")
 				}
 			}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"math"
+	"os"
 	"testing"
 	"time"
 )
@@ -55,5 +56,23 @@ func TestRelayFloorAddsTheCheapestReaderAndAckedPublisher(t *testing.T) {
 	}
 	if got := headerCostString(pubs[:3], 800*time.Microsecond, 100); got != "n/a" {
 		t.Fatalf("without the one-header publisher: %s, want n/a", got)
+	}
+}
+
+func TestWakeupsPerEventAndCPUPerWakeup(t *testing.T) {
+	got := wakeupString(300*time.Microsecond, 200*time.Microsecond, 6, 2, 3)
+	if want := "2.00 / 0.67; 50.0 / 100.0 µs"; got != want {
+		t.Fatalf("got %q, want %q", got, want)
+	}
+	if got := wakeupString(time.Millisecond, time.Millisecond, 0, 2, 3); got != "n/a" {
+		t.Fatalf("no wake-ups counted: %q, want n/a", got)
+	}
+	// This process's threads have blocked at least once: the counter reads.
+	time.Sleep(time.Millisecond)
+	if w, err := procWakeups(os.Getpid()); err != nil || w == 0 {
+		t.Fatalf("procWakeups(self) = %d, %v", w, err)
+	}
+	if w := wakeupsSince(os.Getpid(), 1<<62); w != 0 {
+		t.Fatalf("a counter below its start reads %d, want 0", w)
 	}
 }
