@@ -294,8 +294,11 @@ func (r *results) render() table {
 			}
 			parts = append(parts, part)
 		}
-		add("  publishing alone in a process of its own, the relay's headers, window as the relay's: own CPU per message",
-			strings.Join(parts, "; "), "", "")
+		label := "  publishing alone in a process of its own, the relay's headers, window as the relay's: own CPU per message"
+		if n := r.pubAlone[0].Runs; n > 1 {
+			label += fmt.Sprintf(" (each the median of %d runs, the publishers taking turns)", n)
+		}
+		add(label, strings.Join(parts, "; "), "", "")
 		add("  floor of a relay that reads pgoutput and publishes with nats.go: pg_recvlogical's own + the cheaper acked publisher's own, per event / its walsender's (relay run)",
 			relayFloorString(r.pubAlone, []ceilingResult{d, cc.Decode}, c.WalsenderCPU, n), fmt.Sprintf("(target ≤ %.1f×)", targetCPUCatchup), "")
 		add("  what walbox's headers beyond Nats-Msg-Id cost a publish: walbox's path with them − with Nats-Msg-Id only, per message / the walsender's per event (relay run)",
