@@ -615,8 +615,8 @@ func (b *bench) slotState(ctx context.Context, slot string) (active bool, pid in
 
 // startStreaming spawns the relay and waits until it streams from the
 // slot; it returns the relay and its walsender's pid.
-func (b *bench) startStreaming(ctx context.Context, phase string) (*relayProc, int, error) {
-	r, err := b.startRelay(phase)
+func (b *bench) startStreaming(ctx context.Context, phase string, env ...string) (*relayProc, int, error) {
+	r, err := b.startRelay(phase, env...)
 	if err != nil {
 		return nil, 0, err
 	}

@@ -115,27 +115,14 @@ func (b *bench) live(ctx context.Context) error {
 
 	// The catch-up rounds left dead row versions for autovacuum to chew
 	// on in the middle of a rate: clean up first, with the relay stopped.
-	vacuum := func(why string) error {
-		b.logf("live: VACUUM ANALYZE outbox_events and CHECKPOINT first (%s)", why)
-		qctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-		defer cancel()
-		_, err := b.env.pool.Exec(qctx, "VACUUM ANALYZE outbox_events")
-		if err == nil {
-			_, err = b.env.pool.Exec(qctx, "CHECKPOINT")
-		}
-		if err != nil {
-			return fmt.Errorf("vacuum before the live phase: %w", err)
-		}
-		return nil
-	}
-	if err := vacuum("the catch-up rounds left dead rows"); err != nil {
+	if err := b.vacuum(ctx, "the catch-up rounds left dead rows"); err != nil {
 		return err
 	}
 	// The floor and the producers' maximum rate, with the relay stopped.
 	if err := b.floor(ctx, pool); err != nil {
 		return fmt.Errorf("floor: %w", err)
 	}
-	if err := vacuum("the floor's events were marked processed"); err != nil {
+	if err := b.vacuum(ctx, "the floor's events were marked processed"); err != nil {
 		return err
 	}
 	b.logf("live: starting the relay (a fresh process)")
@@ -174,7 +161,62 @@ func (b *bench) live(ctx context.Context) error {
 		return err
 	}
 	b.res.maxRelay = res
+	if err := b.stopRelay(r); err != nil {
+		return err
+	}
+	return b.liveNoFlag(ctx, pool)
+}
+
+// liveNoFlag runs the live rates up to 2,000/s again with a fresh relay
+// that marks no rows (WALBOX_SWEEPER_MARK_PROCESSED=false): the processed
+// flag's target is no effect on live p99.
+func (b *bench) liveNoFlag(ctx context.Context, pool *pgxpool.Pool) error {
+	var rates []int
+	for _, r := range b.p.Rates {
+		if r <= 2000 {
+			rates = append(rates, r)
+		}
+	}
+	if len(rates) == 0 {
+		return nil
+	}
+	if err := b.vacuum(ctx, "the relay's live runs marked their rows"); err != nil {
+		return err
+	}
+	b.logf("live: starting the relay with the processed flag off (WALBOX_SWEEPER_MARK_PROCESSED=false)")
+	r, wsPID, err := b.startStreaming(ctx, "live-noflag", "WALBOX_SWEEPER_MARK_PROCESSED=false")
+	if err != nil {
+		return err
+	}
+	t := liveTarget{system: "walbox-noflag", stream: benchStream, subject: "bench.live.noflag", proc: r, wsPID: wsPID, header: true,
+		metrics: b.env.metrics, producers: b.sqlLoad(pool)}
+	if err := b.warmUp(ctx, t); err != nil {
+		return err
+	}
+	for _, rate := range rates {
+		res, err := b.liveRate(ctx, t, rate)
+		if err != nil {
+			return err
+		}
+		b.res.liveNoFlag = append(b.res.liveNoFlag, res)
+	}
 	return b.stopRelay(r)
+}
+
+// vacuum runs VACUUM ANALYZE on the outbox and a CHECKPOINT, with no relay
+// running: what a phase left behind is not cleaned up in the next one.
+func (b *bench) vacuum(ctx context.Context, why string) error {
+	b.logf("live: VACUUM ANALYZE outbox_events and CHECKPOINT first (%s)", why)
+	qctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	_, err := b.env.pool.Exec(qctx, "VACUUM ANALYZE outbox_events")
+	if err == nil {
+		_, err = b.env.pool.Exec(qctx, "CHECKPOINT")
+	}
+	if err != nil {
+		return fmt.Errorf("vacuum before the live phase: %w", err)
+	}
+	return nil
 }
 
 // warmUp runs t's producers at the first rate for 3 s (-quick: 1 s),
