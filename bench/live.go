@@ -126,13 +126,8 @@ func (b *bench) live(ctx context.Context) error {
 		return err
 	}
 	b.logf("live: starting the relay (a fresh process)")
-	r, wsPID, err := b.startStreaming(ctx, "live")
+	t, err := b.walboxLive(ctx, pool, "live", "walbox", "bench.live")
 	if err != nil {
-		return err
-	}
-	t := liveTarget{system: "walbox", stream: benchStream, subject: "bench.live", proc: r, wsPID: wsPID, header: true,
-		metrics: b.env.metrics, producers: b.sqlLoad(pool)}
-	if err := b.warmUp(ctx, t); err != nil {
 		return err
 	}
 	for _, rate := range b.p.Rates {
@@ -161,7 +156,7 @@ func (b *bench) live(ctx context.Context) error {
 		return err
 	}
 	b.res.maxRelay = res
-	if err := b.stopRelay(r); err != nil {
+	if err := b.stopRelay(t.proc); err != nil {
 		return err
 	}
 	return b.liveNoFlag(ctx, pool)
@@ -184,13 +179,8 @@ func (b *bench) liveNoFlag(ctx context.Context, pool *pgxpool.Pool) error {
 		return err
 	}
 	b.logf("live: starting the relay with the processed flag off (WALBOX_SWEEPER_MARK_PROCESSED=false)")
-	r, wsPID, err := b.startStreaming(ctx, "live-noflag", "WALBOX_SWEEPER_MARK_PROCESSED=false")
+	t, err := b.walboxLive(ctx, pool, "live-noflag", "walbox-noflag", "bench.live.noflag", "WALBOX_SWEEPER_MARK_PROCESSED=false")
 	if err != nil {
-		return err
-	}
-	t := liveTarget{system: "walbox-noflag", stream: benchStream, subject: "bench.live.noflag", proc: r, wsPID: wsPID, header: true,
-		metrics: b.env.metrics, producers: b.sqlLoad(pool)}
-	if err := b.warmUp(ctx, t); err != nil {
 		return err
 	}
 	for _, rate := range rates {
@@ -200,7 +190,20 @@ func (b *bench) liveNoFlag(ctx context.Context, pool *pgxpool.Pool) error {
 		}
 		b.res.liveNoFlag = append(b.res.liveNoFlag, res)
 	}
-	return b.stopRelay(r)
+	return b.stopRelay(t.proc)
+}
+
+// walboxLive starts a fresh walbox relay (env: its extra environment),
+// waits until it streams and warms it up: a live target on the bench's
+// stream whose producers use pool.
+func (b *bench) walboxLive(ctx context.Context, pool *pgxpool.Pool, phase, system, subject string, env ...string) (liveTarget, error) {
+	r, wsPID, err := b.startStreaming(ctx, phase, env...)
+	if err != nil {
+		return liveTarget{}, err
+	}
+	t := liveTarget{system: system, stream: benchStream, subject: subject, proc: r, wsPID: wsPID, header: true,
+		metrics: b.env.metrics, producers: b.sqlLoad(pool)}
+	return t, b.warmUp(ctx, t)
 }
 
 // vacuum runs VACUUM ANALYZE on the outbox and a CHECKPOINT, with no relay
