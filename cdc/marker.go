@@ -74,7 +74,7 @@ func (s *Source) warnNoMarker() {
 // consistent point means nothing.
 func (s *Source) clearMarkerWhenConfirmed(ctx context.Context, consistent LSN, gen uint64) {
 	covered := func() bool {
-		return s.slotGen.Load() == gen && !s.fenced.Load() && s.Confirmed() >= consistent
+		return s.slotGen.Load() == gen && s.confirmed.reached(consistent)
 	}
 	t := time.NewTicker(200 * time.Millisecond)
 	defer t.Stop()

@@ -102,17 +102,13 @@ func (c *Config) setDefaults() {
 type Source struct {
 	cfg       Config
 	log       zerolog.Logger
-	confirmed atomic.Uint64 // highest LSN the relay says is safe to flush
+	confirmed confirmation // highest LSN the relay says is safe to flush, and the fence
 	sessions  atomic.Int64
 	received  atomic.Uint64 // last WAL position received, for lag
 	connected atomic.Bool
-	hadSlot   atomic.Bool // the slot existed during this process: its absence is a loss
-	// fenced: a new session started (the slot may be new, or on another
-	// server) and the relay has not yet taken its KindReset; confirmations
-	// still in flight from before belong to the old slot and are ignored.
-	fenced  atomic.Bool
-	slotGen atomic.Uint64          // slots this process created; a backfill marker belongs to one
-	origin  atomic.Pointer[Origin] // of the current or last session
+	hadSlot   atomic.Bool            // the slot existed during this process: its absence is a loss
+	slotGen   atomic.Uint64          // slots this process created; a backfill marker belongs to one
+	origin    atomic.Pointer[Origin] // of the current or last session
 
 	noMarkerWarned atomic.Bool
 	background     sync.WaitGroup // marker upkeep; Run waits for it
@@ -221,27 +217,17 @@ func NewSource(cfg Config) (*Source, error) {
 // Confirm records that every transaction ending at or before lsn is fully
 // delivered, so the slot may release WAL up to it. It never moves backwards
 // within one session's slot.
-func (s *Source) Confirm(lsn LSN) {
-	if s.fenced.Load() {
-		return
-	}
-	for {
-		cur := s.confirmed.Load()
-		if uint64(lsn) <= cur || s.confirmed.CompareAndSwap(cur, uint64(lsn)) {
-			return
-		}
-	}
-}
+func (s *Source) Confirm(lsn LSN) { s.confirmed.confirm(lsn) }
 
 // ResetTaken is called by the relay once it has handled a KindReset: every
 // confirmation after it belongs to the new session's slot.
-func (s *Source) ResetTaken() { s.fenced.Store(false) }
+func (s *Source) ResetTaken() { s.confirmed.unfence() }
 
 // Origin returns the WAL history of the current (or last) session.
 func (s *Source) Origin() *Origin { return s.origin.Load() }
 
 // Confirmed returns the highest LSN passed to Confirm.
-func (s *Source) Confirmed() LSN { return LSN(s.confirmed.Load()) }
+func (s *Source) Confirmed() LSN { return s.confirmed.load() }
 
 // Received returns the last WAL position the server sent.
 func (s *Source) Received() LSN { return LSN(s.received.Load()) }
@@ -359,8 +345,7 @@ func (s *Source) session(ctx context.Context, out chan<- []Change) (streamed boo
 		// the slot's own position (the server resends from it; a status
 		// update of 0 is ignored). Confirmations of the old session that
 		// arrive before the relay takes the reset are dropped.
-		s.fenced.Store(true)
-		s.confirmed.Store(0)
+		s.confirmed.fence()
 	}
 	prefix = append(prefix, Change{Kind: KindOrigin, Origin: origin})
 	created, err := s.ensureSlot(ctx, conn)

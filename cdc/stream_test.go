@@ -136,8 +136,7 @@ func TestStatusAfterReconnect(t *testing.T) {
 			t.Fatalf("confirmed %s", src.Confirmed())
 		}
 		// What session() does when it starts again.
-		src.fenced.Store(true)
-		src.confirmed.Store(0)
+		src.confirmed.fence()
 		src.Confirm(0x600)
 		if err := st.handleCopyData(t.Context(), keepaliveMsg(0x700, serverClock, true)); err != nil {
 			t.Fatal(err)

@@ -92,17 +92,24 @@ func (c *Checkpoint) Idle() bool {
 // Unacked is the number of events handed out but not yet acked.
 func (c *Checkpoint) Unacked() uint64 { return c.nextSeq - c.ackedTo }
 
-// Confirmed returns the highest confirmable LSN so far.
+// Confirmed returns the highest confirmable LSN of the session so far.
 func (c *Checkpoint) Confirmed() cdc.LSN { return c.confirmed }
 
 // Reset forgets everything in flight: after a reconnect the server resends
 // from the slot's confirmed position, so unfinished transactions come again.
-// The confirmed LSN is kept; it never moves backwards.
+// It forgets the confirmed LSN too: a new session's slot may be a new one,
+// or on another server (a restore, a promoted standby) whose positions are
+// all below the last session's, and a position kept from the old slot
+// would hold every confirmation of the new one back until the new WAL
+// passed it (WAL piling up, the backfill marker never cleared). Within one
+// slot nothing is lost by starting from zero: the server resends from the
+// slot's confirmed_flush_lsn and ignores a confirmation below it.
 func (c *Checkpoint) Reset() {
 	c.txns = c.txns[:0]
 	c.inTxn = false
 	c.ackedTo = c.nextSeq
 	clear(c.early)
+	c.confirmed = 0
 }
 
 func (c *Checkpoint) advance() (cdc.LSN, bool) {
