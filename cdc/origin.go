@@ -25,6 +25,11 @@ type Origin struct {
 	// Left maps each ancestor timeline to the WAL position where the
 	// history moved on from it.
 	Left map[int32]LSN
+	// WALPos is how far the server's WAL reached when the session started
+	// (IDENTIFY_SYSTEM's xlogpos): a position of this system and timeline
+	// at or past it was written by a history the server no longer has (it
+	// was restored from a snapshot).
+	WALPos LSN
 }
 
 // Comparable reports whether a position at pos, recorded on system sys and
@@ -54,7 +59,7 @@ func identify(ctx context.Context, conn *pgconn.PgConn) (*Origin, error) {
 	if err != nil {
 		return nil, fmt.Errorf("identify system: %w", err)
 	}
-	o := &Origin{SystemID: sys.SystemID, Timeline: sys.Timeline, Left: map[int32]LSN{}}
+	o := &Origin{SystemID: sys.SystemID, Timeline: sys.Timeline, Left: map[int32]LSN{}, WALPos: sys.XLogPos}
 	if sys.Timeline > 1 {
 		h, err := pglogrepl.TimelineHistory(ctx, conn, sys.Timeline)
 		if err != nil {

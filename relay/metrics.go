@@ -20,6 +20,8 @@ type Metrics struct {
 	ConfirmedLSN  prometheus.Gauge
 	Backoffs      prometheus.Counter
 	Skipped       prometheus.Counter
+	SkippedBy     *prometheus.CounterVec
+	LostHistory   *prometheus.GaugeVec
 	OtherWriters  *prometheus.CounterVec
 	SlotLost      *prometheus.CounterVec
 	Leader        prometheus.Gauge
@@ -57,6 +59,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		ConfirmedLSN:    f.Gauge("walbox_confirmed_lsn", "The LSN walbox has confirmed to the slot, as a number."),
 		Backoffs:        f.Counter("walbox_publish_backoffs_total", "Times the publisher stopped and backed off after a transient error."),
 		Skipped:         f.Counter("walbox_resume_skipped_total", "Events not republished because the stream already held them (resume check)."),
+		SkippedBy:       f.CounterVec("walbox_resume_skipped_by_proof_total", "Events the resume check did not republish, by the evidence used: the event's id read back from its stream or partition, or its position before the read-back tail of its own ordered unit in the same, not rewound, WAL history.", "proof"),
+		LostHistory:     f.GaugeVec("walbox_resume_lost_history_events", "Events of this source in a stream's read-back tail whose WAL positions the database has not reached: published from a history the database no longer has (a restore from a snapshot). Non-zero after a restore until newer events push them out of the tail.", "stream"),
 		OtherWriters:    f.CounterVec("walbox_strict_order_other_writer_total", "Times strict order found another writer in a stream and stopped guarding its order, by stream.", "stream"),
 		SlotLost:        f.CounterVec("walbox_slot_lost_total", "Times the replication slot was found lost, by reason: missing (dropped) or invalidated (wal_status lost).", "reason"),
 		Leader:          f.Gauge("walbox_leader", "1 while this relay holds the leader lock and streams, 0 while standby."),

@@ -54,6 +54,11 @@ type fakeStream struct {
 	// kafka: no deduplication by id (Kafka has no Nats-Msg-Id), so a
 	// resent event is stored again.
 	kafka bool
+	// expectFirst: the expected last sequence is checked before the
+	// duplicate check, as a replica-1 stream does (nats-server's
+	// processJetStreamMsg); a replicated stream's leader checks duplicates
+	// first (the default here).
+	expectFirst bool
 	// notify, if set, gets every publish number (dropped when full).
 	notify chan int
 
@@ -224,6 +229,10 @@ func (s *fakeSink) Publish(m *Msg) (Future, error) {
 	}
 	if st.foreign[n] {
 		st.store("foreign-"+strconv.Itoa(n), Header{})
+	}
+	if st.expectFirst && m.ExpectSet && m.Expect != st.lastSeq {
+		st.resolveLocked(pub, f, nil, fmt.Errorf("%w: wrong last sequence: %d", ErrOrderRefused, st.lastSeq))
+		return fut, nil
 	}
 	if seq, dup := st.seqOf[id]; dup && !st.kafka {
 		st.resolveLocked(pub, f, &Ack{Stream: "ORDERS", Sequence: seq, Duplicate: true}, nil)

@@ -190,6 +190,14 @@ type pending struct {
 	fut    Future
 	epoch  uint64 // the connection it was published on
 	size   int64  // bytes held for it (counted in loop.held until done)
+	// tried: this process published it at least once. Its own ack, or its
+	// id read back, is then the only evidence that it is stored: a position
+	// says nothing of an event whose publish may have failed while later
+	// ones were stored (issue 33, item 3).
+	tried bool
+	// strict: published with an expected last sequence (loop.lastSeq moved
+	// for it).
+	strict bool
 }
 
 // errConnectionChanged stops publishing when the connection was replaced
@@ -214,9 +222,14 @@ type loop struct {
 	curPos int
 	held   int64 // bytes of the events published and not done (window and resend list)
 
-	tails    map[string]StoredTail // what each stream holds of this source, for the resume check
-	origin   *cdc.Origin           // WAL history of the changes being read (KindOrigin)
-	reported map[string]bool       // stream and foreign system already logged
+	tails  map[string]StoredTail // what each stream holds of this source, for the resume check
+	origin *cdc.Origin           // WAL history of the changes being read (KindOrigin)
+	// walSeen is how far this server's WAL has been seen to reach in this
+	// session: IDENTIFY_SYSTEM's position at its start, or the end of a
+	// transaction read since. A stored position at or past it is not of
+	// this server's history (loop.comparable).
+	walSeen  cdc.LSN
+	reported map[string]bool // stream and foreign system already logged
 	// Strict order: the sequence the stream's newest message will have once
 	// everything published to it so far is stored. Absent: unknown (the
 	// stream could not be read back), publish without an expectation.
@@ -227,6 +240,21 @@ type loop struct {
 	seqRefused map[string]bool
 	// Streams found to have another writer: strict order is off for them.
 	shared map[string]bool
+
+	// A publish that may be a duplicate of a stored message (maybeStored)
+	// goes out alone under strict order: a duplicate does not grow the
+	// stream, so every publish behind it would carry an expectation one too
+	// high and be refused. solo waits for the window to empty; alone is the
+	// one in flight, with nothing behind it.
+	solo  *pending
+	alone *pending
+	// The failing episode's outcomes are all known (refusals that a
+	// duplicate ack in the same stream explains, duplicates): lastSeq is
+	// exact and nothing needs reading back, so the resend goes at once.
+	// unexplained: some failure left an outcome unknown (a timeout, a
+	// refusal no duplicate explains, a stored message behind a failure).
+	unexplained bool
+	dupAcks     map[string]int // strict streams: duplicate acks since the last settle
 }
 
 func (r *Relay) run(ctx context.Context, in <-chan []cdc.Change, conf Confirmer) error {
@@ -337,16 +365,26 @@ func (l *loop) canRead() bool {
 }
 
 // hasRoom: the window takes another new event, by count and by bytes (an
-// empty window always takes one, however large).
+// empty window always takes one, however large), and no publish that must
+// go alone is waiting or in flight.
 func (l *loop) hasRoom() bool {
-	return len(l.window) < l.r.cfg.Window && (l.held < l.r.cfg.WindowBytes || len(l.window) == 0)
+	return len(l.window) < l.r.cfg.Window && (l.held < l.r.cfg.WindowBytes || len(l.window) == 0) &&
+		l.solo == nil && l.alone == nil
 }
 
 // fill publishes resends first, then the current batch, while the window has room.
 func (l *loop) fill() {
+	if l.solo != nil {
+		if len(l.window) > 0 || !l.canPublish() {
+			return
+		}
+		p := l.solo
+		l.solo = nil
+		l.publish(p, true)
+	}
 	// Every send may fail and start a back-off: check before each one, or
 	// a dead connection turns this into a hot loop over the resend list.
-	for len(l.retry) > 0 && len(l.window) < l.r.cfg.Window && l.canPublish() {
+	for len(l.retry) > 0 && len(l.window) < l.r.cfg.Window && l.solo == nil && l.alone == nil && l.canPublish() {
 		p := l.retry[0]
 		l.retry = l.retry[1:]
 		l.send(p)
@@ -381,11 +419,17 @@ func (l *loop) change(c *cdc.Change) {
 		}
 		l.send(p)
 	case cdc.KindCommit:
+		l.walSeen = max(l.walSeen, c.LSN)
 		l.confirm(l.ckpt.Commit(c.LSN))
 	case cdc.KindWALEnd:
+		l.walSeen = max(l.walSeen, c.LSN)
 		l.confirm(l.ckpt.WALEnd(c.LSN))
 	case cdc.KindOrigin:
 		l.origin = c.Origin
+		l.walSeen = 0
+		if c.Origin != nil {
+			l.walSeen = c.Origin.WALPos
+		}
 		l.r.router.SetOrigin(c.Origin)
 		for stream, tail := range l.tails {
 			l.reportOrigins(stream, tail)
@@ -393,6 +437,7 @@ func (l *loop) change(c *cdc.Change) {
 	case cdc.KindReset:
 		l.ckpt.Reset()
 		l.retry = l.retry[:0]
+		l.solo, l.alone = nil, nil
 		if rt, ok := l.conf.(ResetTaker); ok {
 			rt.ResetTaken()
 		}
@@ -413,20 +458,40 @@ func (l *loop) deadLetter(p *pending, reason string) {
 	l.r.log.Error().Str("id", p.ev.ID).Str("topic", p.ev.Topic).Stringer("pos", p.ev.Pos).Str("reason", reason).Msg("dead-lettering event")
 }
 
-// send publishes p and appends it to the window.
+// send publishes p and appends it to the window, unless the resume check
+// finds it stored, or it must go alone and waits for the window to empty.
 func (l *loop) send(p *pending) {
 	if l.alreadyStored(p) {
 		l.r.m.Skipped.Inc()
 		l.done(p, &Ack{Stream: p.stream, Duplicate: true})
 		return
 	}
+	alone := l.strictFor(p) && l.maybeStored(p)
+	if alone && len(l.window) > 0 {
+		l.solo = p
+		return
+	}
+	l.publish(p, alone)
+}
+
+// strictFor reports whether p goes out with an expected last sequence.
+func (l *loop) strictFor(p *pending) bool {
+	if !l.r.cfg.StrictOrder || p.dlq || p.stream == "" || l.shared[p.stream] {
+		return false
+	}
+	_, ok := l.lastSeq[p.stream]
+	return ok
+}
+
+// publish sends p; alone: nothing goes out behind it until it resolves.
+func (l *loop) publish(p *pending, alone bool) {
 	p.sentAt = time.Now()
-	expect, strict := uint64(0), false
-	if l.r.cfg.StrictOrder && !p.dlq && p.stream != "" {
-		expect, strict = l.lastSeq[p.stream]
-		strict = strict && !l.shared[p.stream]
+	expect, strict := uint64(0), l.strictFor(p)
+	if strict {
+		expect = l.lastSeq[p.stream]
 	}
 	p.msg.Expect, p.msg.ExpectSet = expect, strict
+	p.strict = false
 	epoch := l.r.sink.Epoch()
 	if len(l.window) > 0 && l.window[len(l.window)-1].epoch != epoch {
 		l.publishFailed(p, errConnectionChanged)
@@ -438,8 +503,13 @@ func (l *loop) send(p *pending) {
 		return
 	}
 	p.epoch = epoch
+	p.tried = true
 	if strict {
 		l.lastSeq[p.stream] = expect + 1
+		p.strict = true
+	}
+	if alone {
+		l.alone = p
 	}
 	if l.r.sink.Epoch() != epoch {
 		p.epoch = ^uint64(0) // reconnected during the call: which connection is unknown
@@ -465,12 +535,38 @@ func (r *Relay) classify(err error) ErrorClass {
 
 // publishFailed handles an error for p, either from PublishAsync or its ack.
 func (l *loop) publishFailed(p *pending, err error) {
+	l.failed(p, err, false)
+}
+
+// failed handles an error for p; known: p's outcome is known (it was
+// stored, or dropped as a duplicate) and needs no read-back.
+func (l *loop) failed(p *pending, err error, known bool) {
+	if l.alone == p {
+		l.alone = nil
+	}
 	class := l.r.classify(err)
-	if !p.dlq && errors.Is(err, ErrOrderRefused) {
+	refused := !p.dlq && errors.Is(err, ErrOrderRefused)
+	if refused {
 		if l.seqRefused == nil {
 			l.seqRefused = make(map[string]bool)
 		}
 		l.seqRefused[p.stream] = true
+	}
+	if p.strict && refused {
+		// Refused: the stream did not grow for it.
+		l.lastSeq[p.stream]--
+		p.strict = false
+	}
+	// A refusal is explained when a duplicate ack in the same stream came
+	// before it since the last settle: the duplicate did not grow the
+	// stream, so every strict publish behind it expected one message too
+	// many (a replica-1 stream checks the expectation before the duplicate,
+	// a replicated one after; both refuse what follows). Its outcome is
+	// known: not stored.
+	explained := refused && l.dupAcks[p.stream] > 0
+	if !known && !explained && !l.unexplained {
+		l.unexplained = true
+		l.r.m.Backoffs.Inc() // this episode ends in a back-off (settle)
 	}
 	if p.dlq && class == Permanent {
 		// A dead letter is confirmed only once the dead-letter stream has
@@ -491,14 +587,26 @@ func (l *loop) publishFailed(p *pending, err error) {
 	default:
 		l.r.m.PublishErrors.WithLabelValues("transient").Inc()
 		if !l.failing {
-			l.r.log.Warn().Err(err).Int("inflight", len(l.window)).Msg("publish failed; waiting for in-flight acks, then resending in order")
-			l.r.m.Backoffs.Inc()
+			ev := l.r.log.Warn()
+			if known || explained {
+				ev = l.r.log.Debug()
+			}
+			ev.Err(err).Int("inflight", len(l.window)).Msg("publish failed; waiting for in-flight acks, then resending in order")
 		}
 		l.failing = true
-		i, _ := slices.BinarySearchFunc(l.retry, p.seq, func(a *pending, s uint64) int { return cmpU64(a.seq, s) })
-		l.retry = slices.Insert(l.retry, i, p)
+		l.toRetry(p)
+		if l.solo != nil { // it goes after what is resent
+			l.toRetry(l.solo)
+			l.solo = nil
+		}
 	}
 	l.settle()
+}
+
+// toRetry puts p in the resend list, in sequence order.
+func (l *loop) toRetry(p *pending) {
+	i, _ := slices.BinarySearchFunc(l.retry, p.seq, func(a *pending, s uint64) int { return cmpU64(a.seq, s) })
+	l.retry = slices.Insert(l.retry, i, p)
 }
 
 // msgSize is what a message holds in memory: data and headers.
@@ -527,11 +635,18 @@ func (l *loop) notRead() {
 }
 
 // settle ends the failing state once the window is empty and schedules the
-// resend after the back-off.
+// resend after the back-off; when every outcome of the episode is known
+// (duplicates and the refusals they explain), the resend goes at once.
 func (l *loop) settle() {
 	if l.failing && len(l.window) == 0 {
 		l.failing = false
 		clear(l.seqRefused)
+		clear(l.dupAcks)
+		if !l.unexplained {
+			l.r.log.Debug().Int("to_resend", len(l.retry)).Msg("duplicates refused what followed them; resending at once")
+			return
+		}
+		l.unexplained = false
 		wait := l.bo.NextBackOff()
 		l.resume = time.Now().Add(wait)
 		l.backing = true
@@ -549,14 +664,30 @@ func (l *loop) acked(ack *Ack, err error) {
 		l.publishFailed(p, err)
 		return
 	}
+	if l.alone == p {
+		l.alone = nil
+	}
+	if ack.Duplicate && p.strict {
+		// Dropped as a duplicate: the stream did not grow for it, and a
+		// strict publish behind it (if any) will be refused for expecting
+		// one message too many.
+		l.lastSeq[p.stream]--
+		p.strict = false
+		if l.dupAcks == nil {
+			l.dupAcks = make(map[string]int)
+		}
+		l.dupAcks[p.stream]++
+	}
 	if l.failing {
 		if !ack.Duplicate && l.seqRefused[p.stream] && !l.shared[p.stream] {
 			l.otherWriter(p.stream, ack.Sequence)
 		}
 		// Stored, but an earlier event failed: resend it too so the
 		// checkpoint only ever sees acks in order (JetStream drops the
-		// duplicate by Nats-Msg-Id).
-		l.publishFailed(p, errors.New("resent after an earlier failure"))
+		// duplicate by Nats-Msg-Id). A duplicate's outcome is known; a
+		// stored message must be read back before the resend, or the
+		// resend would store it again past the duplicate window.
+		l.failed(p, errors.New("resent after an earlier failure"), ack.Duplicate)
 		return
 	}
 	l.done(p, ack)

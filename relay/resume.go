@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strconv"
 	"time"
@@ -12,12 +13,16 @@ import (
 )
 
 // StoredTail is what the resume check knows about one stream: the ids this
-// source stored among the stream's newest messages, and the oldest and newest
-// positions among them for each WAL history they came from.
+// source stored among the stream's newest messages, and for each ordered
+// unit (the stream, or a Kafka partition) and WAL history they came from,
+// the oldest and newest positions among them.
 type StoredTail struct {
 	IDs    map[string]struct{}
-	Ranges map[StoredOrigin]PosRange
-	Found  bool // at least one message of this source in the tail
+	Ranges map[TailKey]PosRange
+	// Positions are every position read, by unit and history: what a
+	// restore report counts.
+	Positions map[TailKey][]cdc.Position
+	Found     bool // at least one message of this source in the tail
 	// LastSeq is the stream's last sequence (any source): the expectation
 	// for the next strict-order publish. StateRead: it was read.
 	LastSeq   uint64
@@ -31,6 +36,14 @@ type StoredOrigin struct {
 	Timeline int32
 }
 
+// TailKey is one ordered unit of a stream and one WAL history: positions
+// compare only inside one (a JetStream stream is one unit, partition 0; a
+// Kafka topic has a unit per partition).
+type TailKey struct {
+	StoredOrigin
+	Partition int32
+}
+
 // PosRange is the oldest and newest position stored from one origin.
 type PosRange struct{ Oldest, Newest cdc.Position }
 
@@ -39,6 +52,10 @@ type PosRange struct{ Oldest, Newest cdc.Position }
 // older than every WAL event, so nothing would predate the tail and a relay
 // reading the WAL again would store everything before the tail twice.
 func (t *StoredTail) Add(id string, o StoredOrigin, pos cdc.Position) {
+	t.add(id, TailKey{StoredOrigin: o}, pos)
+}
+
+func (t *StoredTail) add(id string, k TailKey, pos cdc.Position) {
 	if t.IDs == nil {
 		t.IDs = map[string]struct{}{}
 	}
@@ -48,101 +65,51 @@ func (t *StoredTail) Add(id string, o StoredOrigin, pos cdc.Position) {
 		return
 	}
 	if t.Ranges == nil {
-		t.Ranges = map[StoredOrigin]PosRange{}
+		t.Ranges = map[TailKey]PosRange{}
+		t.Positions = map[TailKey][]cdc.Position{}
 	}
-	r, ok := t.Ranges[o]
+	r, ok := t.Ranges[k]
 	if !ok || pos.Less(r.Oldest) {
 		r.Oldest = pos
 	}
 	if !ok || r.Newest.Less(pos) {
 		r.Newest = pos
 	}
-	t.Ranges[o] = r
+	t.Ranges[k] = r
+	t.Positions[k] = append(t.Positions[k], pos)
 }
 
 // PartitionedTail builds the StoredTail of a stream kept in partitions that
 // each store their records in publish order (a Kafka topic), read back as
-// the newest n records of every partition.
-//
-// A position before the tail's start is taken as stored (alreadyStored).
-// Two facts prove that here. The topic's n newest positions: n is at least
-// twice the relay's window, and at most a window of events is ever in
-// flight past one not yet stored, so whatever precedes n stored events was
-// stored. And each partition's oldest: a partition never stores a record
-// without the ones before it, so when every partition holds some, what
-// precedes the oldest of all of them was stored. The start is the newer of
-// the two. The oldest of all partitions alone is too cautious: a quiet
-// partition's n records reach far back, and the events of a busier one
-// between the two starts would be stored again.
+// the newest n records of every partition. Each partition is an ordered
+// unit of its own: positions compare only with positions of the same
+// partition (issue 33, item 3). Across partitions nothing is proved: one
+// partition may refuse writes for minutes while the others store window
+// after window of newer events.
 type PartitionedTail struct {
-	n, partitions int
-	tail          StoredTail
-	pos           map[StoredOrigin][]cdc.Position
-	oldest        map[StoredOrigin]map[int32]cdc.Position
+	tail StoredTail
 }
 
 // NewPartitionedTail starts the tail of a stream of the given number of
 // partitions, n records read back from each.
 func NewPartitionedTail(n, partitions int) *PartitionedTail {
-	return &PartitionedTail{n: n, partitions: partitions, tail: StoredTail{IDs: map[string]struct{}{}},
-		pos: map[StoredOrigin][]cdc.Position{}, oldest: map[StoredOrigin]map[int32]cdc.Position{}}
+	return &PartitionedTail{tail: StoredTail{IDs: map[string]struct{}{}}}
 }
 
 // Add records a message of this source read from partition.
 func (p *PartitionedTail) Add(partition int32, id string, o StoredOrigin, pos cdc.Position) {
-	p.tail.IDs[id] = struct{}{}
-	p.tail.Found = true
-	if pos.CommitLSN == 0 {
-		return // backfilled: no WAL position (see StoredTail.Add)
-	}
-	p.pos[o] = append(p.pos[o], pos)
-	parts := p.oldest[o]
-	if parts == nil {
-		parts = map[int32]cdc.Position{}
-		p.oldest[o] = parts
-	}
-	if old, ok := parts[partition]; !ok || pos.Less(old) {
-		parts[partition] = pos
-	}
+	p.tail.add(id, TailKey{StoredOrigin: o, Partition: partition}, pos)
 }
 
-// Tail is the StoredTail: every id read, and for each origin the range from
-// the start proved stored to the newest position.
-func (p *PartitionedTail) Tail() StoredTail {
-	t := p.tail
-	t.Ranges = map[StoredOrigin]PosRange{}
-	for o, all := range p.pos {
-		slices.SortFunc(all, func(a, b cdc.Position) int { // newest first
-			switch {
-			case b.Less(a):
-				return -1
-			case a.Less(b):
-				return 1
-			}
-			return 0
-		})
-		var start cdc.Position
-		proved := false
-		if len(all) >= p.n {
-			start, proved = all[p.n-1], true
-		}
-		if parts := p.oldest[o]; len(parts) >= p.partitions {
-			var low cdc.Position
-			first := true
-			for _, pos := range parts {
-				if first || pos.Less(low) {
-					low, first = pos, false
-				}
-			}
-			if !proved || start.Less(low) {
-				start, proved = low, true
-			}
-		}
-		if proved {
-			t.Ranges[o] = PosRange{Oldest: start, Newest: all[0]}
-		}
-	}
-	return t
+// Tail is the StoredTail: every id read, and for each partition and origin
+// its oldest and newest position read.
+func (p *PartitionedTail) Tail() StoredTail { return p.tail }
+
+// Partitioner is a Sink whose streams have more than one ordered unit (a
+// Kafka topic's partitions): it says which one m goes to, and ok false when
+// it cannot tell (then no position says anything about m).
+type Partitioner interface {
+	PartitionOf(m *Msg) (partition int32, ok bool)
 }
 
 // PositionFromHeaders reads the position headers walbox sets, when they were
@@ -208,37 +175,77 @@ func (l *loop) refreshResume() bool {
 }
 
 // reportOrigins logs, once per stream and system, that the stream holds
-// this source's events from another PostgreSQL cluster.
+// this source's events from another PostgreSQL cluster, and once per
+// stream and rewind, that it holds events from positions this server's WAL
+// has not reached: a restore from a snapshot, whose lost history walbox
+// published. The count of those events in the tail is a gauge per stream.
 func (l *loop) reportOrigins(stream string, tail StoredTail) {
 	if l.origin == nil {
 		return
 	}
-	for o := range tail.Ranges {
-		if o.SystemID == "" || o.SystemID == l.origin.SystemID {
+	lost := 0
+	for k, r := range tail.Ranges {
+		if k.SystemID == "" {
 			continue
 		}
-		key := stream + "\x00" + o.SystemID
-		if l.reported[key] {
+		if k.SystemID != l.origin.SystemID {
+			l.reportOnce(stream+"\x00"+k.SystemID, func() {
+				l.r.log.Warn().Str("stream", stream).Str("source", l.r.router.source).Str("stored_system_id", k.SystemID).
+					Str("system_id", l.origin.SystemID).
+					Msg("the stream holds events of this source from another PostgreSQL cluster (a restore, a new cluster, or one with the same database and slot names): positions are not compared across clusters; event ids alone decide what is already stored")
+			})
 			continue
 		}
-		if l.reported == nil {
-			l.reported = map[string]bool{}
+		if k.Timeline != l.origin.Timeline || r.Newest.CommitLSN < l.walSeen {
+			continue
 		}
-		l.reported[key] = true
-		l.r.log.Warn().Str("stream", stream).Str("source", l.r.router.source).Str("stored_system_id", o.SystemID).
-			Str("system_id", l.origin.SystemID).
-			Msg("the stream holds events of this source from another PostgreSQL cluster (a restore, a new cluster, or one with the same database and slot names): positions are not compared across clusters; event ids alone decide what is already stored")
+		n := 0
+		for _, pos := range tail.Positions[k] {
+			if pos.CommitLSN >= l.walSeen {
+				n++
+			}
+		}
+		lost += n
+		l.reportOnce(fmt.Sprintf("%s\x00rewind\x00%d\x00%s", stream, k.Timeline, r.Newest.CommitLSN), func() {
+			l.r.log.Error().Str("stream", stream).Str("source", l.r.router.source).Str("system_id", k.SystemID).
+				Int32("timeline", k.Timeline).Stringer("stored_newest", r.Newest.CommitLSN).Stringer("server_wal", l.walSeen).
+				Int("events_past_server_wal", n).
+				Msg("the stream holds events of this source from WAL positions this server has not reached: the database was restored (a snapshot, or a backup without archive recovery) and lost the history those events came from; positions are not compared with them, event ids alone decide what is already stored, and every event of the restored database is published")
+		})
 	}
+	l.r.m.LostHistory.WithLabelValues(stream).Set(float64(lost))
+}
+
+// reportOnce runs log the first time key is seen.
+func (l *loop) reportOnce(key string, log func()) {
+	if l.reported[key] {
+		return
+	}
+	if l.reported == nil {
+		l.reported = map[string]bool{}
+	}
+	l.reported[key] = true
+	log()
 }
 
 // alreadyStored reports whether the stream holds p's event. Exact for the
-// tail read back (by id); before the tail, by position, and only against
-// positions of the same WAL history (cdc.Origin.Comparable): another
-// cluster's positions, or a timeline's past the point where the current one
-// forked from it, say nothing about this one's. Publishing stops at the
-// first failure and at most a window of events is in flight, so a gap (an
-// event lost while a later one was stored) can only sit inside the tail: an
-// event inside the tail's range whose id is not there is published again.
+// tail read back (by id). Before the tail, by position, only where a proof
+// holds (DESIGN.md, "Evidence"):
+//   - the position and the tail's are of one WAL history, not rewound
+//     (loop.comparable);
+//   - the tail is of p's own ordered unit: the stream, or p's Kafka
+//     partition;
+//   - p was never published by this process: an event that was, and whose
+//     ack did not come, may be missing while later ones were stored (its
+//     id read back is the only evidence).
+//
+// Then the proof: the unit stores this source's events in publish order
+// (one connection per window, resends in order, a Kafka partition's
+// idempotent producer) and publishing goes in position order, so an event
+// before the oldest one read back was published before it, and stored
+// before it, or publishing would have stopped there. An event inside the
+// tail's range whose id is not there is published again: a gap can only
+// sit inside the tail.
 func (l *loop) alreadyStored(p *pending) bool {
 	if p.dlq || p.stream == "" {
 		return false
@@ -248,14 +255,84 @@ func (l *loop) alreadyStored(p *pending) bool {
 		return false
 	}
 	if _, stored := tail.IDs[p.ev.ID]; stored {
+		l.skipped("id read back", p)
 		return true
 	}
 	// Backfilled events (commit LSN 0) have no WAL position to compare.
-	if p.ev.Pos.CommitLSN == 0 {
+	if p.ev.Pos.CommitLSN == 0 || p.tried {
 		return false
 	}
-	for o, r := range tail.Ranges {
-		if p.ev.Pos.Less(r.Oldest) && l.origin.Comparable(o.SystemID, o.Timeline, r.Oldest.CommitLSN) {
+	part, ok := l.partitionOf(p)
+	if !ok {
+		return false
+	}
+	for k, r := range tail.Ranges {
+		if k.Partition == part && p.ev.Pos.Less(r.Oldest) && l.comparable(k, r) {
+			l.skipped("position before the tail of its unit", p)
+			return true
+		}
+	}
+	return false
+}
+
+// partitionOf is p's ordered unit in its stream: 0 for a sink with one per
+// stream; a Partitioner's answer otherwise.
+func (l *loop) partitionOf(p *pending) (int32, bool) {
+	pt, ok := l.r.sink.(Partitioner)
+	if !ok {
+		return 0, true
+	}
+	if p.msg == nil {
+		return 0, false
+	}
+	return pt.PartitionOf(p.msg)
+}
+
+// comparable reports whether the positions of range r, recorded under k's
+// WAL history, compare with the positions being read now:
+//   - the same system, and the same timeline or an ancestor below the point
+//     where the current one left it (cdc.Origin.Comparable);
+//   - on the same timeline, not rewound: the range's newest position is
+//     below what this server's WAL has reached (IDENTIFY_SYSTEM's position
+//     at the session's start, or a commit read since). A database restored
+//     from a crash-consistent snapshot keeps its system id and timeline but
+//     its WAL is back at the snapshot's position, and the positions past it
+//     are written again by other transactions (issue 33, item 1).
+//
+// The limit: once the restored server has written past the stream's newest
+// position before walbox reads the tail, the rewind no longer shows.
+func (l *loop) comparable(k TailKey, r PosRange) bool {
+	if !l.origin.Comparable(k.SystemID, k.Timeline, r.Oldest.CommitLSN) {
+		return false
+	}
+	return k.Timeline != l.origin.Timeline || r.Newest.CommitLSN < l.walSeen
+}
+
+// skipped counts and logs (at debug) a skip of the resume check.
+func (l *loop) skipped(proof string, p *pending) {
+	l.r.m.SkippedBy.WithLabelValues(proof).Inc()
+	l.r.log.Debug().Str("id", p.ev.ID).Stringer("pos", p.ev.Pos).Str("stream", p.stream).Str("proof", proof).
+		Msg("resume check: the stream holds the event already; not published again")
+}
+
+// maybeStored reports whether p's publish may come back as a duplicate of a
+// message the stream holds: the stream holds events of this source and p's
+// position does not prove it newer than all of them (a backfilled event has
+// no position; one from another history proves nothing). Only a cost: under
+// strict order such a publish goes out alone (loop.send), so that a
+// duplicate, which does not grow the stream, puts no expectation behind it
+// out of step. An event this process tried already was read back by id
+// (refreshResume) before its resend.
+func (l *loop) maybeStored(p *pending) bool {
+	tail, ok := l.tails[p.stream]
+	if !ok || !tail.Found || p.tried {
+		return false
+	}
+	if p.ev.Pos.CommitLSN == 0 || len(tail.Ranges) == 0 {
+		return true
+	}
+	for k, r := range tail.Ranges {
+		if !l.comparable(k, r) || !r.Newest.Less(p.ev.Pos) {
 			return true
 		}
 	}

@@ -21,7 +21,7 @@ func TestResumeSkipsWhatTheTailPredatesWithABackfillInIt(t *testing.T) {
 		st := newFakeStream()
 		st.kafka = true
 		src, ids := newScript(10, 2)
-		origin := &cdc.Origin{SystemID: "7300000000000000001", Timeline: 1}
+		origin := &cdc.Origin{SystemID: "7300000000000000001", Timeline: 1, WALPos: 0x10000}
 		src.changes = append([]cdc.Change{{Kind: cdc.KindOrigin, Origin: origin}}, src.changes...)
 		router := NewRouter("", "app/walbox", []Route{{Stream: "ORDERS", Subjects: []string{"orders.>"}}})
 		router.SetOrigin(origin)
@@ -63,42 +63,30 @@ func TestResumeSkipsWhatTheTailPredatesWithABackfillInIt(t *testing.T) {
 	})
 }
 
-// TestPartitionedTailStartsWhereStorageIsProved checks the two proofs of
-// PartitionedTail: n stored positions after a start, or every partition's
-// own oldest. Without either, only the ids read back count.
-func TestPartitionedTailStartsWhereStorageIsProved(t *testing.T) {
+// TestPartitionedTailKeepsARangePerPartition: each partition is an ordered
+// unit of its own, with its own oldest and newest position; nothing is
+// proved across partitions (issue 33, item 3).
+func TestPartitionedTailKeepsARangePerPartition(t *testing.T) {
 	o := StoredOrigin{SystemID: "7300000000000000001", Timeline: 1}
 	at := func(lsn int) cdc.Position { return cdc.Position{CommitLSN: cdc.LSN(lsn)} }
-	for _, tt := range []struct {
-		name       string
-		n, parts   int
-		recs       [][2]int // partition, commit LSN
-		start, end int      // 0: no range
-	}{
-		{"the n-th newest of the topic", 3, 2, [][2]int{{0, 10}, {1, 20}, {1, 30}, {1, 40}, {1, 50}}, 30, 50},
-		{"every partition's oldest, when newer", 4, 2, [][2]int{{0, 10}, {0, 20}, {1, 30}, {0, 40}}, 10, 40},
-		{"an empty partition and too few records: ids only", 4, 3, [][2]int{{0, 10}, {1, 20}}, 0, 0},
-		{"backfilled records have no position", 2, 1, [][2]int{{0, 10}, {0, 0}, {0, 0}}, 10, 10},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			p := NewPartitionedTail(tt.n, tt.parts)
-			for i, r := range tt.recs {
-				p.Add(int32(r[0]), string(rune('a'+i)), o, at(r[1]))
-			}
-			tail := p.Tail()
-			if len(tail.IDs) != len(tt.recs) || !tail.Found {
-				t.Fatalf("ids %v", tail.IDs)
-			}
-			r, ok := tail.Ranges[o]
-			if tt.start == 0 {
-				if ok {
-					t.Fatalf("range %+v, want none", r)
-				}
-				return
-			}
-			if !ok || r.Oldest != at(tt.start) || r.Newest != at(tt.end) {
-				t.Fatalf("range %+v (set %v), want %d..%d", r, ok, tt.start, tt.end)
-			}
-		})
+	p := NewPartitionedTail(3, 3)
+	for i, r := range [][2]int{{0, 10}, {1, 20}, {1, 30}, {0, 40}, {1, 0}, {0, 50}} {
+		p.Add(int32(r[0]), string(rune('a'+i)), o, at(r[1]))
+	}
+	tail := p.Tail()
+	if len(tail.IDs) != 6 || !tail.Found {
+		t.Fatalf("ids %v", tail.IDs)
+	}
+	want := map[TailKey]PosRange{
+		{StoredOrigin: o, Partition: 0}: {at(10), at(50)},
+		{StoredOrigin: o, Partition: 1}: {at(20), at(30)},
+	}
+	if len(tail.Ranges) != len(want) {
+		t.Fatalf("ranges %+v, want %+v", tail.Ranges, want)
+	}
+	for k, r := range want {
+		if tail.Ranges[k] != r {
+			t.Fatalf("partition %d: range %+v, want %+v", k.Partition, tail.Ranges[k], r)
+		}
 	}
 }

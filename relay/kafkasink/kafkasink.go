@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -57,6 +58,9 @@ type Config struct {
 type Sink struct {
 	cfg Config
 	cl  *kgo.Client
+
+	mu    sync.Mutex
+	parts map[string]int // partitions of each topic at its last read-back
 }
 
 // clientOpts are the connection options shared by the producer, the admin
@@ -129,6 +133,26 @@ func (p keyTopicPartitioner) Partition(r *kgo.Record, n int) int {
 		return 0
 	}
 	return p.keyed.Partition(r, n)
+}
+
+// PartitionOf implements relay.Partitioner: the partition Kafka's key
+// hashing (keyPartitioner) puts m in, for the partition count of m's topic
+// at its last read-back (StoredTail). Unknown before one. The limit: when
+// partitions are added while the relay runs, keys move (Kafka's own per-key
+// order breaks there too) and this answer is stale until the next read-back.
+func (s *Sink) PartitionOf(m *relay.Msg) (int32, bool) {
+	s.mu.Lock()
+	n, ok := s.parts[m.Subject]
+	s.mu.Unlock()
+	if !ok || n <= 0 {
+		return 0, false
+	}
+	rec := &kgo.Record{Topic: m.Subject}
+	if m.Key != "" {
+		rec.Key = []byte(m.Key)
+	}
+	p := keyPartitioner{kgo.StickyKeyPartitioner(nil)}.ForTopic(m.Subject).Partition(rec, n)
+	return int32(p), true
 }
 
 // Publish implements relay.Sink. The future resolves from the produce

@@ -185,6 +185,12 @@ func (s *Sink) StoredTail(ctx context.Context, topic, source string, n int) (rel
 	if err != nil {
 		return relay.StoredTail{IDs: map[string]struct{}{}}, err
 	}
+	s.mu.Lock()
+	if s.parts == nil {
+		s.parts = map[string]int{}
+	}
+	s.parts[topic] = parts
+	s.mu.Unlock()
 	pt := relay.NewPartitionedTail(n, parts)
 	err = s.read(ctx, topic, sp, func(r *kgo.Record) {
 		h := FromKafkaHeaders(r.Headers)
