@@ -136,26 +136,100 @@ func planBackfill(table TableName, cols Columns, types map[string]int, commitTim
 	if _, ok := types["processed"]; ok {
 		where = " WHERE processed IS NOT TRUE"
 	}
-	// Commit order is what the stream promises. The table does not record
-	// it, but with track_commit_timestamp = on the commit time of each row's
-	// transaction does (xmin keeps a transaction's rows together); without
-	// it created_at, id is the best there is.
-	order := []string{}
-	if commitTimestamps {
-		order = append(order, "pg_xact_commit_timestamp(xmin)")
-	}
-	if c := cols[RoleCreatedAt]; c != "" && types[c] != 0 {
-		order = append(order, QuoteIdent(c))
-	}
-	// Inside a transaction, insertion order: its rows share xmin (and
-	// created_at, and commit time), each INSERT statement has the next
-	// command id (cmin), and within one statement the rows were placed in
-	// the heap one after the other (ctid). The id, random for a uuid, says
-	// nothing about order; it is only the last resort.
-	order = append(order, "xmin::text::bigint", "cmin::text::bigint", "ctid", QuoteIdent(cols[RoleID]))
 	p.declare = fmt.Sprintf("DECLARE walbox_backfill NO SCROLL CURSOR FOR SELECT %s FROM %s%s ORDER BY %s",
-		strings.Join(sel, ", "), table.Quoted(), where, strings.Join(order, ", "))
+		strings.Join(sel, ", "), table.Quoted(), where, strings.Join(backfillOrder(cols, types, commitTimestamps), ", "))
 	return p
+}
+
+// xidAge is how long ago a row's xmin was assigned, in transactions:
+// larger is older. xids are 32-bit and wrap, so xmin itself does not order
+// (4294967290 is older than 5 after a wrap); age() compares modulo 2^32,
+// which is right for every xid less than 2^31 transactions old, and no
+// unfrozen xid is older than that (the server stops assigning xids first).
+// Every row in the backfill's snapshot has an age of at least 1: age()
+// measures from the next xid at its first call in the transaction, which is
+// beyond every xid the snapshot sees. Frozen rows: FrozenTransactionId (2,
+// which rows frozen by a server older than 9.4 still show after
+// pg_upgrade) and BootstrapTransactionId (1) have age 2147483647, the
+// oldest; since 9.4 freezing keeps the row's xid, whose age stays right
+// until it is 2^31 transactions old and then turns 0 or negative, which
+// only such a frozen row can show: it is the oldest too. Limits: a frozen
+// xid 2^32 or more transactions old looks young again, and the rows frozen
+// past 2^31 keep no order among themselves but ctid's.
+const xidAge = "CASE WHEN age(xmin) > 0 THEN age(xmin) ELSE 2147483647 END"
+
+// xidAgeKey orders rows by their xid, oldest first.
+const xidAgeKey = xidAge + " DESC"
+
+// backfillOrder is the backfill's ORDER BY: commit order, and insertion
+// order inside a transaction, as far as the catalogue records them (the
+// table has no commit LSN). Each key, why it is there and where it fails:
+//
+//   - pg_xact_commit_timestamp(xmin), with track_commit_timestamp = on:
+//     the commit time, recorded for a transaction and all its
+//     subtransactions at once, so every row of a transaction has the same
+//     one. It is not the commit LSN: two commits in the same microsecond
+//     tie, two concurrent commits can take their times in one order and
+//     write their commit records in the other, a clock stepped back
+//     reorders, and a row applied by a subscription has its origin's commit
+//     time. NULL means no time is kept for the xid: it committed before
+//     tracking was last turned on (turning it off drops every time kept,
+//     turning it on takes effect at a restart and records every commit
+//     after it), or its time was dropped with the commit log behind the
+//     freeze horizon, or it is FrozenTransactionId. Such a row committed
+//     before every row that has a time (bar a long transaction that
+//     straddled the freeze horizon), hence NULLS FIRST: ascending order
+//     would put these oldest rows last.
+//   - created_at, when the table has it: by default now(), the start of
+//     the inserting transaction, the same for all its rows. It orders the
+//     rows without a commit time (by start, which for concurrent producers
+//     is not commit order), and keeps apart transactions whose commit
+//     times tie. A created_at the application sets per row reorders the
+//     rows of a transaction by those values. Without the column and with
+//     rows that have no commit time, the xid's age takes its place
+//     (xidAgeKey); it keeps apart transactions but not a subtransaction's
+//     rows from their transaction's (see cmin).
+//   - cmin, the inserting command's id: command ids are counted per
+//     top-level transaction, across its subtransactions, so they give the
+//     order of its INSERT statements even where xmin differs (a row
+//     inserted inside a savepoint has the subtransaction's xid, larger
+//     than the transaction's own, although it came before the rows
+//     inserted after RELEASE). That is why xmin comes after it wherever
+//     another key keeps a transaction's rows together. A row its own
+//     transaction updated has the update's command; one whose update or
+//     delete was rolled back to a savepoint shows a combo command id, which
+//     orders nothing. Transactions tied on every key above interleave by
+//     it, each in its own order.
+//   - xidAgeKey, after cmin: rows tied so far whose xmin differs belong
+//     to different transactions (one statement runs in one
+//     subtransaction); the older xid's row goes first.
+//   - ctid: one statement's rows, in the order they were placed in the
+//     heap; not when a row took space vacuum freed in an earlier page, nor
+//     across partitions (rows of one statement with created_at in two).
+//   - the id, random for a uuid: only for a deterministic order.
+//
+// A row updated since it was inserted carries the updating transaction's
+// xmin, commit time and command, and sorts where that update committed.
+// The system columns and pg_xact_commit_timestamp work through a partitioned
+// table's root (PostgreSQL 14 to 18), so the order spans its partitions.
+func backfillOrder(cols Columns, types map[string]int, commitTimestamps bool) []string {
+	const commitTime = "pg_xact_commit_timestamp(xmin)"
+	var order []string
+	if commitTimestamps {
+		order = append(order, commitTime+" NULLS FIRST")
+	}
+	switch c := cols[RoleCreatedAt]; {
+	case c != "" && types[c] != 0:
+		order = append(order, QuoteIdent(c), "cmin::text::bigint", xidAgeKey)
+	case commitTimestamps:
+		// Rows that share a commit time are one transaction (bar a tie):
+		// cmin alone orders them. Rows without one need the xid's age to
+		// keep their transactions apart.
+		order = append(order, "CASE WHEN "+commitTime+" IS NULL THEN "+xidAge+" END DESC", "cmin::text::bigint", xidAgeKey)
+	default:
+		order = append(order, xidAgeKey, "cmin::text::bigint")
+	}
+	return append(order, "ctid", QuoteIdent(cols[RoleID]))
 }
 
 // event is the n-th backfilled event, from one row's values (text; nil for

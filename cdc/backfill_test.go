@@ -22,6 +22,9 @@ func outboxTypes() map[string]int {
 func TestPlanBackfill(t *testing.T) {
 	table := TableName{Schema: "public", Name: "outbox_events"}
 	all := []Role{RoleID, RoleTopic, RolePayload, RoleStream, RoleEventType, RoleAggregateType, RoleAggregateID, RolePartitionKey, RoleHeaders, RoleCreatedAt}
+	// The xid's age, oldest first, with frozen rows whose age wrapped
+	// taken as the oldest (see xidAge).
+	const age = `CASE WHEN age(xmin) > 0 THEN age(xmin) ELSE 2147483647 END`
 	const allSel = `"id"::text, "topic"::text, "payload"::text, "stream"::text, "event_type"::text, "aggregate_type"::text, "aggregate_id"::text, "partition_key"::text, "headers"::text, "created_at"::text`
 	custom := DefaultColumns()
 	custom[RoleID], custom[RoleTopic], custom[RolePayload] = "event_id", "subject", "body"
@@ -40,26 +43,34 @@ func TestPlanBackfill(t *testing.T) {
 		{
 			name: "walbox's own table", table: table, cols: DefaultColumns(), types: outboxTypes(),
 			wantRoles: all, wantJSON: true,
-			wantDeclar: `DECLARE walbox_backfill NO SCROLL CURSOR FOR SELECT ` + allSel + ` FROM "public"."outbox_events" WHERE processed IS NOT TRUE ORDER BY "created_at", xmin::text::bigint, cmin::text::bigint, ctid, "id"`,
+			wantDeclar: `DECLARE walbox_backfill NO SCROLL CURSOR FOR SELECT ` + allSel + ` FROM "public"."outbox_events" WHERE processed IS NOT TRUE ORDER BY "created_at", cmin::text::bigint, ` + age + ` DESC, ctid, "id"`,
 		},
 		{
 			name: "track_commit_timestamp on orders by commit time first", table: table, cols: DefaultColumns(), types: outboxTypes(), commitTS: true,
 			wantRoles: all, wantJSON: true,
-			wantDeclar: `DECLARE walbox_backfill NO SCROLL CURSOR FOR SELECT ` + allSel + ` FROM "public"."outbox_events" WHERE processed IS NOT TRUE ORDER BY pg_xact_commit_timestamp(xmin), "created_at", xmin::text::bigint, cmin::text::bigint, ctid, "id"`,
+			wantDeclar: `DECLARE walbox_backfill NO SCROLL CURSOR FOR SELECT ` + allSel + ` FROM "public"."outbox_events" WHERE processed IS NOT TRUE ORDER BY pg_xact_commit_timestamp(xmin) NULLS FIRST, "created_at", cmin::text::bigint, ` + age + ` DESC, ctid, "id"`,
 		},
 		{
 			name:  "an existing table with only the required columns, text payload, no processed flag",
 			table: TableName{Schema: "billing", Name: `we"ird`}, cols: DefaultColumns(),
 			types:     map[string]int{"id": oidInt8, "topic": oidVarchar, "payload": oidText},
 			wantRoles: []Role{RoleID, RoleTopic, RolePayload}, wantJSON: false,
-			wantDeclar: `DECLARE walbox_backfill NO SCROLL CURSOR FOR SELECT "id"::text, "topic"::text, "payload"::text FROM "billing"."we""ird" ORDER BY xmin::text::bigint, cmin::text::bigint, ctid, "id"`,
+			wantDeclar: `DECLARE walbox_backfill NO SCROLL CURSOR FOR SELECT "id"::text, "topic"::text, "payload"::text FROM "billing"."we""ird" ORDER BY ` + age + ` DESC, cmin::text::bigint, ctid, "id"`,
+		},
+		{
+			name:  "no created_at, track_commit_timestamp on: the xid's age groups only the rows without a commit time",
+			table: TableName{Schema: "billing", Name: "outbox"}, cols: DefaultColumns(), commitTS: true,
+			types:     map[string]int{"id": oidInt8, "topic": oidVarchar, "payload": oidText},
+			wantRoles: []Role{RoleID, RoleTopic, RolePayload}, wantJSON: false,
+			wantDeclar: `DECLARE walbox_backfill NO SCROLL CURSOR FOR SELECT "id"::text, "topic"::text, "payload"::text FROM "billing"."outbox" ORDER BY pg_xact_commit_timestamp(xmin) NULLS FIRST, ` +
+				`CASE WHEN pg_xact_commit_timestamp(xmin) IS NULL THEN ` + age + ` END DESC, cmin::text::bigint, ` + age + ` DESC, ctid, "id"`,
 		},
 		{
 			name: "renamed and unmapped roles, json payload", table: table, cols: custom,
 			types: map[string]int{"event_id": oidUUID, "subject": oidText, "body": oidJSON, "stream": oidText,
 				"headers": oidJSONB, "occurred_at": oidTimestamptz, "event_type": oidText},
 			wantRoles: []Role{RoleID, RoleTopic, RolePayload, RoleEventType, RoleCreatedAt}, wantJSON: true,
-			wantDeclar: `DECLARE walbox_backfill NO SCROLL CURSOR FOR SELECT "event_id"::text, "subject"::text, "body"::text, "event_type"::text, "occurred_at"::text FROM "public"."outbox_events" ORDER BY "occurred_at", xmin::text::bigint, cmin::text::bigint, ctid, "event_id"`,
+			wantDeclar: `DECLARE walbox_backfill NO SCROLL CURSOR FOR SELECT "event_id"::text, "subject"::text, "body"::text, "event_type"::text, "occurred_at"::text FROM "public"."outbox_events" ORDER BY "occurred_at", cmin::text::bigint, ` + age + ` DESC, ctid, "event_id"`,
 		},
 	} {
 		t.Run(c.name, func(t *testing.T) {
