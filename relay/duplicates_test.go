@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 	"testing"
@@ -120,6 +121,51 @@ func TestStrictOrderUnforeseenDuplicateMidWindowOnReplicaOne(t *testing.T) {
 		}
 		if got := testutil.ToFloat64(m.Backoffs); got != 0 {
 			t.Fatalf("%v back-offs for one duplicate", got)
+		}
+	})
+}
+
+// Issue 33, item 6: a quiet relay beside a busy writer. The last sequence
+// is read before the tail is scanned; the other writer stores in between,
+// so the first publish after every read-back is refused, and nothing of
+// this relay's is stored behind a refusal for the old rule (a stored
+// message behind a refused one) to see the other writer. The refusal and a
+// foreign message newer than the refused expectation in the tail prove it.
+// Before the fix: no event stored in 2 hours of fake time (refused on
+// every round).
+func TestStrictOrderFindsABusyWriterThatStoresDuringTheReadBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newFakeStream()
+		src, ids := newScript(1, 1) // quiet: the window holds one event
+		m := NewMetrics(nil)
+		sink := &fakeSink{st: st, dlq: newFakeStream(), ackTimeout: 5 * time.Second, busyWriter: true}
+		router := NewRouter("", "app/walbox", []Route{{Stream: "ORDERS", Subjects: []string{"orders.>"}}})
+		r := New(Config{Window: 16, StrictOrder: true, Metrics: m, BackoffInitial: time.Second, BackoffMax: time.Minute}, sink, router)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- r.Serve(ctx, src) }()
+		select {
+		case <-src.reached:
+		case <-time.After(2 * time.Hour):
+			st.mu.Lock()
+			t.Errorf("nothing confirmed in 2 hours of fake time: %d publishes, %d messages of the other writer", st.publishes, len(st.ids))
+			st.mu.Unlock()
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if got := testutil.ToFloat64(m.OtherWriters.WithLabelValues("ORDERS")); got != 1 {
+			t.Fatalf("walbox_strict_order_other_writer_total = %v, want 1", got)
+		}
+		seen := map[string]int{}
+		for _, id := range st.ids {
+			seen[id]++
+		}
+		for _, id := range ids {
+			if seen[id] != 1 {
+				t.Fatalf("%s stored %d times", id, seen[id])
+			}
 		}
 	})
 }

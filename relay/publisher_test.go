@@ -169,6 +169,9 @@ type fakeSink struct {
 	ackTimeout time.Duration
 	tailFails  int // reads of the stream's state that fail before one succeeds
 	tailReads  int
+	// busyWriter: another writer stores a message in the stream while
+	// every tail read runs, after the last sequence was read.
+	busyWriter bool
 	// epoch is the connection's: a test bumps it to simulate a reconnect.
 	epoch atomic.Uint64
 }
@@ -289,9 +292,15 @@ func (s *fakeSink) StoredTail(_ context.Context, stream, source string, n int) (
 		return StoredTail{}, errors.New("stream info: no responders")
 	}
 	tail := StoredTail{IDs: map[string]struct{}{}, LastSeq: st.lastSeq, StateRead: true}
+	if s.busyWriter {
+		st.store("foreign-scan-"+strconv.Itoa(s.tailReads), Header{})
+	}
 	for i := max(0, len(st.ids)-n); i < len(st.ids); i++ {
 		pos, origin, ok := PositionFromHeaders(st.hdrs[i], source)
 		if !ok {
+			if st.hdrs[i].Get(HeaderSource) != source {
+				tail.NewestForeign = uint64(i + 1)
+			}
 			continue
 		}
 		tail.Add(st.ids[i], origin, pos)

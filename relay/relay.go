@@ -240,6 +240,11 @@ type loop struct {
 	seqRefused map[string]bool
 	// Streams found to have another writer: strict order is off for them.
 	shared map[string]bool
+	// refusedAt: per stream, the lowest expectation refused since the last
+	// read-back. A message of another source newer than it in the next
+	// tail read proves another writer even when nothing of this relay's
+	// was stored behind the refusal (a quiet relay beside a busy writer).
+	refusedAt map[string]uint64
 
 	// A publish that may be a duplicate of a stored message (maybeStored)
 	// goes out alone under strict order: a duplicate does not grow the
@@ -553,6 +558,12 @@ func (l *loop) failed(p *pending, err error, known bool) {
 		l.seqRefused[p.stream] = true
 	}
 	if p.strict && refused {
+		if l.refusedAt == nil {
+			l.refusedAt = make(map[string]uint64)
+		}
+		if e, ok := l.refusedAt[p.stream]; !ok || p.msg.Expect < e {
+			l.refusedAt[p.stream] = p.msg.Expect
+		}
 		// Refused: the stream did not grow for it.
 		l.lastSeq[p.stream]--
 		p.strict = false

@@ -23,6 +23,10 @@ type StoredTail struct {
 	// restore report counts.
 	Positions map[TailKey][]cdc.Position
 	Found     bool // at least one message of this source in the tail
+	// NewestForeign is the sequence of the newest message in the tail
+	// that is not of this source (0: none): strict order's evidence of
+	// another writer.
+	NewestForeign uint64
 	// LastSeq is the stream's last sequence (any source): the expectation
 	// for the next strict-order publish. StateRead: it was read.
 	LastSeq   uint64
@@ -166,11 +170,18 @@ func (l *loop) refreshResume() bool {
 			l.r.log.Warn().Err(err).Str("stream", rt.Stream).Msg("resume check: cannot read the stream's last messages; relying on the duplicate window")
 			continue
 		}
+		if e, ok := l.refusedAt[rt.Stream]; ok && tail.NewestForeign > e && l.r.cfg.StrictOrder && !l.shared[rt.Stream] {
+			// A publish expecting the stream to end at e was refused, and
+			// the stream now holds a message of another source past e:
+			// someone else writes there.
+			l.otherWriter(rt.Stream, tail.NewestForeign)
+		}
 		if tail.Found {
 			l.tails[rt.Stream] = tail
 			l.reportOrigins(rt.Stream, tail)
 		}
 	}
+	clear(l.refusedAt)
 	return complete
 }
 

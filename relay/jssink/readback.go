@@ -33,9 +33,11 @@ func (s *Sink) StoredTail(ctx context.Context, stream, source string, n int) (re
 	if last >= uint64(n) && last-uint64(n)+1 > start {
 		start = last - uint64(n) + 1
 	}
-	err = scanHeaders(ctx, st, start, last, func(_ uint64, _ bool, h nats.Header) bool {
+	err = scanHeaders(ctx, st, start, last, func(seq uint64, seqOK bool, h nats.Header) bool {
 		if pos, origin, ok := relay.PositionFromHeaders(relay.Header(h), source); ok {
 			tail.Add(h.Get(relay.HeaderMsgID), origin, pos)
+		} else if seqOK && h.Get(relay.HeaderSource) != source {
+			tail.NewestForeign = max(tail.NewestForeign, seq)
 		}
 		return true
 	}, nil)
