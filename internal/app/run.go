@@ -314,7 +314,9 @@ func streamsError(err error) (permanent bool, out error) {
 		// cluster that has just started and not heard from every peer) or
 		// the cluster is smaller than replicas. The first two pass.
 		return false, fmt.Errorf("%w (waiting for enough JetStream peers; if the cluster has fewer nodes than nats.streams[].replicas, lower replicas)", err)
-	case jssink.Classify(err) == relay.Permanent && !errors.Is(err, context.DeadlineExceeded):
+	case errors.As(err, &apiErr) && apiErr.Code >= 400 && apiErr.Code < 500 && apiErr.ErrorCode != jetstream.JSErrCodeStreamNotFound:
+		// The stream API refused the configuration itself (these are not
+		// publish errors: jssink's table does not apply).
 		return true, fmt.Errorf("%w (fix nats.streams in the config, or the stream on the server)", err)
 	}
 	return false, err

@@ -222,7 +222,7 @@ func parseReply(m *nats.Msg, stream *string) (*relay.Ack, error) {
 // relay.ErrOrderRefused.
 func wrapOrder(err error) error {
 	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
+	if errors.As(err, &apiErr) && ErrKind(apiErr) == KindOrderRefused {
 		return fmt.Errorf("%w: %w", relay.ErrOrderRefused, err)
 	}
 	return err
@@ -237,34 +237,10 @@ func (s *Sink) MaxPayload() int { return int(s.nc.MaxPayload()) }
 // Classify implements relay.Sink.
 func (s *Sink) Classify(err error) relay.ErrorClass { return Classify(err) }
 
-// Classify sorts JetStream publish errors.
-func Classify(err error) relay.ErrorClass {
-	switch {
-	case errors.Is(err, nats.ErrMaxPayload), errors.Is(err, nats.ErrBadSubject),
-		errors.Is(err, nats.ErrHeadersNotSupported), errors.Is(err, nats.ErrBadHeaderMsg):
-		return relay.Permanent
-	}
-	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) {
-		switch apiErr.ErrorCode {
-		case jetstream.JSErrCodeStreamNotFound:
-			return relay.Transient
-		case jetstream.JSErrCodeStreamWrongLastSequence, // strict order found a gap (or another writer); resend in order
-			10070: // wrong last msg id, from a relay of an earlier version
-			return relay.Transient
-		case 10054, // message size exceeds maximum allowed
-			10060: // expected stream does not match
-			return relay.Permanent
-		}
-		if apiErr.Code >= 500 || apiErr.Code == 0 {
-			return relay.Transient
-		}
-		if apiErr.Code >= 400 {
-			return relay.Permanent
-		}
-	}
-	return relay.Transient
-}
+// Classify sorts JetStream publish errors by their row in Table (see
+// classify.go): only a permanent kind, the message's own fault, is
+// dead-lettered; an error the table does not know is transient.
+func Classify(err error) relay.ErrorClass { return ErrKind(err).Class() }
 
 // EnsureStreams creates or updates the configured streams (manage = true)
 // or checks they exist. It returns the routes for the router, taken from the

@@ -31,7 +31,7 @@ func TestClassify(t *testing.T) {
 		{"wrong last sequence", &jetstream.APIError{Code: 400, ErrorCode: jetstream.JSErrCodeStreamWrongLastSequence}, relay.Transient},
 		{"message too large", &jetstream.APIError{Code: 400, ErrorCode: 10054}, relay.Permanent},
 		{"server error", &jetstream.APIError{Code: 503}, relay.Transient},
-		{"other 4xx", &jetstream.APIError{Code: 400, ErrorCode: 10999}, relay.Permanent},
+		{"an unknown 4xx waits: dead-lettering a healthy event is not safe", &jetstream.APIError{Code: 400, ErrorCode: 10999}, relay.Transient},
 	}
 	for _, tt := range tests {
 		if got := jssink.Classify(tt.err); got != tt.want {

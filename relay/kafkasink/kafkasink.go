@@ -20,7 +20,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl"
 
@@ -184,19 +183,6 @@ func (s *Sink) MaxPayload() int { return s.cfg.MaxPayload }
 
 // Classify implements relay.Sink.
 func (s *Sink) Classify(err error) relay.ErrorClass { return Classify(err) }
-
-// Classify sorts Kafka produce errors: a record the brokers refuse for
-// itself is permanent (dead-lettered); everything else, including an
-// unknown topic or missing authorization, waits and is resent in order.
-func Classify(err error) relay.ErrorClass {
-	switch {
-	case errors.Is(err, kerr.MessageTooLarge), errors.Is(err, kerr.RecordListTooLarge),
-		errors.Is(err, kerr.InvalidTopicException), errors.Is(err, kerr.InvalidRecord),
-		errors.Is(err, kerr.CorruptMessage):
-		return relay.Permanent
-	}
-	return relay.Transient
-}
 
 // ToKafkaHeaders turns walbox's headers into record headers: the event id
 // as Walbox-Event-Id, CloudEvents attributes with the Kafka binding's ce_
