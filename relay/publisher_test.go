@@ -35,6 +35,9 @@ type fakeStream struct {
 	// ack times out (or, while hold is on, fails when the test says so).
 	lose   map[int]bool
 	reject map[string]int // event ids always refused with this JetStream error code
+	// refuseNext: this many publishes (any event) are refused with
+	// refuseCode: a condition of the server's that every message meets.
+	refuseNext, refuseCode int
 	// foreign: before this publish number, another writer appends a message.
 	foreign map[int]bool
 	// unavailable: this many publishes get "no responders" (no stream
@@ -225,6 +228,11 @@ func (s *fakeSink) Publish(m *Msg) (Future, error) {
 		})
 		return fut, nil
 	}
+	if st.refuseNext > 0 && !strings.HasPrefix(m.Subject, "walbox.dlq.") {
+		st.refuseNext--
+		st.resolveLocked(pub, f, nil, &refusedError{code: st.refuseCode})
+		return fut, nil
+	}
 	if code, ok := st.reject[id]; ok {
 		// Refused for good (e.g. too large), like a stream leader does.
 		st.resolveLocked(pub, f, nil, &refusedError{code: code})
@@ -279,6 +287,15 @@ func (s *fakeSink) Classify(err error) ErrorClass {
 	}
 	return Transient
 }
+// ErrorCode implements ErrorCoder: a refusal's code, as a sink's table has it.
+func (s *fakeSink) ErrorCode(err error) string {
+	var re *refusedError
+	if errors.As(err, &re) {
+		return strconv.Itoa(re.code)
+	}
+	return err.Error()
+}
+
 func (s *fakeSink) MaxPayload() int { return 1 << 20 }
 func (s *fakeSink) Epoch() uint64   { return s.epoch.Load() }
 

@@ -260,6 +260,21 @@ type loop struct {
 	// refusal no duplicate explains, a stored message behind a failure).
 	unexplained bool
 	dupAcks     map[string]int // strict streams: duplicate acks since the last settle
+
+	// judged are events refused with a code the sink calls permanent, all
+	// with heldCode, whose verdict waits for the rest of their window: a
+	// later publish stored means the refusals were the events' own (they
+	// are dead-lettered); every publish failing with the code means it is
+	// the server's condition (nothing is dead-lettered, the window backs
+	// off and is resent).
+	judged   []*pending
+	heldCode string
+}
+
+// ErrorCoder is a Sink that names the code of an error (the server's error
+// code, a client error's name): the relay compares codes across a window.
+type ErrorCoder interface {
+	ErrorCode(err error) string
 }
 
 func (r *Relay) run(ctx context.Context, in <-chan []cdc.Change, conf Confirmer) error {
@@ -593,8 +608,13 @@ func (l *loop) failed(p *pending, err error, known bool) {
 	switch {
 	case class == Permanent && !p.dlq:
 		l.r.m.PublishErrors.WithLabelValues("permanent").Inc()
-		l.deadLetter(p, err.Error())
-		l.send(p) // lands behind its successors; the checkpoint takes the late ack
+		var pe *PoisonError
+		if errors.As(err, &pe) {
+			l.deadLetter(p, err.Error())
+			l.send(p) // lands behind its successors; the checkpoint takes the late ack
+			break
+		}
+		l.hold(p, err)
 	default:
 		l.r.m.PublishErrors.WithLabelValues("transient").Inc()
 		if !l.failing {
@@ -606,10 +626,84 @@ func (l *loop) failed(p *pending, err error, known bool) {
 		}
 		l.failing = true
 		l.toRetry(p)
+		if !known && !explained {
+			// An outcome is unknown: the judged events are resent with the
+			// rest, their verdict waits for the next round. (A refusal
+			// their own refusal explains leaves them judged.)
+			for _, h := range l.judged {
+				l.toRetry(h)
+			}
+			l.judged = l.judged[:0]
+		}
 		if l.solo != nil { // it goes after what is resent
 			l.toRetry(l.solo)
 			l.solo = nil
 		}
+	}
+	l.settle()
+}
+
+// hold keeps p, refused with a permanent code, until its window says whose
+// fault it was (loop.judged). A refusal did not grow the stream: under strict
+// order the publishes behind it expect one message too many, and their
+// refusals are explained as a duplicate's are.
+func (l *loop) hold(p *pending, err error) {
+	code := err.Error()
+	if c, ok := l.r.sink.(ErrorCoder); ok {
+		code = c.ErrorCode(err)
+	}
+	if p.strict {
+		l.lastSeq[p.stream]--
+		p.strict = false
+		if l.dupAcks == nil {
+			l.dupAcks = make(map[string]int)
+		}
+		l.dupAcks[p.stream]++
+	}
+	if len(l.judged) > 0 && code != l.heldCode {
+		l.condemn() // two codes: not one condition of the server's
+	}
+	p.reason = err.Error()
+	l.judged = append(l.judged, p)
+	l.heldCode = code
+	l.judge()
+}
+
+// condemn dead-letters the held events: the refusals were their own.
+func (l *loop) condemn() {
+	for _, h := range l.judged {
+		l.deadLetter(h, h.reason)
+		l.send(h) // lands behind its successors; the checkpoint takes the late ack
+	}
+	l.judged = l.judged[:0]
+}
+
+// judge decides the held events once nothing is in flight behind them:
+// one alone is its own fault (nothing says otherwise); several, every
+// publish since the first of them, with one code, are the server's
+// condition: they are resent after a back-off, and nothing is
+// dead-lettered.
+func (l *loop) judge() {
+	if len(l.judged) == 0 || len(l.window) > 0 || l.failing {
+		return
+	}
+	if len(l.judged) == 1 {
+		l.condemn()
+		return
+	}
+	l.r.log.Error().Str("code", l.heldCode).Int("events", len(l.judged)).Str("first", l.judged[0].ev.ID).
+		Msg("every publish of the window failed with the same code: the server's condition, not the events'; nothing is dead-lettered, publishing backs off and resends (fix the stream or the server if it lasts)")
+	held := l.judged
+	l.judged = nil
+	l.unexplained = true
+	l.r.m.Backoffs.Inc()
+	l.failing = true
+	for _, h := range held {
+		l.toRetry(h)
+	}
+	if l.solo != nil {
+		l.toRetry(l.solo)
+		l.solo = nil
 	}
 	l.settle()
 }
@@ -655,6 +749,7 @@ func (l *loop) settle() {
 		clear(l.dupAcks)
 		if !l.unexplained {
 			l.r.log.Debug().Int("to_resend", len(l.retry)).Msg("duplicates refused what followed them; resending at once")
+			l.judge()
 			return
 		}
 		l.unexplained = false
@@ -689,6 +784,11 @@ func (l *loop) acked(ack *Ack, err error) {
 		}
 		l.dupAcks[p.stream]++
 	}
+	if len(l.judged) > 0 && !l.failing {
+		// Stored behind them in the same window: their refusals were
+		// their own.
+		l.condemn()
+	}
 	if l.failing {
 		if !ack.Duplicate && l.seqRefused[p.stream] && !l.shared[p.stream] {
 			l.otherWriter(p.stream, ack.Sequence)
@@ -702,6 +802,7 @@ func (l *loop) acked(ack *Ack, err error) {
 		return
 	}
 	l.done(p, ack)
+	l.judge()
 }
 
 // otherWriter turns strict order off for a stream that another writer

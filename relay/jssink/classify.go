@@ -349,3 +349,6 @@ func Code(err error) string {
 	}
 	return ""
 }
+
+// ErrorCode implements relay.ErrorCoder.
+func (s *Sink) ErrorCode(err error) string { return Code(err) }
