@@ -287,6 +287,7 @@ func (s *fakeSink) Classify(err error) ErrorClass {
 	}
 	return Transient
 }
+
 // ErrorCode implements ErrorCoder: a refusal's code, as a sink's table has it.
 func (s *fakeSink) ErrorCode(err error) string {
 	var re *refusedError
