@@ -88,7 +88,11 @@ type shape struct {
 	ceSource string
 	rules    []RoutingRule
 	idHeader string
-	table    string
+	// msgIDPrefix qualifies the Nats-Msg-Id of every table but the first
+	// ("schema.table:"): two tables may both have a row 1, and JetStream
+	// would drop the second as a duplicate of the first.
+	msgIDPrefix string
+	table       string
 }
 
 // TableName is the name of outbox table i, as the metrics label it.
@@ -115,6 +119,9 @@ func (r *Router) SetTable(i int, opts RouterOptions) error {
 	sh, err := newShape(r.source, opts)
 	if err != nil {
 		return err
+	}
+	if i > 0 && opts.Table != "" {
+		sh.msgIDPrefix = opts.Table + ":"
 	}
 	r.shapesMu.Lock()
 	defer r.shapesMu.Unlock()

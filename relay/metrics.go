@@ -22,6 +22,7 @@ type Metrics struct {
 	Skipped       prometheus.Counter
 	SkippedBy     *prometheus.CounterVec
 	LostHistory   *prometheus.GaugeVec
+	IDCollisions  *prometheus.CounterVec
 	OtherWriters  *prometheus.CounterVec
 	SlotLost      *prometheus.CounterVec
 	Leader        prometheus.Gauge
@@ -60,6 +61,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Backoffs:        f.Counter("walbox_publish_backoffs_total", "Times the publisher stopped and backed off after a transient error."),
 		Skipped:         f.Counter("walbox_resume_skipped_total", "Events not republished because the stream already held them (resume check)."),
 		SkippedBy:       f.CounterVec("walbox_resume_skipped_by_proof_total", "Events the resume check did not republish, by the evidence used: the event's id read back from its stream or partition, or its position before the read-back tail of its own ordered unit in the same, not rewound, WAL history.", "proof"),
+		IDCollisions:    f.CounterVec("walbox_id_collisions_total", "Events the stream dropped as duplicates of another event with the same id (another outbox table or database), published again under a qualified Nats-Msg-Id, by stream.", "stream"),
 		LostHistory:     f.GaugeVec("walbox_resume_lost_history_events", "Events of this source in a stream's read-back tail whose WAL positions the database has not reached: published from a history the database no longer has (a restore from a snapshot). Non-zero after a restore until newer events push them out of the tail.", "stream"),
 		OtherWriters:    f.CounterVec("walbox_strict_order_other_writer_total", "Times strict order found another writer in a stream and stopped guarding its order, by stream.", "stream"),
 		SlotLost:        f.CounterVec("walbox_slot_lost_total", "Times the replication slot was found lost, by reason: missing (dropped) or invalidated (wal_status lost).", "reason"),

@@ -288,6 +288,22 @@ func (s *fakeSink) Classify(err error) ErrorClass {
 	return Transient
 }
 
+// StoredIdentity implements DuplicateChecker from the stored headers.
+func (s *fakeSink) StoredIdentity(_ context.Context, stream string, seq uint64) (string, string, error) {
+	st := s.st
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if seq == 0 || seq > uint64(len(st.hdrs)) {
+		return "", "", fmt.Errorf("no message %d", seq)
+	}
+	h := st.hdrs[seq-1]
+	id := h.Get(HeaderEventID)
+	if id == "" {
+		id = st.ids[seq-1]
+	}
+	return h.Get(HeaderSource), IdentityKey(h.Get(HeaderTable), id), nil
+}
+
 // ErrorCode implements ErrorCoder: a refusal's code, as a sink's table has it.
 func (s *fakeSink) ErrorCode(err error) string {
 	var re *refusedError
@@ -321,7 +337,7 @@ func (s *fakeSink) StoredTail(_ context.Context, stream, source string, n int) (
 			}
 			continue
 		}
-		tail.Add(st.ids[i], origin, pos)
+		tail.Add(IdentityKey(st.hdrs[i].Get(HeaderTable), st.ids[i]), origin, pos)
 		st.readBack[st.ids[i]] = true
 	}
 	return tail, nil

@@ -789,6 +789,13 @@ func (l *loop) acked(ack *Ack, err error) {
 		// their own.
 		l.condemn()
 	}
+	if ack.Duplicate {
+		if err := l.checkDuplicate(p, ack); err != nil {
+			// Not stored after all (another event's id), or unknown.
+			l.failed(p, err, errors.Is(err, errIDCollision))
+			return
+		}
+	}
 	if l.failing {
 		if !ack.Duplicate && l.seqRefused[p.stream] && !l.shared[p.stream] {
 			l.otherWriter(p.stream, ack.Sequence)

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -12,8 +13,31 @@ import (
 	"github.com/walbox/walbox/cdc"
 )
 
-// StoredTail is what the resume check knows about one stream: the ids this
-// source stored among the stream's newest messages, and for each ordered
+// IdentityKey is an event's identity within its source, as the read-back
+// matches it: its outbox table and its id. Two tables may both have a row
+// 1; an id alone never says which was stored (issue 33, item 4). A message
+// of a relay from before walbox recorded the table has table "": it is
+// taken as the first table's.
+func IdentityKey(table, id string) string { return table + "\x00" + id }
+
+// IdentityFromHeaders is the identity of a stored message of this source:
+// its table header, and its bare event id (Walbox-Event-Id where set, else
+// Nats-Msg-Id).
+func IdentityFromHeaders(h Header) string { return IdentityKey(h.Get(HeaderTable), IdentityID(h)) }
+
+// IdentityID is a stored message's bare event id: Walbox-Event-Id where
+// set (a dead letter, an event under a qualified Nats-Msg-Id), else
+// Nats-Msg-Id.
+func IdentityID(h Header) string {
+	if id := h.Get(HeaderEventID); id != "" {
+		return id
+	}
+	return h.Get(HeaderMsgID)
+}
+
+// StoredTail is what the resume check knows about one stream: the
+// identities (IdentityKey) of the events this source stored among the
+// stream's newest messages, and for each ordered
 // unit (the stream, or a Kafka partition) and WAL history they came from,
 // the oldest and newest positions among them.
 type StoredTail struct {
@@ -265,7 +289,7 @@ func (l *loop) alreadyStored(p *pending) bool {
 	if !ok {
 		return false
 	}
-	if _, stored := tail.IDs[p.ev.ID]; stored {
+	if l.identityRead(tail, p) {
 		l.skipped("id read back", p)
 		return true
 	}
@@ -282,6 +306,20 @@ func (l *loop) alreadyStored(p *pending) bool {
 			l.skipped("position before the tail of its unit", p)
 			return true
 		}
+	}
+	return false
+}
+
+// identityRead reports whether tail holds p's identity: its table and id
+// (or, for the first table, its id on a message that names no table: a
+// relay from before walbox recorded it).
+func (l *loop) identityRead(tail StoredTail, p *pending) bool {
+	if _, ok := tail.IDs[IdentityKey(l.r.router.TableName(p.ev.Table), p.ev.ID)]; ok {
+		return true
+	}
+	if p.ev.Table == 0 {
+		_, ok := tail.IDs[IdentityKey("", p.ev.ID)]
+		return ok
 	}
 	return false
 }
@@ -348,4 +386,55 @@ func (l *loop) maybeStored(p *pending) bool {
 		}
 	}
 	return false
+}
+
+// DuplicateChecker is a Sink whose broker drops a message as a duplicate of
+// a stored one by its dedupe key (JetStream's Nats-Msg-Id) and can say which
+// message that is: a duplicate ack is evidence that the event is stored only
+// when the message it points at is that event (its source, table and id).
+type DuplicateChecker interface {
+	StoredIdentity(ctx context.Context, stream string, seq uint64) (source, identity string, err error)
+}
+
+// errIDCollision: the broker dropped an event as a duplicate of another
+// event's message (the same id, another table or source).
+var errIDCollision = errors.New("dropped as a duplicate of another event with the same id (another outbox table or database): published again under an id qualified with its source and table")
+
+// checkDuplicate decides whether a duplicate ack for p is evidence that p's
+// event is stored. It returns nil when it is (its identity was read back,
+// or the message the ack points at is this event), errIDCollision when the
+// message is another event's (p is then published again under a qualified
+// id), or the error that kept it from knowing.
+func (l *loop) checkDuplicate(p *pending, ack *Ack) error {
+	dc, ok := l.r.sink.(DuplicateChecker)
+	if !ok || p.dlq {
+		return nil
+	}
+	if tail, ok := l.tails[p.stream]; ok && l.identityRead(tail, p) {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	src, ident, err := dc.StoredIdentity(ctx, ack.Stream, ack.Sequence)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("read the message a duplicate ack points at (%s seq %d): %w", ack.Stream, ack.Sequence, err)
+	}
+	table := l.r.router.TableName(p.ev.Table)
+	switch {
+	case src == "":
+		// Not written by a walbox (no source header): a publisher that
+		// used the event's id as its Nats-Msg-Id, such as the relay walbox
+		// replaced. Nothing says it is another event; its dedupe key says
+		// it is this one. The limit: a foreign writer that reuses ids.
+		return nil
+	case src == l.r.router.source && (ident == IdentityKey(table, p.ev.ID) || (p.ev.Table == 0 && ident == IdentityKey("", p.ev.ID))):
+		return nil
+	}
+	l.r.m.IDCollisions.WithLabelValues(ack.Stream).Inc()
+	l.reportOnce("collision\x00"+ack.Stream+"\x00"+table, func() {
+		l.r.log.Warn().Str("stream", ack.Stream).Str("table", table).Str("id", p.ev.ID).Uint64("seq", ack.Sequence).Str("stored_source", src).
+			Msg("the stream dropped an event as a duplicate of another event with the same id (another outbox table or database): walbox publishes such events under a Nats-Msg-Id qualified with source and table (Walbox-Event-Id keeps the id); give events ids unique across tables and databases for consumers that deduplicate by Nats-Msg-Id")
+	})
+	p.msg.Qualify(l.r.router.source+":"+table+":"+p.ev.ID, p.ev.ID)
+	return errIDCollision
 }

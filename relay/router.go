@@ -38,6 +38,14 @@ const (
 	HeaderAggregateID   = "Walbox-Aggregate-Id"
 	HeaderPartitionKey  = "Walbox-Partition-Key"
 	HeaderCreatedAt     = "Walbox-Created-At"
+	// HeaderTable names the event's outbox table (schema.table): an event's
+	// identity is its source, its table and its id (two tables may both
+	// have a row 1).
+	HeaderTable = "Walbox-Table"
+	// HeaderEventID carries the bare event id where Nats-Msg-Id does not:
+	// on a dead letter, and on an event published under a qualified
+	// Nats-Msg-Id because another event of the stream has its id.
+	HeaderEventID = "Walbox-Event-Id"
 
 	HeaderDLQReason          = "Walbox-Dlq-Reason"
 	HeaderDLQOriginalSubject = "Walbox-Dlq-Original-Subject"
@@ -99,7 +107,13 @@ const maxFree = 4096
 // event, in the order of a message's slots, and last the one a sink sets
 // when it sends (Msg.SetHeader).
 var slotKeys = [...]string{HeaderMsgID, HeaderCommitLSN, HeaderIndex, HeaderCommitTime, HeaderSource, HeaderSystemID, HeaderTimeline,
-	HeaderEventType, HeaderAggregateType, HeaderAggregateID, HeaderPartitionKey, HeaderExpectedLastSeq}
+	HeaderEventType, HeaderAggregateType, HeaderAggregateID, HeaderPartitionKey, HeaderTable, HeaderEventID, HeaderExpectedLastSeq}
+
+// Slots of slotKeys that the relay rewrites after Message (Msg.Qualify).
+const (
+	slotMsgID   = 0
+	slotEventID = 12
+)
 
 // routerSlots is how many of slotKeys Message sets.
 const routerSlots = len(slotKeys) - 1
@@ -142,6 +156,19 @@ func (r *Router) Recycle(m *Msg) {
 	}
 	m.Data = nil
 	r.free = append(r.free, m)
+}
+
+// Qualify gives m the dedupe key msgID (Nats-Msg-Id) in place of its bare
+// event id, which goes in Walbox-Event-Id: the id alone is not unique in
+// its stream (a second outbox table's rows, another database's).
+func (m *Msg) Qualify(msgID, eventID string) {
+	if m.slots != nil {
+		m.slots.put(m.Header, slotMsgID, msgID)
+		m.slots.put(m.Header, slotEventID, eventID)
+		return
+	}
+	m.Header.Set(HeaderMsgID, msgID)
+	m.Header.Set(HeaderEventID, eventID)
 }
 
 // SetHeader sets a header of m as a sink sends it (v empty: removes it).
@@ -287,8 +314,11 @@ func (r *Router) Message(ev *cdc.Event) (*Msg, string, error) {
 		r.lastTime, r.lastTimeStr = ev.CommitTime, ev.CommitTime.UTC().Format(time.RFC3339Nano)
 	}
 	for i, v := range [routerSlots]string{ev.ID, r.lastLSNStr, strconv.FormatUint(uint64(ev.Pos.Index), 10), r.lastTimeStr,
-		r.source, r.systemID, r.timeline, ev.EventType, ev.AggregateType, ev.AggregateID, ev.PartitionKey} {
+		r.source, r.systemID, r.timeline, ev.EventType, ev.AggregateType, ev.AggregateID, ev.PartitionKey, sh.table, ""} {
 		sl.put(h, i, v)
+	}
+	if sh.msgIDPrefix != "" {
+		m.Qualify(sh.msgIDPrefix+ev.ID, ev.ID)
 	}
 	// A recycled message keeps the sink's expected sequence: the sink sets
 	// or removes it when it sends (Msg.Expect says which).
@@ -425,8 +455,8 @@ func (r *Router) DeadLetter(ev *cdc.Event, dlqPrefix, reason string) *Msg {
 	}
 	switch {
 	case ev.ID != "" && HeaderSafe(ev.ID):
-		h[HeaderMsgID] = []string{ev.ID}
-		h["Walbox-Event-Id"] = []string{ev.ID}
+		h[HeaderMsgID] = []string{r.shapeFor(ev.Table).msgIDPrefix + ev.ID}
+		h[HeaderEventID] = []string{ev.ID}
 	case ev.ID != "":
 		// The id itself is the poison: no Nats-Msg-Id (it would be altered
 		// and could collide), and the exact id quoted, Go-style.
@@ -434,6 +464,9 @@ func (r *Router) DeadLetter(ev *cdc.Event, dlqPrefix, reason string) *Msg {
 	}
 	if r.source != "" {
 		h[HeaderSource] = []string{r.source}
+	}
+	if t := r.shapeFor(ev.Table).table; t != "" {
+		h[HeaderTable] = []string{t}
 	}
 	if r.systemID != "" {
 		h[HeaderSystemID] = []string{r.systemID}

@@ -9,7 +9,9 @@ import (
 )
 
 // Each outbox table's events take that table's subject template, envelope,
-// rules and id header; an index no table was set for takes table 0's.
+// rules and id header; an index no table was set for takes table 0's. Every
+// message names its table, and every table but the first qualifies its
+// Nats-Msg-Id with its name (the bare id in Walbox-Event-Id).
 func TestRouterShapesEventsByTheirTable(t *testing.T) {
 	routes := []Route{{Stream: "SVC", Subjects: []string{"svc.>"}}, {Stream: "OUTBOX", Subjects: []string{"outbox.event.>"}}}
 	r, err := NewRouterWithOptions("", "db/walbox", routes, RouterOptions{SubjectTemplate: "svc.billing.{topic}", Table: "billing.outbox"})
@@ -23,13 +25,15 @@ func TestRouterShapesEventsByTheirTable(t *testing.T) {
 		return &cdc.Event{Table: table, ID: "e1", Topic: "Order", AggregateID: "o-7", Payload: []byte(`{}`), PayloadIsJSON: true}
 	}
 	m, stream, err := r.Message(ev(0))
-	if err != nil || stream != "SVC" || m.Subject != "svc.billing.Order" || m.Header.Get("id") != "" || m.Header.Get(HeaderCESpecVersion) != "" {
+	if err != nil || stream != "SVC" || m.Subject != "svc.billing.Order" || m.Header.Get("id") != "" || m.Header.Get(HeaderCESpecVersion) != "" ||
+		m.Header.Get(HeaderMsgID) != "e1" || m.Header.Get(HeaderEventID) != "" || m.Header.Get(HeaderTable) != "billing.outbox" {
 		t.Fatalf("table 0: %+v %s %v", m, stream, err)
 	}
 	m, stream, err = r.Message(ev(2))
 	if err != nil || stream != "OUTBOX" || m.Subject != "outbox.event.Order" || m.Header.Get("id") != "e1" || m.Key != "o-7" ||
-		m.Header.Get(HeaderCESpecVersion) != "1.0" || m.Header.Get(HeaderMsgID) != "e1" {
-		t.Fatalf("table 2 (debezium's shape): %+v %s %v", m, stream, err)
+		m.Header.Get(HeaderCESpecVersion) != "1.0" || m.Header.Get(HeaderMsgID) != "legacy.outbox:e1" || m.Header.Get(HeaderEventID) != "e1" ||
+		m.Header.Get(HeaderTable) != "legacy.outbox" {
+		t.Fatalf("table 2 (debezium's shape; every table but the first qualifies Nats-Msg-Id): %+v %s %v", m, stream, err)
 	}
 	// Table 1 was never set: it falls back to table 0's shape.
 	if m, _, err := r.Message(ev(1)); err != nil || m.Subject != "svc.billing.Order" {
@@ -82,5 +86,12 @@ func TestRelayClassifiesPoisonItself(t *testing.T) {
 	}
 	if got := r.classify(errors.New("connection reset")); got != Transient {
 		t.Errorf("other: %v", got)
+	}
+}
+
+// The slots Msg.Qualify rewrites are the headers it means.
+func TestQualifySlots(t *testing.T) {
+	if slotKeys[slotMsgID] != HeaderMsgID || slotKeys[slotEventID] != HeaderEventID {
+		t.Fatalf("slot %d is %s, slot %d is %s", slotMsgID, slotKeys[slotMsgID], slotEventID, slotKeys[slotEventID])
 	}
 }

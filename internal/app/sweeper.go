@@ -27,6 +27,13 @@ func NewTableSweeper(cfg config.Config, t config.Table, log zerolog.Logger, reg 
 		reg = prometheus.WrapRegistererWith(prometheus.Labels{"table": t.Name.String()}, reg)
 	}
 	table, cols := t.Name, t.Columns
+	// The first table owns the stored messages that name no table: a relay
+	// from before walbox recorded it wrote them (the relay's resume check
+	// reads them the same way).
+	first := false
+	if all, err := cfg.Tables(); err == nil && len(all) > 0 {
+		first = all[0].Name == t.Name
+	}
 	var err error
 	a := cfg.Archive
 	var store sweep.ColdStore
@@ -47,6 +54,7 @@ func NewTableSweeper(cfg config.Config, t config.Table, log zerolog.Logger, reg 
 	sw, err := sweep.New(sweep.Config{
 		ConnString:      cfg.Postgres.URL,
 		Table:           table,
+		Unlabelled:      first,
 		Columns:         cols,
 		MarkProcessed:   t.Sweeper.MarkProcessed,
 		BatchSize:       t.Sweeper.BatchSize,

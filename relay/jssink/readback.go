@@ -35,7 +35,7 @@ func (s *Sink) StoredTail(ctx context.Context, stream, source string, n int) (re
 	}
 	err = scanHeaders(ctx, st, start, last, func(seq uint64, seqOK bool, h nats.Header) bool {
 		if pos, origin, ok := relay.PositionFromHeaders(relay.Header(h), source); ok {
-			tail.Add(h.Get(relay.HeaderMsgID), origin, pos)
+			tail.Add(relay.IdentityFromHeaders(relay.Header(h)), origin, pos)
 		} else if seqOK && h.Get(relay.HeaderSource) != source {
 			tail.NewestForeign = max(tail.NewestForeign, seq)
 		}
@@ -88,12 +88,12 @@ func scanHeaders(ctx context.Context, st jetstream.Stream, first, last uint64, f
 	}
 }
 
-// ReadBack implements sweep.StreamReader: it calls fn with the Nats-Msg-Id
-// (and, for a dead letter, the reason) of every message of source that
+// ReadBack implements sweep.StreamReader: it calls fn with the table and
+// event id (and, for a dead letter, the reason) of every message of source that
 // stream holds between sequences first and last; with first 0, of its
 // newest tail messages. The sweeper catches dropped marks up from it: a row
 // is marked only when its id was read back.
-func (s *Sink) ReadBack(ctx context.Context, stream, source string, first, last uint64, tail int, fn func(id, reason string)) error {
+func (s *Sink) ReadBack(ctx context.Context, stream, source string, first, last uint64, tail int, fn func(table, id, reason string)) error {
 	st, err := s.js.Stream(ctx, stream)
 	if err != nil {
 		return fmt.Errorf("stream %s: %w", stream, err)
@@ -124,7 +124,7 @@ func (s *Sink) ReadBack(ctx context.Context, stream, source string, first, last 
 		case seq > last:
 			return false
 		case h != nil && h.Get(relay.HeaderSource) == source:
-			fn(h.Get(relay.HeaderMsgID), h.Get(relay.HeaderDLQReason))
+			fn(h.Get(relay.HeaderTable), relay.IdentityID(relay.Header(h)), h.Get(relay.HeaderDLQReason))
 		}
 		return true
 	}, ctx.Err)
@@ -132,4 +132,20 @@ func (s *Sink) ReadBack(ctx context.Context, stream, source string, first, last 
 		return fmt.Errorf("read back stream %s: %w", stream, err)
 	}
 	return err
+}
+
+// StoredIdentity implements relay.DuplicateChecker: the source and identity
+// (relay.IdentityFromHeaders) of the message stored at seq, the one a
+// duplicate ack points at.
+func (s *Sink) StoredIdentity(ctx context.Context, stream string, seq uint64) (source, identity string, err error) {
+	st, err := s.js.Stream(ctx, stream)
+	if err != nil {
+		return "", "", fmt.Errorf("stream %s: %w", stream, err)
+	}
+	m, err := st.GetMsg(ctx, seq)
+	if err != nil {
+		return "", "", fmt.Errorf("get message %d of stream %s: %w", seq, stream, err)
+	}
+	h := relay.Header(m.Header)
+	return h.Get(relay.HeaderSource), relay.IdentityFromHeaders(h), nil
 }

@@ -195,7 +195,7 @@ func (s *Sink) StoredTail(ctx context.Context, topic, source string, n int) (rel
 	err = s.read(ctx, topic, sp, func(r *kgo.Record) {
 		h := FromKafkaHeaders(r.Headers)
 		if pos, origin, ok := relay.PositionFromHeaders(h, source); ok {
-			pt.Add(r.Partition, h.Get(relay.HeaderMsgID), origin, pos)
+			pt.Add(r.Partition, relay.IdentityFromHeaders(h), origin, pos)
 		}
 	})
 	tail := pt.Tail()
@@ -209,7 +209,7 @@ func (s *Sink) StoredTail(ctx context.Context, topic, source string, n int) (rel
 // partition. Offsets are per partition, so a range covers each partition's
 // records at those offsets: the sweeper marks only ids it read back, and
 // reads the tails at start.
-func (s *Sink) ReadBack(ctx context.Context, topic, source string, first, last uint64, tail int, fn func(id, reason string)) error {
+func (s *Sink) ReadBack(ctx context.Context, topic, source string, first, last uint64, tail int, fn func(table, id, reason string)) error {
 	n := 0
 	if first == 0 {
 		n = max(tail, 1)
@@ -222,7 +222,7 @@ func (s *Sink) ReadBack(ctx context.Context, topic, source string, first, last u
 	return s.read(ctx, topic, sp, func(r *kgo.Record) {
 		h := FromKafkaHeaders(r.Headers)
 		if h.Get(relay.HeaderSource) == source {
-			fn(h.Get(relay.HeaderMsgID), h.Get(relay.HeaderDLQReason))
+			fn(h.Get(relay.HeaderTable), relay.IdentityID(h), h.Get(relay.HeaderDLQReason))
 		}
 	})
 }

@@ -44,6 +44,10 @@ type Config struct {
 	// ConnString is the database URL (a normal, not a replication, connection).
 	ConnString string
 	Table      cdc.TableName
+	// Unlabelled: the catch-up takes stored messages that name no table
+	// (relays from before walbox recorded it) as this table's. Set for the
+	// first table only: an id alone never says which table's row it is.
+	Unlabelled bool
 	Columns    cdc.Columns
 	// MarkProcessed: write processed/processed_at after the ack, and
 	// error/attempts for dead letters. false: the sweeper never updates rows.
@@ -199,10 +203,10 @@ func (r seqRange) with(seq uint64) seqRange {
 
 // StreamReader reads back what a stream stored: for every message of source
 // with a sequence in [first, last] (first 0: the newest tail messages), its
-// Nats-Msg-Id and, for a dead letter, the reason. jssink.Sink
-// implements it.
+// table (relay.HeaderTable; "" when it names none), its event id and, for
+// a dead letter, the reason. jssink.Sink and kafkasink.Sink implement it.
 type StreamReader interface {
-	ReadBack(ctx context.Context, stream, source string, first, last uint64, tail int, fn func(id, reason string)) error
+	ReadBack(ctx context.Context, stream, source string, first, last uint64, tail int, fn func(table, id, reason string)) error
 }
 
 type readBack struct {
@@ -943,8 +947,8 @@ func (s *Sweeper) catchUp(ctx context.Context) error {
 		}
 		now := time.Now()
 		var applyErr error
-		err := rb.r.ReadBack(ctx, j.stream, rb.source, j.r.first, j.r.last, j.tail, func(id, reason string) {
-			if applyErr != nil || id == "" {
+		err := rb.r.ReadBack(ctx, j.stream, rb.source, j.r.first, j.r.last, j.tail, func(table, id, reason string) {
+			if applyErr != nil || id == "" || !s.owns(table) {
 				return
 			}
 			batch = append(batch, mark{id: id, at: now, dlq: reason != "", stored: true, reason: reason})
@@ -977,6 +981,16 @@ func (s *Sweeper) catchUp(ctx context.Context) error {
 	s.log.Info().Uint64("rows", total).Int("ranges", len(jobs)).
 		Msg("caught up dropped marks: rows whose ids were read back from their streams marked processed")
 	return nil
+}
+
+// owns reports whether a stored message of table is one of this sweeper's
+// rows: the same table, or no table named and this is the first table. A
+// row is marked only from evidence about its own event: its table and id.
+func (s *Sweeper) owns(table string) bool {
+	if table == "" {
+		return s.cfg.Unlabelled
+	}
+	return table == s.cfg.Table.String()
 }
 
 // startTailMax bounds the messages per stream the read-back at start takes.
