@@ -98,6 +98,17 @@ type shape struct {
 // TableName is the name of outbox table i, as the metrics label it.
 func (r *Router) TableName(i int) string { return r.shapeFor(i).table }
 
+// TableIndex is the index of the outbox table named name (a message's
+// Walbox-Table), 0 when none has that name.
+func (r *Router) TableIndex(name string) int {
+	for i, sh := range *r.shapes.Load() {
+		if sh != nil && sh.table == name && name != "" {
+			return i
+		}
+	}
+	return 0
+}
+
 // NewRouterWithOptions builds a router as NewRouter does, with opts for
 // the events of every table (table 0, and those AddTable does not set).
 func NewRouterWithOptions(prefix, source string, routes []Route, opts RouterOptions) (*Router, error) {

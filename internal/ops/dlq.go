@@ -345,12 +345,22 @@ func retryMessage(dl DeadLetter, dlqStream string, router *relay.Router) *nats.M
 	}
 	if topic := dl.msg.Header.Get(relay.HeaderDLQOriginalTopic); topic != "" && router != nil {
 		ev := relay.EventFromHeaders(relay.Header(dl.msg.Header), topic, dl.ID, dl.msg.Data)
+		ev.Table = router.TableIndex(dl.msg.Header.Get(relay.HeaderTable))
 		if m, _, err := router.Message(&ev); err == nil {
 			m.Header.Set(HeaderDLQRetriedFrom, from)
 			return jssink.NATSMsg(m)
 		}
 	}
-	h.Set(relay.HeaderMsgID, dl.ID)
+	// The dead letter's Nats-Msg-Id is the event's dedupe key (qualified
+	// with its table for every table but the first).
+	msgID := dl.msg.Header.Get(relay.HeaderMsgID)
+	if msgID == "" {
+		msgID = dl.ID
+	}
+	h.Set(relay.HeaderMsgID, msgID)
+	if msgID != dl.ID {
+		h.Set(headerEventID, dl.ID)
+	}
 	h.Set(HeaderDLQRetriedFrom, from)
 	return &nats.Msg{Subject: dl.OriginalSubject, Data: dl.msg.Data, Header: h}
 }
