@@ -219,6 +219,11 @@ func TestCrashConsistentRestore(t *testing.T) {
 	if n2Kept != n2 {
 		t.Fatalf("%d of the %d N2 events left the stream", n2-n2Kept, n2)
 	}
+	// The restore is reported: the read-back tail's events from the lost
+	// history (every one of them is an N2 event, past the restored WAL).
+	if lost := relaytest.Metric(t, e.reg, "walbox_resume_lost_history_events", map[string]string{"stream": "ORDERS"}); lost <= 0 || lost > float64(n2) {
+		t.Fatalf("walbox_resume_lost_history_events{stream=ORDERS} = %v, want the tail's N2 events (1..%d)", lost, n2)
+	}
 }
 
 // copyDataDir copies a stopped cluster's data folder with cp -a, which keeps
