@@ -224,11 +224,11 @@ func TestIdentify(t *testing.T) {
 		wantErr string
 	}{
 		{name: "the first timeline", answers: map[string]fakeResult{"IDENTIFY_SYSTEM": rows([]string{"7300", "1", "0/16B3748", "app"})},
-			want: &Origin{SystemID: "7300", Timeline: 1, Left: map[int32]LSN{}}},
+			want: &Origin{SystemID: "7300", Timeline: 1, Left: map[int32]LSN{}, WALPos: 0x16B3748}},
 		{name: "a promoted standby", answers: map[string]fakeResult{
 			"IDENTIFY_SYSTEM":    rows([]string{"7300", "3", "0/9000000", "app"}),
 			"TIMELINE_HISTORY 3": rows([]string{"00000003.history", history})},
-			want: &Origin{SystemID: "7300", Timeline: 3, Left: map[int32]LSN{1: 0x3000158, 2: 0x5000000}}},
+			want: &Origin{SystemID: "7300", Timeline: 3, Left: map[int32]LSN{1: 0x3000158, 2: 0x5000000}, WALPos: 0x9000000}},
 		{name: "IDENTIFY_SYSTEM fails", answers: map[string]fakeResult{"IDENTIFY_SYSTEM": sqlError("42501", "permission denied")},
 			wantErr: "identify system: ERROR: permission denied (SQLSTATE 42501)"},
 		{name: "no history", answers: map[string]fakeResult{
