@@ -2,6 +2,7 @@ package cdc
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -18,11 +19,13 @@ import (
 // The slot itself admits one reader at a time, so the lock only coordinates:
 // correctness does not depend on it.
 type Leadership struct {
-	conn    *pgx.Conn
-	lost    chan struct{}
-	stop    chan struct{}
-	once    sync.Once
-	stopped sync.WaitGroup
+	conn     *pgx.Conn
+	connMu   sync.Mutex // the watcher and Check share conn
+	lost     chan struct{}
+	lostOnce sync.Once
+	stop     chan struct{}
+	once     sync.Once
+	stopped  sync.WaitGroup
 }
 
 // LockKeySQL is the advisory lock key expression for a slot.
@@ -129,14 +132,38 @@ func (l *Leadership) watch(poll time.Duration) {
 		case <-t.C:
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), poll+5*time.Second)
-		err := l.conn.Ping(ctx)
+		err := l.Check(ctx)
 		cancel()
 		if err != nil {
-			close(l.lost)
 			return
 		}
 	}
 }
+
+// Check pings the lock's session now, and reports (and marks Lost) when it
+// is gone. The source calls it before every replication session: after a
+// failover the replication connection may reach the new primary before the
+// watcher notices that the lock's session on the old one is gone, and a
+// session started then (a slot recreated, a backfill begun) would be cut
+// short by the lock's loss a moment later.
+func (l *Leadership) Check(ctx context.Context) error {
+	select {
+	case <-l.lost:
+		return errLeadershipLost
+	default:
+	}
+	l.connMu.Lock()
+	err := l.conn.Ping(ctx)
+	l.connMu.Unlock()
+	if err != nil {
+		l.lostOnce.Do(func() { close(l.lost) })
+		return fmt.Errorf("%w: %v", errLeadershipLost, err)
+	}
+	return nil
+}
+
+// errLeadershipLost: the leader lock's session is gone.
+var errLeadershipLost = errors.New("the leader lock's session is gone; another walbox may lead")
 
 // Lost is closed when the lock's session ended: stop streaming.
 func (l *Leadership) Lost() <-chan struct{} { return l.lost }
@@ -148,6 +175,8 @@ func (l *Leadership) Release() {
 		l.stopped.Wait()
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
+		l.connMu.Lock()
 		_ = l.conn.Close(ctx) // the session's end releases the lock either way
+		l.connMu.Unlock()
 	})
 }

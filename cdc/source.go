@@ -77,6 +77,10 @@ type Config struct {
 	// long, emit pg_logical_emit_message(false, 'walbox.heartbeat', ...) so an
 	// idle outbox in a busy cluster holds no WAL back. 0 turns it off.
 	HeartbeatInterval time.Duration
+	// SessionGate, if set, runs before every replication session; an
+	// error keeps the session from starting (the leader lock was lost: the
+	// caller stops the source).
+	SessionGate func(ctx context.Context) error
 	Logger            zerolog.Logger
 }
 
@@ -295,6 +299,14 @@ func (s *Source) session(ctx context.Context, out chan<- []Change) (streamed boo
 	pcfg, err := replicationConfig(s.cfg.ConnString)
 	if err != nil {
 		return false, err
+	}
+	if s.cfg.SessionGate != nil {
+		gateCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := s.cfg.SessionGate(gateCtx)
+		cancel()
+		if err != nil {
+			return false, fmt.Errorf("before a replication session: %w", err)
+		}
 	}
 	connectCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	conn, err := pgconn.ConnectConfig(connectCtx, pcfg)

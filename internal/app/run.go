@@ -62,7 +62,10 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 	metrics := relay.NewMetrics(prometheus.WrapRegistererWith(prometheus.Labels{"sink": cfg.Sink}, reg))
 	ts := &tableSet{cfg: cfg, log: log, reg: reg, tables: tables, reload: opts.Reload}
 
-	src, err := newSource(cfg, ts, metrics, log)
+	// The leader lock of the current term: the source checks it before
+	// every replication session.
+	var leader atomic.Pointer[cdc.Leadership]
+	src, err := newSource(cfg, ts, metrics, log, &leader)
 	if err != nil {
 		return err
 	}
@@ -132,7 +135,7 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 	}
 	log.Info().Str("postgres", redact.PostgresURL(cfg.Postgres.URL)).Str("sink", cfg.Sink).Str("bus", bus.url).Str("slot", cfg.Postgres.Slot).
 		Strs("tables", tableNames(tables)).Int("window", cfg.NATS.Window).Msg("walbox relay starting")
-	return lead(ctx, cfg, log, r, src, health, metrics)
+	return lead(ctx, cfg, log, r, src, health, metrics, &leader)
 }
 
 // signalReady closes ready once the source streams.
@@ -150,7 +153,7 @@ func signalReady(ctx context.Context, src *cdc.Source, ready chan<- struct{}) {
 // lead streams while this relay holds the slot's leader lock, waits as a
 // standby while another does, and takes over when the leader dies, until
 // ctx ends (nil) or the relay fails for good.
-func lead(ctx context.Context, cfg config.Config, log zerolog.Logger, r *relay.Relay, src *cdc.Source, health *health, metrics *relay.Metrics) error {
+func lead(ctx context.Context, cfg config.Config, log zerolog.Logger, r *relay.Relay, src *cdc.Source, health *health, metrics *relay.Metrics, leader *atomic.Pointer[cdc.Leadership]) error {
 	for {
 		// Several relays may run for one database: one holds the leader
 		// lock and streams, the others wait here and take over when it dies.
@@ -172,6 +175,7 @@ func lead(ctx context.Context, cfg config.Config, log zerolog.Logger, r *relay.R
 			return fmt.Errorf("take leader lock: %w", err)
 		}
 		health.standby.Store(false)
+		leader.Store(lock)
 		metrics.Leader.Set(1)
 		log.Info().Str("slot", cfg.Postgres.Slot).Msg("leader: streaming")
 		runCtx, cancel := context.WithCancel(ctx)
@@ -188,6 +192,7 @@ func lead(ctx context.Context, cfg config.Config, log zerolog.Logger, r *relay.R
 		go monitorSlot(runCtx, cfg.Postgres.URL, cfg.Postgres.Slot, 5*time.Second, r, metrics, log)
 		err = r.Serve(runCtx, src)
 		cancel()
+		leader.Store(nil)
 		lock.Release()
 		metrics.Leader.Set(0)
 		if err != nil {
@@ -201,7 +206,7 @@ func lead(ctx context.Context, cfg config.Config, log zerolog.Logger, r *relay.R
 }
 
 // newSource is the cdc source of the configured slot and tables.
-func newSource(cfg config.Config, ts *tableSet, metrics *relay.Metrics, log zerolog.Logger) (*cdc.Source, error) {
+func newSource(cfg config.Config, ts *tableSet, metrics *relay.Metrics, log zerolog.Logger, leader *atomic.Pointer[cdc.Leadership]) (*cdc.Source, error) {
 	cdcTables, defaultTable := ts.cdcTables()
 	return cdc.NewSource(cdc.Config{
 		ConnString:        cfg.Postgres.URL,
@@ -222,7 +227,13 @@ func newSource(cfg config.Config, ts *tableSet, metrics *relay.Metrics, log zero
 		OnSlotLost:        func(reason, _ string) { metrics.SlotLost.WithLabelValues(reason).Inc() },
 		OnReconnect:       func() { metrics.Reconnects.WithLabelValues("postgres").Inc() },
 		HeartbeatInterval: cfg.Postgres.HeartbeatInterval,
-		Logger:            log,
+		SessionGate: func(ctx context.Context) error {
+			if l := leader.Load(); l != nil {
+				return l.Check(ctx)
+			}
+			return nil
+		},
+		Logger: log,
 	})
 }
 

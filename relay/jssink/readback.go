@@ -57,8 +57,17 @@ func scanHeaders(ctx context.Context, st jetstream.Stream, first, last uint64, f
 	if err != nil {
 		return err
 	}
+	next := first
 	for {
-		batch, err := cons.Fetch(512, jetstream.FetchMaxWait(2*time.Second))
+		// Ask for no more than is left up to last: a fetch waits its whole
+		// FetchMaxWait for a batch it cannot fill (2 s per read-back of a
+		// short tail, several per reconnect). Messages deleted inside the
+		// range still make a fetch wait; the scan then ends on its own.
+		want := 512
+		if last >= next && last-next+1 < uint64(want) {
+			want = int(last - next + 1)
+		}
+		batch, err := cons.Fetch(want, jetstream.FetchMaxWait(2*time.Second))
 		if err != nil {
 			return err
 		}
@@ -80,6 +89,7 @@ func scanHeaders(ctx context.Context, st jetstream.Stream, first, last uint64, f
 		if seq >= last || got == 0 {
 			return nil
 		}
+		next = seq + 1
 		if between != nil {
 			if err := between(); err != nil {
 				return err
