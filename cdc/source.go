@@ -81,7 +81,7 @@ type Config struct {
 	// error keeps the session from starting (the leader lock was lost: the
 	// caller stops the source).
 	SessionGate func(ctx context.Context) error
-	Logger            zerolog.Logger
+	Logger      zerolog.Logger
 }
 
 // DefaultStatusInterval is the longest gap between standby status updates
