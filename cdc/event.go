@@ -50,6 +50,9 @@ type Event struct {
 	// Table is the index of the event's outbox table in cdc.Config.Tables
 	// (for a logical message: the table it names, or the default table).
 	Table int
+	// TableLess: a table-less event (walbox.emit_message): Table only says
+	// whose routing applies; no row of it exists to mark.
+	TableLess bool
 
 	ID            string
 	Topic         string

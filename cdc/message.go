@@ -31,7 +31,7 @@ type messageBody struct {
 // read, with a NULL topic, so the relay dead-letters it rather than stalls.
 func (d *decoder) message(content []byte, ev *Event) error {
 	*ev = Event{Pos: Position{CommitLSN: d.commitLSN, Index: d.index}, CommitTime: d.commitTime, TopicNull: true, PayloadIsJSON: true,
-		Table: d.defaultTable}
+		Table: d.defaultTable, TableLess: true}
 	d.index++
 	var b messageBody
 	if err := json.Unmarshal(content, &b); err != nil {

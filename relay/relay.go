@@ -44,6 +44,8 @@ type Delivered struct {
 	CreatedAt string
 	Pos       cdc.Position
 	Table     int // the event's outbox table (cdc.Event.Table)
+	// TableLess: a table-less event (walbox.emit_message); no row to mark.
+	TableLess bool
 	Stream    string
 	Seq       uint64
 	AckedAt   time.Time
@@ -853,7 +855,7 @@ func (l *loop) done(p *pending, ack *Ack) {
 		}
 	}
 	if l.r.cfg.OnDelivered != nil {
-		d := Delivered{ID: p.ev.ID, CreatedAt: p.ev.CreatedAt, Pos: p.ev.Pos, Table: p.ev.Table, AckedAt: now, SentAfter: p.ev.SentAfter, DeadLetter: p.dlq, Reason: p.reason}
+		d := Delivered{ID: p.ev.ID, CreatedAt: p.ev.CreatedAt, Pos: p.ev.Pos, Table: p.ev.Table, TableLess: p.ev.TableLess, AckedAt: now, SentAfter: p.ev.SentAfter, DeadLetter: p.dlq, Reason: p.reason}
 		if ack != nil {
 			d.Stream, d.Seq = ack.Stream, ack.Sequence
 		}

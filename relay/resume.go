@@ -314,10 +314,10 @@ func (l *loop) alreadyStored(p *pending) bool {
 // (or, for the first table, its id on a message that names no table: a
 // relay from before walbox recorded it).
 func (l *loop) identityRead(tail StoredTail, p *pending) bool {
-	if _, ok := tail.IDs[IdentityKey(l.r.router.TableName(p.ev.Table), p.ev.ID)]; ok {
+	if _, ok := tail.IDs[l.r.router.IdentityOf(&p.ev)]; ok {
 		return true
 	}
-	if p.ev.Table == 0 {
+	if p.ev.Table == 0 && !p.ev.TableLess {
 		_, ok := tail.IDs[IdentityKey("", p.ev.ID)]
 		return ok
 	}
@@ -419,7 +419,7 @@ func (l *loop) checkDuplicate(p *pending, ack *Ack) error {
 	if err != nil {
 		return fmt.Errorf("read the message a duplicate ack points at (%s seq %d): %w", ack.Stream, ack.Sequence, err)
 	}
-	table := l.r.router.TableName(p.ev.Table)
+	table := l.r.router.tableOf(&p.ev)
 	switch {
 	case src == "":
 		// Not written by a walbox (no source header): a publisher that
@@ -427,7 +427,7 @@ func (l *loop) checkDuplicate(p *pending, ack *Ack) error {
 		// replaced. Nothing says it is another event; its dedupe key says
 		// it is this one. The limit: a foreign writer that reuses ids.
 		return nil
-	case src == l.r.router.source && (ident == IdentityKey(table, p.ev.ID) || (p.ev.Table == 0 && ident == IdentityKey("", p.ev.ID))):
+	case src == l.r.router.source && (ident == IdentityKey(table, p.ev.ID) || (p.ev.Table == 0 && !p.ev.TableLess && ident == IdentityKey("", p.ev.ID))):
 		return nil
 	}
 	l.r.m.IDCollisions.WithLabelValues(ack.Stream).Inc()

@@ -42,6 +42,9 @@ const (
 	// identity is its source, its table and its id (two tables may both
 	// have a row 1).
 	HeaderTable = "Walbox-Table"
+	// TableLessTable is Walbox-Table for a table-less event
+	// (walbox.emit_message): it has no row in any table.
+	TableLessTable = "-"
 	// HeaderEventID carries the bare event id where Nats-Msg-Id does not:
 	// on a dead letter, and on an event published under a qualified
 	// Nats-Msg-Id because another event of the stream has its id.
@@ -157,6 +160,17 @@ func (r *Router) Recycle(m *Msg) {
 	m.Data = nil
 	r.free = append(r.free, m)
 }
+
+// tableOf is the Walbox-Table of ev: its outbox table, or TableLessTable.
+func (r *Router) tableOf(ev *cdc.Event) string {
+	if ev.TableLess {
+		return TableLessTable
+	}
+	return r.shapeFor(ev.Table).table
+}
+
+// IdentityOf is ev's identity as the read-back sees it (IdentityKey).
+func (r *Router) IdentityOf(ev *cdc.Event) string { return IdentityKey(r.tableOf(ev), ev.ID) }
 
 // Qualify gives m the dedupe key msgID (Nats-Msg-Id) in place of its bare
 // event id, which goes in Walbox-Event-Id: the id alone is not unique in
@@ -314,7 +328,7 @@ func (r *Router) Message(ev *cdc.Event) (*Msg, string, error) {
 		r.lastTime, r.lastTimeStr = ev.CommitTime, ev.CommitTime.UTC().Format(time.RFC3339Nano)
 	}
 	for i, v := range [routerSlots]string{ev.ID, r.lastLSNStr, strconv.FormatUint(uint64(ev.Pos.Index), 10), r.lastTimeStr,
-		r.source, r.systemID, r.timeline, ev.EventType, ev.AggregateType, ev.AggregateID, ev.PartitionKey, sh.table, ""} {
+		r.source, r.systemID, r.timeline, ev.EventType, ev.AggregateType, ev.AggregateID, ev.PartitionKey, r.tableOf(ev), ""} {
 		sl.put(h, i, v)
 	}
 	if sh.msgIDPrefix != "" {
@@ -465,7 +479,7 @@ func (r *Router) DeadLetter(ev *cdc.Event, dlqPrefix, reason string) *Msg {
 	if r.source != "" {
 		h[HeaderSource] = []string{r.source}
 	}
-	if t := r.shapeFor(ev.Table).table; t != "" {
+	if t := r.tableOf(ev); t != "" {
 		h[HeaderTable] = []string{t}
 	}
 	if r.systemID != "" {

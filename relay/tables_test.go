@@ -95,3 +95,28 @@ func TestQualifySlots(t *testing.T) {
 		t.Fatalf("slot %d is %s, slot %d is %s", slotMsgID, slotKeys[slotMsgID], slotEventID, slotKeys[slotEventID])
 	}
 }
+
+// A table-less event (walbox.emit_message) takes its table's routing but
+// names no table: it has no row, and the read-back and the sweeper must not
+// take it for a row of that table (a uuid id marked into a bigint table
+// failed the whole batch of marks).
+func TestTableLessEventNamesNoTable(t *testing.T) {
+	r, err := NewRouterWithOptions("", "db/walbox", []Route{{Stream: "ALL", Subjects: []string{">"}}}, RouterOptions{Table: "public.outbox_events"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := &cdc.Event{ID: "0b9c", Topic: "a", Payload: []byte(`1`), PayloadIsJSON: true, TableLess: true}
+	m, _, err := r.Message(ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := m.Header.Get(HeaderTable); got != TableLessTable {
+		t.Fatalf("Walbox-Table %q, want %q", got, TableLessTable)
+	}
+	if IdentityFromHeaders(m.Header) != r.IdentityOf(ev) || r.IdentityOf(ev) == IdentityKey("public.outbox_events", ev.ID) {
+		t.Fatalf("identity %q read back as %q", r.IdentityOf(ev), IdentityFromHeaders(m.Header))
+	}
+	if dl := r.DeadLetter(ev, "walbox.dlq.", "x"); dl.Header.Get(HeaderTable) != TableLessTable {
+		t.Fatalf("dead letter's Walbox-Table %q", dl.Header.Get(HeaderTable))
+	}
+}

@@ -288,8 +288,8 @@ func (s *Sweeper) Close() { s.pool.Close() }
 // from the relay's publisher goroutine and never blocks: when the queue is
 // full the mark is dropped and counted.
 func (s *Sweeper) OnDelivered(d relay.Delivered) {
-	if !s.cfg.MarkProcessed || d.ID == "" {
-		return
+	if !s.cfg.MarkProcessed || d.ID == "" || d.TableLess {
+		return // a table-less event has no row
 	}
 	mk := mark{id: d.ID, createdAt: d.CreatedAt, at: d.AckedAt, dlq: d.DeadLetter, stored: d.Seq > 0, reason: d.Reason, stream: d.Stream, seq: d.Seq}
 	yielding := false
