@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"gopkg.in/yaml.v3"
 
@@ -196,7 +197,7 @@ func readSVC(t *testing.T, e *env) []svcMsg {
 		}
 		var body struct{ P, N int }
 		_ = json.Unmarshal(m.Data, &body)
-		out = append(out, svcMsg{id: m.Header.Get("Nats-Msg-Id"), subject: m.Subject, p: body.P, n: body.N, header: *m})
+		out = append(out, svcMsg{id: eventIDOf(m.Header), subject: m.Subject, p: body.P, n: body.N, header: *m})
 	}
 	return out
 }
@@ -232,7 +233,7 @@ func settleSVC(t *testing.T, e *env, defaultSchema string) {
 			return false
 		}
 		m, err := st.GetLastMsgForSubject(ctx, "svc."+defaultSchema+".settle")
-		return err == nil && m.Header.Get("Nats-Msg-Id") == id
+		return err == nil && eventIDOf(m.Header) == id
 	})
 }
 
@@ -415,4 +416,14 @@ func TestMigrateAddsATableWhileTheRelayRuns(t *testing.T) {
 	if err := e.pool.QueryRow(ctx, "SELECT count(*) FROM pg_publication_tables WHERE pubname = $1", e.cfg.Postgres.Publication).Scan(&n); err != nil || n != 1 {
 		t.Fatalf("publication covers %d tables (%v), want 1", n, err)
 	}
+}
+
+// eventIDOf is a message's event id: Walbox-Event-Id where set (every table
+// but the first publishes under a Nats-Msg-Id qualified with its name),
+// else Nats-Msg-Id.
+func eventIDOf(h nats.Header) string {
+	if id := h.Get("Walbox-Event-Id"); id != "" {
+		return id
+	}
+	return h.Get("Nats-Msg-Id")
 }
