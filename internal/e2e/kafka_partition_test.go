@@ -30,8 +30,8 @@ import (
 // each writing its own key, the four keys in four different partitions.
 // Partition 1 answers every produce with NOT_ENOUGH_REPLICAS (as a partition
 // with too few in-sync replicas does) for longer than four ack rounds, while
-// the other three store. The relay runs with a window of 64 events, a 2 s
-// ack timeout and a 100 ms..2 s back-off, so each round (ack timeout, back-off,
+// the other three store. The relay runs with a window of 64 events, a 1 s
+// ack timeout and a 100..500 ms back-off, so each round (ack timeout, back-off,
 // resend; about 5 s with franz-go's retries) fills the window behind the
 // resend with newer events that the other partitions store: after three or
 // four rounds more than 2 × window events newer than the refused key's first
@@ -75,8 +75,8 @@ func partitionRefusal(t *testing.T, kill bool) {
 	started := time.Now()
 	e := newMigratedKafkaEnv(t, func(cfg *config.Config) {
 		cfg.NATS.Window = refusingWindow // the relay's window, shared by the Kafka sink
-		cfg.Kafka.AckTimeout = 2 * time.Second
-		cfg.Retry.Initial, cfg.Retry.Max = 100*time.Millisecond, 2*time.Second
+		cfg.Kafka.AckTimeout = time.Second
+		cfg.Retry.Initial, cfg.Retry.Max = 100*time.Millisecond, 500*time.Millisecond
 	})
 	w := e.witness("outbox_events")
 	keys := keysPerPartition(t, refusingTopic, refusingPartitions)
@@ -168,7 +168,7 @@ func partitionRefusal(t *testing.T, kill bool) {
 		progress("before kill -9")
 		relayProc.signal(t, syscall.SIGKILL)
 		t.Logf("relay killed with SIGKILL %v into the outage", time.Since(outageStart).Round(time.Second))
-		time.Sleep(6 * time.Second) // fault timing: the outage goes on with no relay
+		time.Sleep(3 * time.Second) // fault timing: the outage goes on with no relay
 	} else {
 		waitRounds(6) // six back-offs: the fifth resend is under way
 	}
@@ -198,7 +198,7 @@ func partitionRefusal(t *testing.T, kill bool) {
 		relayProc = e.spawnRelay()
 		t.Log("relay restarted after the partition recovered")
 	}
-	time.Sleep(3 * time.Second) // pacing: the load goes on after the recovery
+	time.Sleep(time.Second) // pacing: the load goes on after the recovery
 	stopLoad()
 	loadStopped = true
 
@@ -357,7 +357,7 @@ func (e *kafkaEnv) judgePartitionRefusal(w *outboxtest.Witness, keys []string, o
 	if rep.Checked == 0 {
 		t.Fatal("the witness saw no committed rows: the test produced nothing")
 	}
-	summary := fmt.Sprintf("partition %d of %s refused writes for %v (ack timeout 2s, window %d); run took %v:\n  %s",
+	summary := fmt.Sprintf("partition %d of %s refused writes for %v (ack timeout 1s, window %d); run took %v:\n  %s",
 		refusedPartition, refusingTopic, outage.Round(time.Second), refusingWindow, took.Round(time.Second), strings.Join(verdict, "\n  "))
 	if failed {
 		t.Fatalf("events lost, duplicated or out of order, or marked without being stored: %s", summary)
