@@ -98,3 +98,19 @@ func parseTimelineHistory(content []byte) (map[int32]LSN, error) {
 	}
 	return left, sc.Err()
 }
+
+// IdentifyServer opens a replication connection to connString and reads the
+// server's origin: its system identifier, timeline (with the history of its
+// ancestors) and how far its WAL has reached. For tools (walbox status).
+func IdentifyServer(ctx context.Context, connString string) (*Origin, error) {
+	pcfg, err := replicationConfig(connString)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := pgconn.ConnectConfig(ctx, pcfg)
+	if err != nil {
+		return nil, classifyConnectError(fmt.Errorf("connect for replication: %w", err))
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	return identify(ctx, conn)
+}

@@ -251,6 +251,27 @@ func (l *loop) reportOrigins(stream string, tail StoredTail) {
 	l.r.m.LostHistory.WithLabelValues(stream).Set(float64(lost))
 }
 
+// LostHistoryEvents counts the events of tail whose positions are of o's
+// system and timeline and at or past how far o's WAL had reached: events of
+// a history the server no longer has.
+func LostHistoryEvents(tail StoredTail, o *cdc.Origin) int {
+	if o == nil {
+		return 0
+	}
+	n := 0
+	for k, all := range tail.Positions {
+		if k.SystemID != o.SystemID || k.Timeline != o.Timeline {
+			continue
+		}
+		for _, pos := range all {
+			if pos.CommitLSN >= o.WALPos {
+				n++
+			}
+		}
+	}
+	return n
+}
+
 // reportOnce runs log the first time key is seen.
 func (l *loop) reportOnce(key string, log func()) {
 	if l.reported[key] {

@@ -67,18 +67,31 @@ const (
 )
 
 func TestKafkaPartitionRefusingWrites(t *testing.T) {
-	t.Run("relay_up", func(t *testing.T) { partitionRefusal(t, false) })
-	t.Run("relay_killed_during_outage", func(t *testing.T) { partitionRefusal(t, true) })
+	// The two variants run side by side: each has its own brokers,
+	// database and relay, and most of their time is the outage's rounds,
+	// spent waiting.
+	t.Run("relay_up", func(t *testing.T) { t.Parallel(); partitionRefusal(t, false) })
+	t.Run("relay_killed_during_outage", func(t *testing.T) { t.Parallel(); partitionRefusal(t, true) })
 }
 
 func partitionRefusal(t *testing.T, kill bool) {
 	started := time.Now()
+	// Slots are the cluster's, not the database's: the variants, which
+	// run side by side on the package's cluster, name theirs apart.
+	suffix := "up"
+	if kill {
+		suffix = "killed"
+	}
 	e := newMigratedKafkaEnv(t, func(cfg *config.Config) {
 		cfg.NATS.Window = refusingWindow // the relay's window, shared by the Kafka sink
 		cfg.Kafka.AckTimeout = time.Second
 		cfg.Retry.Initial, cfg.Retry.Max = 100*time.Millisecond, 500*time.Millisecond
+		cfg.Postgres.Slot = "walbox_" + suffix
 	})
-	w := e.witness("outbox_events")
+	w, err := outboxtest.CreateWitness(context.Background(), e.conn(), "witness_"+suffix, "outbox_events")
+	if err != nil {
+		t.Fatal(err)
+	}
 	keys := keysPerPartition(t, refusingTopic, refusingPartitions)
 	refusedKey := keys[refusedPartition]
 	t.Logf("keys by partition of %s: %v; partition %d (key %s) will refuse writes", refusingTopic, keys, refusedPartition, refusedKey)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/walbox/walbox/internal/ops"
 	"github.com/walbox/walbox/internal/outboxtest"
 	"github.com/walbox/walbox/internal/pgtest"
 	"github.com/walbox/walbox/internal/relaytest"
@@ -223,6 +225,25 @@ func TestCrashConsistentRestore(t *testing.T) {
 	// history (every one of them is an N2 event, past the restored WAL).
 	if lost := relaytest.Metric(t, e.reg, "walbox_resume_lost_history_events", map[string]string{"stream": "ORDERS"}); lost <= 0 || lost > float64(n2) {
 		t.Fatalf("walbox_resume_lost_history_events{stream=ORDERS} = %v, want the tail's N2 events (1..%d)", lost, n2)
+	}
+	// And walbox status says so, from the stream and the server alone.
+	st, err := ops.Status(ctx, e.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reported uint64
+	for _, lh := range st.LostHistory {
+		if lh.Stream == "ORDERS" {
+			reported = lh.Messages
+		}
+	}
+	if reported == 0 || reported > uint64(n2) {
+		t.Fatalf("walbox status: lost history %+v (errors %v), want ORDERS with the tail's N2 events (1..%d)", st.LostHistory, st.Errors, n2)
+	}
+	var out strings.Builder
+	st.Print(&out)
+	if !strings.Contains(out.String(), "lost history") {
+		t.Fatalf("walbox status does not print the lost history:\n%s", out.String())
 	}
 }
 

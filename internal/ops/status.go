@@ -9,12 +9,15 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
 	"github.com/rs/zerolog"
 
 	"github.com/walbox/walbox/cdc"
 	"github.com/walbox/walbox/internal/app"
 	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/fault"
+	"github.com/walbox/walbox/relay"
+	"github.com/walbox/walbox/relay/jssink"
 	"github.com/walbox/walbox/relay/sweep"
 )
 
@@ -68,7 +71,13 @@ type StatusReport struct {
 	// Outboxes has every outbox table (outbox is the default one).
 	Outboxes []OutboxState `json:"outboxes"`
 	DLQ      *StreamCount  `json:"dlq,omitempty"`
-	Errors   []string      `json:"errors,omitempty"`
+	// LostHistory, per stream, counts the events of this source among the
+	// stream's newest 2 x nats.window messages whose WAL positions (this
+	// system, this timeline) the server has not reached: published from a
+	// history the database no longer has (it was restored from a
+	// snapshot). Only streams with such events are listed.
+	LostHistory []StreamCount `json:"lost_history,omitempty"`
+	Errors      []string      `json:"errors,omitempty"`
 }
 
 // StreamCount is a stream's message count, or why it is unknown.
@@ -132,8 +141,40 @@ func Status(ctx context.Context, cfg config.Config) (*StatusReport, error) {
 			sc.Messages = s.CachedInfo().State.Msgs
 		}
 		rep.DLQ = sc
+		readLostHistory(ctx, cfg, nc, rep)
 	}
 	return rep, nil
+}
+
+// readLostHistory fills rep.LostHistory: each stream's tail read back as the
+// relay's resume check reads it, its positions compared with how far the
+// server's WAL has reached (relay.loop's rewind proof, seen from outside).
+func readLostHistory(ctx context.Context, cfg config.Config, nc *nats.Conn, rep *StatusReport) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	origin, err := cdc.IdentifyServer(ctx, cfg.Postgres.URL)
+	if err != nil {
+		rep.Errors = append(rep.Errors, fmt.Sprintf("identify the server (for events of a lost history): %v", err))
+		return
+	}
+	sink, err := jssink.New(nc, 5*time.Second)
+	if err != nil {
+		rep.Errors = append(rep.Errors, err.Error())
+		return
+	}
+	for _, st := range cfg.NATS.Streams {
+		if st.Name == cfg.NATS.DLQ.Stream {
+			continue
+		}
+		tail, err := sink.StoredTail(ctx, st.Name, rep.Source, 2*cfg.NATS.Window)
+		if err != nil {
+			rep.Errors = append(rep.Errors, fmt.Sprintf("read back stream %s: %v", st.Name, err))
+			continue
+		}
+		if n := relay.LostHistoryEvents(tail, origin); n > 0 {
+			rep.LostHistory = append(rep.LostHistory, StreamCount{Stream: st.Name, Messages: uint64(n)})
+		}
+	}
 }
 
 func readRelayState(ctx context.Context, conn *pgx.Conn, slot string, rep *StatusReport) RelayState {
@@ -301,6 +342,9 @@ func (r *StatusReport) Print(w io.Writer) {
 		} else {
 			line("DLQ stream", "%s: %d messages (walbox dlq list)", r.DLQ.Stream, r.DLQ.Messages)
 		}
+	}
+	for _, lh := range r.LostHistory {
+		line("lost history", "%s: %d events from WAL this database has not reached (it was restored from a snapshot; docs/operations.md, WalboxDatabaseRestored)", lh.Stream, lh.Messages)
 	}
 	for _, e := range r.Errors {
 		line("error", "%s", e)
