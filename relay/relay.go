@@ -460,6 +460,7 @@ func (l *loop) change(c *cdc.Change) {
 		l.ckpt.Reset()
 		l.retry = l.retry[:0]
 		l.solo, l.alone = nil, nil
+		l.judged = l.judged[:0] // the old session's: the server sends them again
 		if rt, ok := l.conf.(ResetTaker); ok {
 			rt.ResetTaken()
 		}
