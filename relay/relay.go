@@ -255,6 +255,13 @@ type loop struct {
 	// one in flight, with nothing behind it.
 	solo  *pending
 	alone *pending
+	// aloneLeft, per strict stream: how many more publishes that may be
+	// duplicates go out alone. A duplicate ack sets it to aloneRun; each
+	// such publish stored anew counts it down. Duplicates come in runs (the
+	// rows of a backfill that were stored but not marked are its oldest),
+	// so the rest of a large backfill goes pipelined, and a run of
+	// duplicates costs one window of refusals, not one per duplicate.
+	aloneLeft map[string]int
 	// The failing episode's outcomes are all known (refusals that a
 	// duplicate ack in the same stream explains, duplicates): lastSeq is
 	// exact and nothing needs reading back, so the resend goes at once.
@@ -272,6 +279,9 @@ type loop struct {
 	judged   []*pending
 	heldCode string
 }
+
+// aloneRun is how many possible duplicates go out alone after a duplicate.
+const aloneRun = 64
 
 // ErrorCoder is a Sink that names the code of an error (the server's error
 // code, a client error's name): the relay compares codes across a window.
@@ -489,7 +499,7 @@ func (l *loop) send(p *pending) {
 		l.done(p, &Ack{Stream: p.stream, Duplicate: true})
 		return
 	}
-	alone := l.strictFor(p) && l.maybeStored(p)
+	alone := l.strictFor(p) && l.aloneLeft[p.stream] > 0 && l.maybeStored(p)
 	if alone && len(l.window) > 0 {
 		l.solo = p
 		return
@@ -773,7 +783,8 @@ func (l *loop) acked(ack *Ack, err error) {
 		l.publishFailed(p, err)
 		return
 	}
-	if l.alone == p {
+	wasAlone := l.alone == p
+	if wasAlone {
 		l.alone = nil
 	}
 	if ack.Duplicate && p.strict {
@@ -786,6 +797,12 @@ func (l *loop) acked(ack *Ack, err error) {
 			l.dupAcks = make(map[string]int)
 		}
 		l.dupAcks[p.stream]++
+		if l.aloneLeft == nil {
+			l.aloneLeft = make(map[string]int)
+		}
+		l.aloneLeft[p.stream] = aloneRun
+	} else if !ack.Duplicate && wasAlone && l.aloneLeft[p.stream] > 0 {
+		l.aloneLeft[p.stream]--
 	}
 	if len(l.judged) > 0 && !l.failing {
 		// Stored behind them in the same window: their refusals were

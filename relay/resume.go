@@ -389,10 +389,11 @@ func (l *loop) skipped(proof string, p *pending) {
 // message the stream holds: the stream holds events of this source and p's
 // position does not prove it newer than all of them (a backfilled event has
 // no position; one from another history proves nothing). Only a cost: under
-// strict order such a publish goes out alone (loop.send), so that a
-// duplicate, which does not grow the stream, puts no expectation behind it
-// out of step. An event this process tried already was read back by id
-// (refreshResume) before its resend.
+// strict order, while a run of duplicates goes on (loop.aloneLeft), such a
+// publish goes out alone (loop.send), so that a duplicate, which does not
+// grow the stream, puts no expectation behind it out of step. An event this
+// process tried already was read back by id (refreshResume) before its
+// resend.
 func (l *loop) maybeStored(p *pending) bool {
 	tail, ok := l.tails[p.stream]
 	if !ok || !tail.Found || p.tried {
