@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -13,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
 	"github.com/walbox/walbox/internal/config"
@@ -319,7 +317,7 @@ func testPromotedAsyncStandby(t *testing.T, replicas int) {
 	for name, ms := range after {
 		for _, m := range ms {
 			streams[name] = append(streams[name], m.id)
-			if m.lsn == "0/0" {
+			if m.lsn == 0 {
 				snapshot[m.id] = true
 			}
 			if _, ok := seqOf[m.id]; !ok {
@@ -494,25 +492,16 @@ func promoStableLastSeqs(ctx context.Context, t *testing.T, e *env) map[string]u
 	}
 }
 
-// promoMsg is one stored message: sequence, event id, commit LSN header
-// and the time the server stored it (its ack).
-type promoMsg struct {
-	seq    uint64
-	id     string
-	lsn    string
-	stored time.Time
-}
-
 // promoRead reads every user stream in full, in stream order.
-func promoRead(ctx context.Context, t *testing.T, e *env) map[string][]promoMsg {
+func promoRead(ctx context.Context, t *testing.T, e *env) map[string][]storedMsg {
 	t.Helper()
-	out := map[string][]promoMsg{}
+	out := map[string][]storedMsg{}
 	for _, name := range e.streamNames() {
-		var ms []promoMsg
+		var ms []storedMsg
 		var err error
 		// A cluster may answer "no responders" for a moment; retry.
 		for attempt := 0; attempt < 10; attempt++ {
-			if ms, err = promoReadStream(ctx, e.js, name); err == nil {
+			if ms, err = readStreamMsgs(ctx, e.js, name); err == nil {
 				break
 			}
 			time.Sleep(500 * time.Millisecond)
@@ -523,56 +512,6 @@ func promoRead(ctx context.Context, t *testing.T, e *env) map[string][]promoMsg 
 		out[name] = ms
 	}
 	return out
-}
-
-func promoReadStream(ctx context.Context, js jetstream.JetStream, stream string) ([]promoMsg, error) {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	st, err := js.Stream(ctx, stream)
-	if err != nil {
-		return nil, err
-	}
-	info, err := st.Info(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if info.State.Msgs == 0 {
-		return nil, nil
-	}
-	last := info.State.LastSeq
-	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
-	if err != nil {
-		return nil, err
-	}
-	var out []promoMsg
-	for {
-		batch, err := cons.Fetch(1000, jetstream.FetchMaxWait(2*time.Second))
-		if err != nil {
-			return nil, err
-		}
-		for m := range batch.Messages() {
-			md, err := m.Metadata()
-			if err != nil {
-				return nil, err
-			}
-			out = append(out, promoMsg{seq: md.Sequence.Stream, id: m.Headers().Get("Nats-Msg-Id"),
-				lsn: m.Headers().Get("Walbox-Commit-Lsn"), stored: md.Timestamp})
-			if md.Sequence.Stream >= last {
-				// Done: a short last batch would otherwise wait out
-				// FetchMaxWait.
-				return out, nil
-			}
-		}
-		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, context.DeadlineExceeded) {
-			return nil, err
-		}
-		if len(out) > 0 && out[len(out)-1].seq >= last {
-			return out, nil
-		}
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("read %s up to sequence %d: %w", stream, last, ctx.Err())
-		}
-	}
 }
 
 // promoErrorsByClass lists the relay's publish errors by class.

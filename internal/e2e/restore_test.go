@@ -363,12 +363,14 @@ func (p *streamPoll) ids(ctx context.Context, e *env, stream string) []string {
 	return ids
 }
 
-// storedMsg is one message of a stream: its sequence, event id and commit
-// position header (0 when it has none).
+// storedMsg is one message of a stream: its sequence, event id, commit
+// position header (0 when it has none or a backfilled row's 0/0) and the
+// time the server stored it (its ack).
 type storedMsg struct {
-	seq uint64
-	id  string
-	lsn pglogrepl.LSN
+	seq    uint64
+	id     string
+	lsn    pglogrepl.LSN
+	stored time.Time
 }
 
 func readOrdered(ctx context.Context, t *testing.T, e *env, stream string) []storedMsg {
@@ -388,6 +390,8 @@ func readOrdered(ctx context.Context, t *testing.T, e *env, stream string) []sto
 // readStreamMsgs reads every message of stream, in stream order, through an
 // ordered consumer.
 func readStreamMsgs(ctx context.Context, js jetstream.JetStream, stream string) ([]storedMsg, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
 	st, err := js.Stream(ctx, stream)
 	if err != nil {
 		return nil, err
@@ -418,7 +422,12 @@ func readStreamMsgs(ctx context.Context, js jetstream.JetStream, stream string) 
 			}
 			seq = md.Sequence.Stream
 			lsn, _ := pglogrepl.ParseLSN(m.Headers().Get(relay.HeaderCommitLSN))
-			out = append(out, storedMsg{seq: seq, id: m.Headers().Get(relay.HeaderMsgID), lsn: lsn})
+			out = append(out, storedMsg{seq: seq, id: m.Headers().Get(relay.HeaderMsgID), lsn: lsn, stored: md.Timestamp})
+			if seq >= last {
+				// Done: a short last batch would otherwise wait out
+				// FetchMaxWait.
+				return out, nil
+			}
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, context.DeadlineExceeded) {
 			return nil, err
