@@ -12,56 +12,16 @@ import (
 	"github.com/walbox/walbox/relay"
 )
 
-// Kind is what a failed publish says: about the server's passing state,
-// about the order of the stream, about the message itself, or about how the
-// server is set up. Only KindPermanent dead-letters the message.
-type Kind uint8
+// Kind is relay.ErrorKind: the kinds of every sink's table are one.
+type Kind = relay.ErrorKind
 
+// The kinds, as relay names them.
 const (
-	// KindTransient: the server's state of the moment (a leader change, a
-	// full queue or store, a lost connection, a timeout). Wait, resend in
-	// order.
-	KindTransient Kind = iota
-	// KindOrderRefused: the stream refused the message because its expected
-	// predecessor is not the stream's last message (strict order found a
-	// gap, or another writer). The sink wraps it in relay.ErrOrderRefused;
-	// the relay resends in order and watches for another writer.
-	KindOrderRefused
-	// KindPermanent: the message's own fault, and it fails the same way
-	// whatever the server's state (too large, a name the server refuses).
-	// The message is dead-lettered.
-	KindPermanent
-	// KindConfig: the server, the account or the stream is set up so that
-	// it takes no message of walbox's (a missing or sealed stream, an
-	// account without limits, a feature a header would need), or walbox sent
-	// a header it never sends. Nothing is dead-lettered for it: the relay
-	// waits, resends and logs until an operator fixes it.
-	KindConfig
+	KindTransient    = relay.KindTransient
+	KindOrderRefused = relay.KindOrderRefused
+	KindPermanent    = relay.KindPermanent
+	KindConfig       = relay.KindConfig
 )
-
-// String is the kind as the docs and the logs name it.
-func (k Kind) String() string {
-	switch k {
-	case KindTransient:
-		return "transient"
-	case KindOrderRefused:
-		return "order refusal"
-	case KindPermanent:
-		return "permanent"
-	case KindConfig:
-		return "configuration"
-	}
-	return "kind(" + strconv.Itoa(int(k)) + ")"
-}
-
-// Class is what the relay does with k: only a permanent error dead-letters
-// the message; every other kind waits and resends in order.
-func (k Kind) Class() relay.ErrorClass {
-	if k == KindPermanent {
-		return relay.Permanent
-	}
-	return relay.Transient
-}
 
 // Row is one error a JetStream publish (a PUB with a reply subject to a
 // stream's subject) can come back with: a JetStream API error the stream

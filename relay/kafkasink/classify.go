@@ -3,7 +3,6 @@ package kafkasink
 import (
 	"context"
 	"errors"
-	"strconv"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -11,67 +10,17 @@ import (
 	"github.com/walbox/walbox/relay"
 )
 
-// Kind is what a failed produce says: about the brokers' passing state,
-// about the partition's order, about the record itself, about how the
-// cluster is set up, or about a batch of records together. Only
-// KindPermanent and, for now, KindBatchRefused dead-letter the record.
-type Kind uint8
+// Kind is relay.ErrorKind: the kinds of every sink's table are one.
+type Kind = relay.ErrorKind
 
+// The kinds, as relay names them.
 const (
-	// KindTransient: the cluster's state of the moment (a leader election,
-	// too few in-sync replicas, a lost connection, a timeout). Wait, resend
-	// in order.
-	KindTransient Kind = iota
-	// KindOrderRefused: the broker refused the batch because it does not
-	// follow the producer's last one in the partition (a gap, or another
-	// session of the producer). franz-go mostly recovers by itself; when
-	// the record fails, it is resent in order.
-	KindOrderRefused
-	// KindPermanent: the record's own fault, and it fails the same way
-	// whatever the cluster's state. The record is dead-lettered.
-	KindPermanent
-	// KindConfig: the cluster, the topic or walbox's credentials are set up
-	// so that the topic takes no record of walbox's (a missing topic, a
-	// missing ACL, a message format too old for headers). Nothing is
-	// dead-lettered for it: the relay waits, resends and logs.
-	KindConfig
-	// KindBatchRefused: the broker refused a whole batch for its content
-	// (too large, a record invalid, corrupt). A batch holds several records
-	// of one partition and franz-go fails every record buffered with it, so
-	// the error is not proof about any one of them. It should be confirmed
-	// by publishing each record alone (issue 35); until then it keeps the
-	// behaviour it had, permanent.
-	KindBatchRefused
+	KindTransient    = relay.KindTransient
+	KindOrderRefused = relay.KindOrderRefused
+	KindPermanent    = relay.KindPermanent
+	KindConfig       = relay.KindConfig
+	KindBatchRefused = relay.KindBatchRefused
 )
-
-// String is the kind as the docs and the logs name it.
-func (k Kind) String() string {
-	switch k {
-	case KindTransient:
-		return "transient"
-	case KindOrderRefused:
-		return "order refusal"
-	case KindPermanent:
-		return "permanent"
-	case KindConfig:
-		return "configuration"
-	case KindBatchRefused:
-		return "refused with its batch"
-	}
-	return "kind(" + strconv.Itoa(int(k)) + ")"
-}
-
-// Class is what the relay does with k: a permanent error dead-letters the
-// record, and so, until issue 35 confirms each record alone, does a batch
-// refusal (the behaviour those codes had before this table); every other
-// kind waits and resends in order.
-func (k Kind) Class() relay.ErrorClass {
-	switch k {
-	case KindPermanent, KindBatchRefused:
-		return relay.Permanent
-	}
-	return relay.Transient
-}
 
 // Row is one error a produce can fail a record with: a Kafka error code a
 // Produce (or the metadata or InitProducerID request behind it) answers
