@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/nats-io/nats.go"
 	"github.com/rs/zerolog"
 
 	"github.com/walbox/walbox/cdc"
@@ -18,6 +17,7 @@ import (
 	"github.com/walbox/walbox/internal/fault"
 	"github.com/walbox/walbox/relay"
 	"github.com/walbox/walbox/relay/jssink"
+	"github.com/walbox/walbox/relay/kafkasink"
 	"github.com/walbox/walbox/relay/sweep"
 )
 
@@ -128,6 +128,21 @@ func Status(ctx context.Context, cfg config.Config) (*StatusReport, error) {
 			sc.Messages = n
 		}
 		rep.DLQ = sc
+		sinkCfg, err := cfg.KafkaSinkConfig(replayWindow)
+		if err == nil {
+			var sink *kafkasink.Sink
+			if sink, err = kafkasink.New(sinkCfg); err == nil {
+				defer sink.Close()
+				var topics []string
+				for _, tp := range cfg.Kafka.Topics {
+					topics = append(topics, tp.Name)
+				}
+				readLostHistory(ctx, cfg, sink, topics, rep)
+			}
+		}
+		if err != nil {
+			rep.Errors = append(rep.Errors, fmt.Sprintf("read back the topics (for events of a lost history): %v", err))
+		}
 		return rep, nil
 	}
 	if nc, js, err := connectNATS(nctx, cfg); err != nil {
@@ -141,15 +156,31 @@ func Status(ctx context.Context, cfg config.Config) (*StatusReport, error) {
 			sc.Messages = s.CachedInfo().State.Msgs
 		}
 		rep.DLQ = sc
-		readLostHistory(ctx, cfg, nc, rep)
+		if sink, err := jssink.New(nc, 5*time.Second); err != nil {
+			rep.Errors = append(rep.Errors, err.Error())
+		} else {
+			var streams []string
+			for _, st := range cfg.NATS.Streams {
+				if st.Name != cfg.NATS.DLQ.Stream {
+					streams = append(streams, st.Name)
+				}
+			}
+			readLostHistory(ctx, cfg, sink, streams, rep)
+		}
 	}
 	return rep, nil
+}
+
+// tailReader reads back a stream's (topic's) tail as the relay's resume
+// check does: jssink.Sink and kafkasink.Sink.
+type tailReader interface {
+	StoredTail(ctx context.Context, stream, source string, n int) (relay.StoredTail, error)
 }
 
 // readLostHistory fills rep.LostHistory: each stream's tail read back as the
 // relay's resume check reads it, its positions compared with how far the
 // server's WAL has reached (relay.loop's rewind proof, seen from outside).
-func readLostHistory(ctx context.Context, cfg config.Config, nc *nats.Conn, rep *StatusReport) {
+func readLostHistory(ctx context.Context, cfg config.Config, r tailReader, streams []string, rep *StatusReport) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	origin, err := cdc.IdentifyServer(ctx, cfg.Postgres.URL)
@@ -157,22 +188,14 @@ func readLostHistory(ctx context.Context, cfg config.Config, nc *nats.Conn, rep 
 		rep.Errors = append(rep.Errors, fmt.Sprintf("identify the server (for events of a lost history): %v", err))
 		return
 	}
-	sink, err := jssink.New(nc, 5*time.Second)
-	if err != nil {
-		rep.Errors = append(rep.Errors, err.Error())
-		return
-	}
-	for _, st := range cfg.NATS.Streams {
-		if st.Name == cfg.NATS.DLQ.Stream {
-			continue
-		}
-		tail, err := sink.StoredTail(ctx, st.Name, rep.Source, 2*cfg.NATS.Window)
+	for _, name := range streams {
+		tail, err := r.StoredTail(ctx, name, rep.Source, 2*cfg.NATS.Window)
 		if err != nil {
-			rep.Errors = append(rep.Errors, fmt.Sprintf("read back stream %s: %v", st.Name, err))
+			rep.Errors = append(rep.Errors, fmt.Sprintf("read back %s: %v", name, err))
 			continue
 		}
 		if n := relay.LostHistoryEvents(tail, origin); n > 0 {
-			rep.LostHistory = append(rep.LostHistory, StreamCount{Stream: st.Name, Messages: uint64(n)})
+			rep.LostHistory = append(rep.LostHistory, StreamCount{Stream: name, Messages: uint64(n)})
 		}
 	}
 }
