@@ -592,9 +592,7 @@ func (l *loop) failed(p *pending, err error, known bool) {
 		if e, ok := l.refusedAt[p.stream]; !ok || p.msg.Expect < e {
 			l.refusedAt[p.stream] = p.msg.Expect
 		}
-		// Refused: the stream did not grow for it.
-		l.lastSeq[p.stream]--
-		p.strict = false
+		l.notGrown(p)
 	}
 	// A refusal is explained when a duplicate ack in the same stream came
 	// before it since the last settle: the duplicate did not grow the
@@ -666,12 +664,8 @@ func (l *loop) hold(p *pending, err error) {
 		code = c.ErrorCode(err)
 	}
 	if p.strict {
-		l.lastSeq[p.stream]--
-		p.strict = false
-		if l.dupAcks == nil {
-			l.dupAcks = make(map[string]int)
-		}
-		l.dupAcks[p.stream]++
+		l.notGrown(p)
+		l.explains(p.stream)
 	}
 	if len(l.judged) > 0 && code != l.heldCode {
 		l.condemn() // two codes: not one condition of the server's
@@ -719,6 +713,23 @@ func (l *loop) judge() {
 		l.solo = nil
 	}
 	l.settle()
+}
+
+// notGrown takes back the expectation a strict publish of p counted: the
+// stream did not grow for it (refused, or dropped as a duplicate).
+func (l *loop) notGrown(p *pending) {
+	l.lastSeq[p.stream]--
+	p.strict = false
+}
+
+// explains records, for stream, a publish that did not grow it although the
+// strict publishes behind it expected so: their refusals until the next
+// settle are explained by it (known outcomes, resent at once).
+func (l *loop) explains(stream string) {
+	if l.dupAcks == nil {
+		l.dupAcks = make(map[string]int)
+	}
+	l.dupAcks[stream]++
 }
 
 // toRetry puts p in the resend list, in sequence order.
@@ -791,12 +802,8 @@ func (l *loop) acked(ack *Ack, err error) {
 		// Dropped as a duplicate: the stream did not grow for it, and a
 		// strict publish behind it (if any) will be refused for expecting
 		// one message too many.
-		l.lastSeq[p.stream]--
-		p.strict = false
-		if l.dupAcks == nil {
-			l.dupAcks = make(map[string]int)
-		}
-		l.dupAcks[p.stream]++
+		l.notGrown(p)
+		l.explains(p.stream)
 		if l.aloneLeft == nil {
 			l.aloneLeft = make(map[string]int)
 		}

@@ -118,9 +118,8 @@ type PartitionedTail struct {
 	tail StoredTail
 }
 
-// NewPartitionedTail starts the tail of a stream of the given number of
-// partitions, n records read back from each.
-func NewPartitionedTail(n, partitions int) *PartitionedTail {
+// NewPartitionedTail starts the tail of a partitioned stream.
+func NewPartitionedTail() *PartitionedTail {
 	return &PartitionedTail{tail: StoredTail{IDs: map[string]struct{}{}}}
 }
 
@@ -234,12 +233,7 @@ func (l *loop) reportOrigins(stream string, tail StoredTail) {
 		if k.Timeline != l.origin.Timeline || r.Newest.CommitLSN < l.walSeen {
 			continue
 		}
-		n := 0
-		for _, pos := range tail.Positions[k] {
-			if pos.CommitLSN >= l.walSeen {
-				n++
-			}
-		}
+		n := countFrom(tail.Positions[k], l.walSeen)
 		lost += n
 		l.reportOnce(fmt.Sprintf("%s\x00rewind\x00%d\x00%s", stream, k.Timeline, r.Newest.CommitLSN), func() {
 			l.r.log.Error().Str("stream", stream).Str("source", l.r.router.source).Str("system_id", k.SystemID).
@@ -260,13 +254,19 @@ func LostHistoryEvents(tail StoredTail, o *cdc.Origin) int {
 	}
 	n := 0
 	for k, all := range tail.Positions {
-		if k.SystemID != o.SystemID || k.Timeline != o.Timeline {
-			continue
+		if k.SystemID == o.SystemID && k.Timeline == o.Timeline {
+			n += countFrom(all, o.WALPos)
 		}
-		for _, pos := range all {
-			if pos.CommitLSN >= o.WALPos {
-				n++
-			}
+	}
+	return n
+}
+
+// countFrom counts the positions at or past wal.
+func countFrom(all []cdc.Position, wal cdc.LSN) int {
+	n := 0
+	for _, pos := range all {
+		if pos.CommitLSN >= wal {
+			n++
 		}
 	}
 	return n
@@ -318,12 +318,21 @@ func (l *loop) alreadyStored(p *pending) bool {
 	if p.ev.Pos.CommitLSN == 0 || p.tried {
 		return false
 	}
-	part, ok := l.partitionOf(p)
-	if !ok {
-		return false
-	}
+	// p's unit is asked for only once a range p predates is found: most
+	// events are newer than every range (asking a Kafka sink hashes the key).
+	part, known := int32(0), false
 	for k, r := range tail.Ranges {
-		if k.Partition == part && p.ev.Pos.Less(r.Oldest) && l.comparable(k, r) {
+		if !p.ev.Pos.Less(r.Oldest) || !l.comparable(k, r) {
+			continue
+		}
+		if !known {
+			var ok bool
+			if part, ok = l.partitionOf(p); !ok {
+				return false
+			}
+			known = true
+		}
+		if k.Partition == part {
 			l.skipped("position before the tail of its unit", p)
 			return true
 		}
@@ -338,12 +347,17 @@ func (l *loop) identityRead(tail StoredTail, p *pending) bool {
 	if _, ok := tail.IDs[l.r.router.IdentityOf(&p.ev)]; ok {
 		return true
 	}
-	if p.ev.Table == 0 && !p.ev.TableLess {
+	if unlabelledOwner(p) {
 		_, ok := tail.IDs[IdentityKey("", p.ev.ID)]
 		return ok
 	}
 	return false
 }
+
+// unlabelledOwner reports whether a stored message that names no table (a
+// relay from before walbox recorded it) with p's id is p's event: only for
+// the first table's rows.
+func unlabelledOwner(p *pending) bool { return p.ev.Table == 0 && !p.ev.TableLess }
 
 // partitionOf is p's ordered unit in its stream: 0 for a sink with one per
 // stream; a Partitioner's answer otherwise.
@@ -449,7 +463,7 @@ func (l *loop) checkDuplicate(p *pending, ack *Ack) error {
 		// replaced. Nothing says it is another event; its dedupe key says
 		// it is this one. The limit: a foreign writer that reuses ids.
 		return nil
-	case src == l.r.router.source && (ident == IdentityKey(table, p.ev.ID) || (p.ev.Table == 0 && !p.ev.TableLess && ident == IdentityKey("", p.ev.ID))):
+	case src == l.r.router.source && (ident == IdentityKey(table, p.ev.ID) || (unlabelledOwner(p) && ident == IdentityKey("", p.ev.ID))):
 		return nil
 	}
 	l.r.m.IDCollisions.WithLabelValues(ack.Stream).Inc()

@@ -69,7 +69,7 @@ func TestResumeSkipsWhatTheTailPredatesWithABackfillInIt(t *testing.T) {
 func TestPartitionedTailKeepsARangePerPartition(t *testing.T) {
 	o := StoredOrigin{SystemID: "7300000000000000001", Timeline: 1}
 	at := func(lsn int) cdc.Position { return cdc.Position{CommitLSN: cdc.LSN(lsn)} }
-	p := NewPartitionedTail(3, 3)
+	p := NewPartitionedTail()
 	for i, r := range [][2]int{{0, 10}, {1, 20}, {1, 30}, {0, 40}, {1, 0}, {0, 50}} {
 		p.Add(int32(r[0]), string(rune('a'+i)), o, at(r[1]))
 	}

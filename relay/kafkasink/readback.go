@@ -191,7 +191,7 @@ func (s *Sink) StoredTail(ctx context.Context, topic, source string, n int) (rel
 	}
 	s.parts[topic] = parts
 	s.mu.Unlock()
-	pt := relay.NewPartitionedTail(n, parts)
+	pt := relay.NewPartitionedTail()
 	err = s.read(ctx, topic, sp, func(r *kgo.Record) {
 		h := FromKafkaHeaders(r.Headers)
 		if pos, origin, ok := relay.PositionFromHeaders(h, source); ok {
