@@ -37,6 +37,9 @@ type Sink struct {
 	prefix     string // a reply subject is prefix + token in base 36
 	lastStream string // onReply's, see parseReply
 
+	streamsMu sync.Mutex
+	streams   map[string]jetstream.Stream // StoredIdentity's handles
+
 	mu      sync.Mutex
 	next    uint64   // the next token
 	waiting []waiter // tokens next-len(waiting) .. next-1, in order

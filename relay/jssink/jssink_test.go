@@ -367,3 +367,34 @@ func TestServerAcksAreReadWithoutEncodingJSON(t *testing.T) {
 		}
 	}
 }
+
+// StoredIdentity names the message a duplicate ack points at: its source
+// and identity (table and bare event id), from the stored headers; asked
+// again (a run of duplicates), and for a sequence the stream does not hold.
+func TestStoredIdentityReadsTheMessageAnAckPointsAt(t *testing.T) {
+	sink := startSink(t, 5*time.Second, "ORDERS", "orders.>")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	m := &relay.Msg{Subject: "orders.created", Data: []byte(`{}`), Header: relay.Header{
+		relay.HeaderMsgID: {"public.b:7"}, relay.HeaderEventID: {"7"}, relay.HeaderTable: {"public.b"}, relay.HeaderSource: {"app/walbox"}}}
+	f, err := sink.Publish(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ack, err := relay.Await(ctx, f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		src, ident, err := sink.StoredIdentity(ctx, "ORDERS", ack.Sequence)
+		if err != nil || src != "app/walbox" || ident != relay.IdentityKey("public.b", "7") {
+			t.Fatalf("StoredIdentity: %q %q %v", src, ident, err)
+		}
+	}
+	if _, _, err := sink.StoredIdentity(ctx, "ORDERS", ack.Sequence+100); err == nil {
+		t.Fatal("a sequence the stream does not hold: no error")
+	}
+	if _, _, err := sink.StoredIdentity(ctx, "ORDERS", ack.Sequence); err != nil {
+		t.Fatalf("after a failed get: %v", err)
+	}
+}

@@ -147,13 +147,30 @@ func (s *Sink) ReadBack(ctx context.Context, stream, source string, first, last 
 // StoredIdentity implements relay.DuplicateChecker: the source and identity
 // (relay.IdentityFromHeaders) of the message stored at seq, the one a
 // duplicate ack points at.
+//
+// The stream's handle is kept: getting one is a stream info request, and a
+// run of duplicates asks once per duplicate. A failed get drops it (the
+// stream may have been recreated with other settings).
 func (s *Sink) StoredIdentity(ctx context.Context, stream string, seq uint64) (source, identity string, err error) {
-	st, err := s.js.Stream(ctx, stream)
-	if err != nil {
-		return "", "", fmt.Errorf("stream %s: %w", stream, err)
+	s.streamsMu.Lock()
+	st := s.streams[stream]
+	s.streamsMu.Unlock()
+	if st == nil {
+		if st, err = s.js.Stream(ctx, stream); err != nil {
+			return "", "", fmt.Errorf("stream %s: %w", stream, err)
+		}
+		s.streamsMu.Lock()
+		if s.streams == nil {
+			s.streams = map[string]jetstream.Stream{}
+		}
+		s.streams[stream] = st
+		s.streamsMu.Unlock()
 	}
 	m, err := st.GetMsg(ctx, seq)
 	if err != nil {
+		s.streamsMu.Lock()
+		delete(s.streams, stream)
+		s.streamsMu.Unlock()
 		return "", "", fmt.Errorf("get message %d of stream %s: %w", seq, stream, err)
 	}
 	h := relay.Header(m.Header)
