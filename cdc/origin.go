@@ -103,13 +103,9 @@ func parseTimelineHistory(content []byte) (map[int32]LSN, error) {
 // server's origin: its system identifier, timeline (with the history of its
 // ancestors) and how far its WAL has reached. For tools (walbox status).
 func IdentifyServer(ctx context.Context, connString string) (*Origin, error) {
-	pcfg, err := replicationConfig(connString)
+	conn, err := connectReplication(ctx, connString)
 	if err != nil {
 		return nil, err
-	}
-	conn, err := pgconn.ConnectConfig(ctx, pcfg)
-	if err != nil {
-		return nil, classifyConnectError(fmt.Errorf("connect for replication: %w", err))
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	return identify(ctx, conn)

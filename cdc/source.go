@@ -278,6 +278,20 @@ func (s *Source) Run(ctx context.Context, out chan<- []Change) error {
 	}
 }
 
+// connectReplication opens a logical replication connection to connString;
+// a connection error comes classified (permanent ones name their fix).
+func connectReplication(ctx context.Context, connString string) (*pgconn.PgConn, error) {
+	pcfg, err := replicationConfig(connString)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := pgconn.ConnectConfig(ctx, pcfg)
+	if err != nil {
+		return nil, classifyConnectError(fmt.Errorf("connect for replication: %w", err))
+	}
+	return conn, nil
+}
+
 // replicationURL adds replication=database to a connection string.
 func replicationConfig(connString string) (*pgconn.Config, error) {
 	cfg, err := pgconn.ParseConfig(connString)
@@ -296,10 +310,6 @@ func replicationConfig(connString string) (*pgconn.Config, error) {
 // session runs one replication connection from connect to failure. streamed
 // reports whether data flowed (so the back-off can start over).
 func (s *Source) session(ctx context.Context, out chan<- []Change) (streamed bool, err error) {
-	pcfg, err := replicationConfig(s.cfg.ConnString)
-	if err != nil {
-		return false, err
-	}
 	if s.cfg.SessionGate != nil {
 		gateCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		err := s.cfg.SessionGate(gateCtx)
@@ -309,10 +319,10 @@ func (s *Source) session(ctx context.Context, out chan<- []Change) (streamed boo
 		}
 	}
 	connectCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	conn, err := pgconn.ConnectConfig(connectCtx, pcfg)
+	conn, err := connectReplication(connectCtx, s.cfg.ConnString)
 	cancel()
 	if err != nil {
-		return false, classifyConnectError(fmt.Errorf("connect for replication: %w", err))
+		return false, err
 	}
 	defer func() {
 		closeCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

@@ -97,7 +97,7 @@ func New(cfg Config) (*Sink, error) {
 		kgo.RecordDeliveryTimeout(cfg.AckTimeout),
 		kgo.MaxBufferedRecords(cfg.MaxBuffered),
 		kgo.ProducerBatchMaxBytes(int32(cfg.MaxPayload)),
-		kgo.RecordPartitioner(keyPartitioner{kgo.StickyKeyPartitioner(nil)}),
+		kgo.RecordPartitioner(newKeyPartitioner()),
 		kgo.ProducerLinger(0),
 	)
 	cl, err := kgo.NewClient(opts...)
@@ -118,6 +118,10 @@ func (s *Sink) Close() { s.cl.Close() }
 // and partition 0 for records without a key, so that they keep their order
 // too instead of being spread at random.
 type keyPartitioner struct{ keyed kgo.Partitioner }
+
+// newKeyPartitioner is the partitioner the producer uses, and PartitionOf
+// asks: one definition, so the two never disagree.
+func newKeyPartitioner() keyPartitioner { return keyPartitioner{kgo.StickyKeyPartitioner(nil)} }
 
 func (p keyPartitioner) ForTopic(topic string) kgo.TopicPartitioner {
 	return keyTopicPartitioner{p.keyed.ForTopic(topic)}
@@ -150,7 +154,7 @@ func (s *Sink) PartitionOf(m *relay.Msg) (int32, bool) {
 	if m.Key != "" {
 		rec.Key = []byte(m.Key)
 	}
-	p := keyPartitioner{kgo.StickyKeyPartitioner(nil)}.ForTopic(m.Subject).Partition(rec, n)
+	p := newKeyPartitioner().ForTopic(m.Subject).Partition(rec, n)
 	return int32(p), true
 }
 
