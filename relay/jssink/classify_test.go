@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/walbox/walbox/internal/mdtable"
 	"github.com/walbox/walbox/relay"
 )
 
@@ -193,7 +194,7 @@ func TestClassifyTableInDocs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lines := docRows(string(doc), "#### JetStream")
+	lines := mdtable.Rows(string(doc), "#### JetStream")
 	for _, r := range Table {
 		line, ok := lines[r.Label()]
 		if !ok {
@@ -214,37 +215,4 @@ func TestClassifyTableInDocs(t *testing.T) {
 	for l := range lines {
 		t.Errorf("docs/operations.md lists %s, which Table does not", l)
 	}
-}
-
-// docRows returns the table rows under heading, by their first cell
-// (backquotes removed).
-func docRows(doc, heading string) map[string]string {
-	i := strings.Index(doc, "\n"+heading)
-	if i < 0 {
-		return nil
-	}
-	rows := map[string]string{}
-	inTable := false
-	for _, line := range strings.Split(doc[i+1:], "\n")[1:] {
-		if strings.HasPrefix(line, "#") {
-			break
-		}
-		if !strings.HasPrefix(line, "|") {
-			if inTable {
-				break
-			}
-			continue
-		}
-		inTable = true
-		cells := strings.Split(line, "|")
-		if len(cells) < 3 {
-			continue
-		}
-		first := strings.Trim(strings.TrimSpace(cells[1]), "`")
-		if first == "code" || strings.HasPrefix(first, "---") {
-			continue
-		}
-		rows[first] = line
-	}
-	return rows
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/walbox/walbox/internal/mdtable"
 	"github.com/walbox/walbox/relay"
 )
 
@@ -133,7 +134,7 @@ func TestClassifyTableInDocs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lines := docRows(string(doc), "#### Kafka")
+	lines := mdtable.Rows(string(doc), "#### Kafka")
 	for _, r := range Table {
 		line, ok := lines[r.Label()]
 		if !ok {
@@ -151,37 +152,4 @@ func TestClassifyTableInDocs(t *testing.T) {
 	for l := range lines {
 		t.Errorf("docs/operations.md lists %s, which Table does not", l)
 	}
-}
-
-// docRows returns the table rows under heading, by their first cell
-// (backquotes removed).
-func docRows(doc, heading string) map[string]string {
-	i := strings.Index(doc, "\n"+heading)
-	if i < 0 {
-		return nil
-	}
-	rows := map[string]string{}
-	inTable := false
-	for _, line := range strings.Split(doc[i+1:], "\n")[1:] {
-		if strings.HasPrefix(line, "#") {
-			break
-		}
-		if !strings.HasPrefix(line, "|") {
-			if inTable {
-				break
-			}
-			continue
-		}
-		inTable = true
-		cells := strings.Split(line, "|")
-		if len(cells) < 3 {
-			continue
-		}
-		first := strings.Trim(strings.TrimSpace(cells[1]), "`")
-		if first == "name" || first == "code" || strings.HasPrefix(first, "---") {
-			continue
-		}
-		rows[first] = line
-	}
-	return rows
 }
