@@ -158,14 +158,6 @@ func TestStrictOrderFindsABusyWriterThatStoresDuringTheReadBack(t *testing.T) {
 		if got := testutil.ToFloat64(m.OtherWriters.WithLabelValues("ORDERS")); got != 1 {
 			t.Fatalf("walbox_strict_order_other_writer_total = %v, want 1", got)
 		}
-		seen := map[string]int{}
-		for _, id := range st.ids {
-			seen[id]++
-		}
-		for _, id := range ids {
-			if seen[id] != 1 {
-				t.Fatalf("%s stored %d times", id, seen[id])
-			}
-		}
+		wantStoredOnce(t, st, ids)
 	})
 }

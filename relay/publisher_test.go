@@ -437,6 +437,21 @@ func serveUntilReached(t *testing.T, r *Relay, src *scriptSource) {
 	}
 }
 
+// wantStoredOnce wants every one of ids in st exactly once (in any order,
+// among anything else).
+func wantStoredOnce(t *testing.T, st *fakeStream, ids []string) {
+	t.Helper()
+	seen := map[string]int{}
+	for _, id := range st.ids {
+		seen[id]++
+	}
+	for _, id := range ids {
+		if seen[id] != 1 {
+			t.Fatalf("%s stored %d times", id, seen[id])
+		}
+	}
+}
+
 // checkStream wants exactly ids, once each, in order (foreign messages aside).
 func checkStream(st *fakeStream, ids []string) error {
 	var got []string
@@ -520,15 +535,7 @@ func TestStrictOrderReportsAnotherWriterAndLosesNothing(t *testing.T) {
 		if got := testutil.ToFloat64(m.OtherWriters.WithLabelValues("ORDERS")); got != 1 {
 			t.Fatalf("walbox_strict_order_other_writer_total = %v, want 1", got)
 		}
-		seen := map[string]int{}
-		for _, id := range st.ids {
-			seen[id]++
-		}
-		for _, id := range ids {
-			if seen[id] != 1 {
-				t.Fatalf("%s stored %d times", id, seen[id])
-			}
-		}
+		wantStoredOnce(t, st, ids)
 		// Once reported, no more expectations: the second foreign message
 		// costs no refusal.
 		last := st.hdrs[len(st.hdrs)-1]
