@@ -51,25 +51,10 @@ func (s *Source) backfill(ctx context.Context, snapshot string, consistent LSN, 
 
 // backfillTable reads one outbox table's unprocessed rows into the backfill.
 func (s *Source) backfillTable(ctx context.Context, tx pgx.Tx, idx int, t Table, commitTimestamps bool, bf *backfillRun, out chan<- []Change) error {
-	// Which mapped columns exist, and is the payload JSON?
-	rows, err := tx.Query(ctx, `SELECT a.attname, a.atttypid::int FROM pg_attribute a
-		WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped`, t.Name.Quoted())
+	plan, err := readBackfillPlan(ctx, tx, t, commitTimestamps)
 	if err != nil {
-		return fmt.Errorf("backfill: read columns of %s: %w", t.Name, err)
+		return err
 	}
-	types := map[string]int{}
-	for rows.Next() {
-		var name string
-		var typ int
-		if err := rows.Scan(&name, &typ); err != nil {
-			return err
-		}
-		types[name] = typ
-	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("backfill: read columns: %w", err)
-	}
-	plan := planBackfill(t.Name, t.Columns, types, commitTimestamps)
 	plan.table = idx
 	// A cursor per table: pgx caches FETCH's result shape by its text.
 	cursor := "walbox_backfill"
@@ -111,6 +96,50 @@ func (s *Source) backfillTable(ctx context.Context, tx pgx.Tx, idx int, t Table,
 	return s.sendBackfill(ctx, plan, bf, out, fetch)
 }
 
+// readBackfillPlan reads t's columns from the catalogue and plans its backfill.
+func readBackfillPlan(ctx context.Context, q interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}, t Table, commitTimestamps bool) (backfillPlan, error) {
+	// Which mapped columns exist, and is the payload JSON?
+	rows, err := q.Query(ctx, `SELECT a.attname, a.atttypid::int, a.attnotnull FROM pg_attribute a
+		WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped`, t.Name.Quoted())
+	if err != nil {
+		return backfillPlan{}, fmt.Errorf("backfill: read columns of %s: %w", t.Name, err)
+	}
+	defer rows.Close()
+	types := map[string]int{}
+	processedNotNull := false
+	for rows.Next() {
+		var name string
+		var typ int
+		var notNull bool
+		if err := rows.Scan(&name, &typ, &notNull); err != nil {
+			return backfillPlan{}, err
+		}
+		types[name] = typ
+		if name == "processed" {
+			processedNotNull = notNull
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return backfillPlan{}, fmt.Errorf("backfill: read columns: %w", err)
+	}
+	return planBackfill(t.Name, t.Columns, types, processedNotNull, commitTimestamps), nil
+}
+
+// BackfillQuery is the SELECT a backfill of t runs (its cursor's query),
+// for EXPLAIN: tests check that an index answers it.
+func BackfillQuery(ctx context.Context, q interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}, t Table) (string, error) {
+	plan, err := readBackfillPlan(ctx, q, t, false)
+	if err != nil {
+		return "", err
+	}
+	_, query, _ := strings.Cut(plan.declare, " CURSOR FOR ")
+	return query, nil
+}
+
 // backfillPlan is what a backfill selects and in which order, worked out
 // from the outbox table's columns as the catalogue lists them.
 type backfillPlan struct {
@@ -121,8 +150,9 @@ type backfillPlan struct {
 }
 
 // planBackfill builds the backfill's cursor from the table's columns (name
-// to type OID, from pg_attribute) and whether track_commit_timestamp is on.
-func planBackfill(table TableName, cols Columns, types map[string]int, commitTimestamps bool) backfillPlan {
+// to type OID, from pg_attribute), whether its processed column is NOT NULL
+// (see Unprocessed) and whether track_commit_timestamp is on.
+func planBackfill(table TableName, cols Columns, types map[string]int, processedNotNull, commitTimestamps bool) backfillPlan {
 	var p backfillPlan
 	var sel []string
 	for r, col := range cols {
@@ -133,8 +163,8 @@ func planBackfill(table TableName, cols Columns, types map[string]int, commitTim
 	}
 	p.payloadIsJSON = types[cols[RolePayload]] == oidJSON || types[cols[RolePayload]] == oidJSONB
 	where := ""
-	if _, ok := types["processed"]; ok {
-		where = " WHERE processed IS NOT TRUE"
+	if types["processed"] == oidBool {
+		where = " WHERE " + Unprocessed("", processedNotNull)
 	}
 	p.declare = fmt.Sprintf("DECLARE walbox_backfill NO SCROLL CURSOR FOR SELECT %s FROM %s%s ORDER BY %s",
 		strings.Join(sel, ", "), table.Quoted(), where, strings.Join(backfillOrder(cols, types, commitTimestamps), ", "))

@@ -43,12 +43,12 @@ func TestPlanBackfill(t *testing.T) {
 		{
 			name: "walbox's own table", table: table, cols: DefaultColumns(), types: outboxTypes(),
 			wantRoles: all, wantJSON: true,
-			wantDeclar: `DECLARE walbox_backfill NO SCROLL CURSOR FOR SELECT ` + allSel + ` FROM "public"."outbox_events" WHERE processed IS NOT TRUE ORDER BY "created_at", cmin::text::bigint, ` + age + ` DESC, ctid, "id"`,
+			wantDeclar: `DECLARE walbox_backfill NO SCROLL CURSOR FOR SELECT ` + allSel + ` FROM "public"."outbox_events" WHERE NOT processed ORDER BY "created_at", cmin::text::bigint, ` + age + ` DESC, ctid, "id"`,
 		},
 		{
 			name: "track_commit_timestamp on orders by commit time first", table: table, cols: DefaultColumns(), types: outboxTypes(), commitTS: true,
 			wantRoles: all, wantJSON: true,
-			wantDeclar: `DECLARE walbox_backfill NO SCROLL CURSOR FOR SELECT ` + allSel + ` FROM "public"."outbox_events" WHERE processed IS NOT TRUE ORDER BY pg_xact_commit_timestamp(xmin) NULLS FIRST, "created_at", cmin::text::bigint, ` + age + ` DESC, ctid, "id"`,
+			wantDeclar: `DECLARE walbox_backfill NO SCROLL CURSOR FOR SELECT ` + allSel + ` FROM "public"."outbox_events" WHERE NOT processed ORDER BY pg_xact_commit_timestamp(xmin) NULLS FIRST, "created_at", cmin::text::bigint, ` + age + ` DESC, ctid, "id"`,
 		},
 		{
 			name:  "an existing table with only the required columns, text payload, no processed flag",
@@ -74,7 +74,7 @@ func TestPlanBackfill(t *testing.T) {
 		},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			p := planBackfill(c.table, c.cols, c.types, c.commitTS)
+			p := planBackfill(c.table, c.cols, c.types, true, c.commitTS)
 			if !reflect.DeepEqual(p.roles, c.wantRoles) {
 				t.Errorf("roles %v, want %v", p.roles, c.wantRoles)
 			}
@@ -92,9 +92,9 @@ func ptr(s string) *string { return &s }
 
 func TestBackfillEventFromRow(t *testing.T) {
 	at := time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
-	all := planBackfill(TableName{Schema: "public", Name: "outbox_events"}, DefaultColumns(), outboxTypes(), false)
+	all := planBackfill(TableName{Schema: "public", Name: "outbox_events"}, DefaultColumns(), outboxTypes(), true, false)
 	textPayload := planBackfill(TableName{Schema: "public", Name: "outbox_events"}, DefaultColumns(),
-		map[string]int{"id": oidUUID, "topic": oidText, "payload": oidText}, false)
+		map[string]int{"id": oidUUID, "topic": oidText, "payload": oidText}, true, false)
 	for _, c := range []struct {
 		name string
 		plan backfillPlan
@@ -164,7 +164,7 @@ func drain(out chan []Change) (batches [][]Change, all []Change) {
 
 func TestSendBackfill(t *testing.T) {
 	plan := planBackfill(TableName{Schema: "public", Name: "outbox_events"}, DefaultColumns(),
-		map[string]int{"id": oidUUID, "topic": oidText, "payload": oidJSONB}, false)
+		map[string]int{"id": oidUUID, "topic": oidText, "payload": oidJSONB}, true, false)
 	origin := &Origin{SystemID: "7300", Timeline: 1}
 	first := []Change{{Kind: KindReset}, {Kind: KindOrigin, Origin: origin}}
 	const consistent = LSN(0x16B3748)

@@ -14,6 +14,7 @@ import (
 const (
 	oidJSON  = 114
 	oidJSONB = 3802
+	oidBool  = 16
 )
 
 // relation is what the decoder keeps of a pgoutput Relation message: where

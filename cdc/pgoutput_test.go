@@ -47,7 +47,6 @@ type relCol struct {
 
 // Type OIDs as pg_type has them.
 const (
-	oidBool        = 16
 	oidBytea       = 17
 	oidInt8        = 20
 	oidText        = 25

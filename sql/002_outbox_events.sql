@@ -32,14 +32,23 @@ END $$;
 
 SELECT walbox.ensure_partitions({{.TableLiteral}}::regclass, 7, 'day');
 
--- Unprocessed rows are what the sweeper and a re-backfill look for. An
--- existing table of another layout (no created_at or processed column) gets
--- no such index: the DBA indexes it as its layout needs.
+-- Unprocessed rows are what the sweeper, status, the metrics and a
+-- re-backfill look for. walbox's queries say `NOT processed` on a NOT NULL
+-- column and `processed IS NOT TRUE` on a nullable one (cdc.Unprocessed),
+-- and the planner uses a partial index only for the predicate written the
+-- same way, so the index takes the form the queries use. An existing table
+-- of another layout (no created_at or processed column) gets no such index:
+-- the DBA indexes it as its layout needs (docs/sweeper.md, Indexes).
 DO $$
+DECLARE
+    not_null boolean;
 BEGIN
-    IF (SELECT count(*) FROM pg_attribute WHERE attrelid = {{.TableLiteral}}::regclass
-          AND attname IN ('created_at', 'processed') AND NOT attisdropped) = 2 THEN
-        EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON %I.%I (created_at) WHERE NOT processed',
-                       {{.UnprocessedIndexNameLiteral}}, {{.SchemaLiteral}}, {{.TableNameLiteral}});
+    SELECT attnotnull INTO not_null FROM pg_attribute
+     WHERE attrelid = {{.TableLiteral}}::regclass AND attname = 'processed' AND NOT attisdropped;
+    IF not_null IS NOT NULL AND EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = {{.TableLiteral}}::regclass
+          AND attname = 'created_at' AND NOT attisdropped) THEN
+        EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON %I.%I (created_at) WHERE %s',
+                       {{.UnprocessedIndexNameLiteral}}, {{.SchemaLiteral}}, {{.TableNameLiteral}},
+                       CASE WHEN not_null THEN 'NOT processed' ELSE 'processed IS NOT TRUE' END);
     END IF;
 END $$;

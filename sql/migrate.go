@@ -355,14 +355,13 @@ func PruneTables(ctx context.Context, conn *pgx.Conn, publication string, keep [
 // unprocessedRows counts t's rows not marked processed; -1 when t has rows
 // and no processed column.
 func unprocessedRows(ctx context.Context, conn *pgx.Conn, t cdc.TableName) (int64, error) {
-	var hasFlag bool
-	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = $1::regclass AND attname = 'processed' AND NOT attisdropped)`,
-		t.Quoted()).Scan(&hasFlag); err != nil {
-		return 0, fmt.Errorf("read columns of %s: %w", t, err)
+	hasFlag, notNull, err := cdc.ProcessedFlag(ctx, conn, t)
+	if err != nil {
+		return 0, err
 	}
 	var n int64
 	if hasFlag {
-		if err := conn.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s WHERE processed IS NOT TRUE", t.Quoted())).Scan(&n); err != nil {
+		if err := conn.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s WHERE %s", t.Quoted(), cdc.Unprocessed("", notNull))).Scan(&n); err != nil {
 			return 0, fmt.Errorf("count unprocessed rows of %s: %w", t, err)
 		}
 		return n, nil

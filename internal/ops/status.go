@@ -289,7 +289,13 @@ func readOutbox(ctx context.Context, conn *pgx.Conn, cfg config.Config, t config
 		err = serr
 	}
 	// Fallback: counts by hand.
-	q := fmt.Sprintf(`SELECT count(*) FILTER (WHERE processed IS NOT TRUE), coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE processed IS NOT TRUE)), 0)::float8 FROM %s`, table.Quoted())
+	_, notNull, cerr := cdc.ProcessedFlag(ctx, conn, table)
+	if cerr != nil {
+		out.Error = fmt.Sprintf("%v; counting by hand: %v", err, cerr)
+		return out
+	}
+	q := fmt.Sprintf(`SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 FROM %s WHERE %s`,
+		table.Quoted(), cdc.Unprocessed("", notNull))
 	if cerr := conn.QueryRow(ctx, q).Scan(&out.Unprocessed, &out.OldestUnprocessedSeconds); cerr != nil {
 		out.Unprocessed = -1
 		out.Error = fmt.Sprintf("%v; counting by hand: %v", err, cerr)

@@ -153,7 +153,7 @@ func (s *Sweeper) archivePartitioned(ctx context.Context, q querier, ti *tableIn
 			continue
 		}
 		var n int64
-		if err := q.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %s WHERE processed IS NOT TRUE`, p.name.Quoted())).Scan(&n); err != nil {
+		if err := q.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %s WHERE %s`, p.name.Quoted(), ti.unprocessed(""))).Scan(&n); err != nil {
 			return fmt.Errorf("count unprocessed rows of %s: %w", p.name, err)
 		}
 		if n > 0 {
@@ -175,7 +175,7 @@ func (s *Sweeper) archivePartitioned(ctx context.Context, q querier, ti *tableIn
 			}
 			// Under the lock DETACH holds: nothing can have changed since.
 			var n int64
-			if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %s WHERE processed IS NOT TRUE`, p.name.Quoted())).Scan(&n); err != nil {
+			if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %s WHERE %s`, p.name.Quoted(), ti.unprocessed(""))).Scan(&n); err != nil {
 				return err
 			}
 			if n > 0 {
@@ -277,7 +277,7 @@ func (s *Sweeper) archiveRows(ctx context.Context, q querier, ti *tableInfo, rep
 	col := cdc.QuoteIdent(ti.createdCol)
 	age := fmt.Sprintf("now() - make_interval(secs => %f)", s.cfg.Archive.After.Seconds())
 	var blocked int64
-	if err := q.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %s WHERE processed IS NOT TRUE AND %s < %s`, ti.table.Quoted(), col, age)).Scan(&blocked); err != nil {
+	if err := q.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %s WHERE %s AND %s < %s`, ti.table.Quoted(), ti.unprocessed(""), col, age)).Scan(&blocked); err != nil {
 		return err
 	}
 	if blocked > 0 {

@@ -1,6 +1,10 @@
 package sweep
 
-import "github.com/walbox/walbox/cdc"
+import (
+	"context"
+
+	"github.com/walbox/walbox/cdc"
+)
 
 // SetCrashAt makes archival stop at a step as a crash would (tests only).
 func SetCrashAt(f func(step string) error) { crashAt = f }
@@ -13,3 +17,6 @@ var LockKey = lockKey
 
 // Yielding reports whether the sweeper yields to a catching-up relay.
 func (s *Sweeper) Yielding() bool { return s.yielding() }
+
+// RefreshGauges runs the gauge loop's queries once.
+func (s *Sweeper) RefreshGauges(ctx context.Context) (int64, error) { return s.refreshGauges(ctx) }

@@ -34,12 +34,21 @@ type tableInfo struct {
 	createdCol, createdTy string // "" when the created_at role is unmapped or the column is missing
 
 	processed, processedAt, errorCol, attempts bool
+	processedNotNull                           bool
+}
+
+// unprocessed is the condition on a row not marked processed that the
+// table's partial index answers (cdc.Unprocessed); prefix qualifies the
+// column ("t." or "").
+func (ti *tableInfo) unprocessed(prefix string) string {
+	return cdc.Unprocessed(prefix, ti.processedNotNull)
 }
 
 type column struct {
 	name      string
 	typ       string
 	generated bool
+	notNull   bool
 }
 
 func (ti *tableInfo) has(name string) bool {
@@ -84,14 +93,14 @@ func inspect(ctx context.Context, q querier, table cdc.TableName, roles cdc.Colu
 		return nil, fmt.Errorf("inspect %s: %w", table, err)
 	}
 	ti.partitioned = relkind == "p"
-	rows, err := q.Query(ctx, `SELECT attname::text, format_type(atttypid, atttypmod), attgenerated <> ''
+	rows, err := q.Query(ctx, `SELECT attname::text, format_type(atttypid, atttypmod), attgenerated <> '', attnotnull
 		FROM pg_attribute WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped ORDER BY attnum`, table.Quoted())
 	if err != nil {
 		return nil, fmt.Errorf("inspect columns of %s: %w", table, err)
 	}
 	for rows.Next() {
 		var c column
-		if err := rows.Scan(&c.name, &c.typ, &c.generated); err != nil {
+		if err := rows.Scan(&c.name, &c.typ, &c.generated, &c.notNull); err != nil {
 			rows.Close()
 			return nil, err
 		}
@@ -118,6 +127,11 @@ func inspect(ctx context.Context, q querier, table cdc.TableName, roles cdc.Colu
 		ti.createdCol, ti.createdTy = c, ti.typeOf(c)
 	}
 	ti.processed = ti.typeOf("processed") == "boolean"
+	for _, c := range ti.cols {
+		if c.name == "processed" {
+			ti.processedNotNull = c.notNull
+		}
+	}
 	ti.processedAt = ti.has("processed_at")
 	ti.errorCol = ti.has("error")
 	ti.attempts = ti.has("attempts")

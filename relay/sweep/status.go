@@ -117,7 +117,7 @@ func (s *Sweeper) Status(ctx context.Context) (*Status, error) {
 			}
 			if ti.processed && s.cfg.Archive.After > 0 && p.bounded && !p.end.After(cutoff) {
 				var n int64
-				if err := conn.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s WHERE processed IS NOT TRUE", p.name.Quoted())).Scan(&n); err != nil {
+				if err := conn.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s WHERE %s", p.name.Quoted(), ti.unprocessed(""))).Scan(&n); err != nil {
 					return nil, err
 				}
 				if n > 0 {
@@ -137,7 +137,7 @@ func (s *Sweeper) Status(ctx context.Context) (*Status, error) {
 	} else {
 		if ti.processed && ti.createdCol != "" && s.cfg.Archive.After > 0 {
 			var n int64
-			if err := conn.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s WHERE processed IS NOT TRUE AND %s < $1", ti.table.Quoted(), cdc.QuoteIdent(ti.createdCol)), cutoff).Scan(&n); err != nil {
+			if err := conn.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s WHERE %s AND %s < $1", ti.table.Quoted(), ti.unprocessed(""), cdc.QuoteIdent(ti.createdCol)), cutoff).Scan(&n); err != nil {
 				return nil, err
 			}
 			if n > 0 {

@@ -87,6 +87,10 @@ type Config struct {
 	Logger     zerolog.Logger
 	// Registry receives the metrics; nil leaves them unregistered.
 	Registry prometheus.Registerer
+	// Tracer, when set, sees every statement the sweeper runs (pgx's
+	// QueryTracer: OpenTelemetry's pgx tracers plug in here; the plan tests
+	// EXPLAIN each statement it records).
+	Tracer pgx.QueryTracer
 }
 
 // ArchiveConfig is the archival part of the sweeper's config.
@@ -262,6 +266,9 @@ func New(cfg Config) (*Sweeper, error) {
 	pcfg.MaxConns = 4
 	pcfg.MinConns = 0
 	pcfg.ConnConfig.RuntimeParams["application_name"] = ApplicationName
+	if cfg.Tracer != nil {
+		pcfg.ConnConfig.Tracer = cfg.Tracer
+	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
 	if err != nil {
 		return nil, err
@@ -668,13 +675,13 @@ func (s *Sweeper) apply(ctx context.Context, batch []mark) (written, error) {
 	}
 	if proc.n > 0 {
 		b.Queue(fmt.Sprintf(`UPDATE %s t SET %s FROM unnest($1::text[], $2::text[], $3::int8[]) AS u(id, created_at, acked_us)
-			WHERE %s%s AND t.processed IS NOT TRUE`, tq, set, idCond, caCond),
+			WHERE %s%s AND %s`, tq, set, idCond, caCond, ti.unprocessed("t.")),
 			proc.ids.String(), proc.cas.String(), proc.ats.String())
 		nproc++
 	}
 	if procByID.n > 0 {
 		b.Queue(fmt.Sprintf(`UPDATE %s t SET %s FROM unnest($1::text[], $2::int8[]) AS u(id, acked_us)
-			WHERE %s AND t.processed IS NOT TRUE`, tq, set, idCond), procByID.ids.String(), procByID.ats.String())
+			WHERE %s AND %s`, tq, set, idCond, ti.unprocessed("t.")), procByID.ids.String(), procByID.ats.String())
 		nproc++
 	}
 	eset := "error = u.reason"
@@ -1004,7 +1011,7 @@ func unprocessed(ctx context.Context, q querier, ti *tableInfo) (int64, time.Dur
 	}
 	var n int64
 	var secs float64
-	err := q.QueryRow(ctx, fmt.Sprintf("SELECT count(*), %s FROM %s WHERE processed IS NOT TRUE", age, ti.table.Quoted())).Scan(&n, &secs)
+	err := q.QueryRow(ctx, fmt.Sprintf("SELECT count(*), %s FROM %s WHERE %s", age, ti.table.Quoted(), ti.unprocessed(""))).Scan(&n, &secs)
 	if secs < 0 {
 		secs = 0
 	}
