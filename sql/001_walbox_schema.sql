@@ -22,11 +22,20 @@ CREATE TABLE IF NOT EXISTS walbox.processed_events (
 );
 
 -- ensure_partitions keeps range partitions of a table partitioned by
--- created_at created ahead, so an insert never lands in the default partition
--- (and never fails: the default partition catches the rest). One partition
--- per day (or month) from yesterday to days_ahead days from now. Existing
--- partitions are left alone; a range that collides with rows already in the
--- default partition is reported and skipped (the sweeper moves them).
+-- created_at created ahead, so an insert always finds its partition. One
+-- partition per day (or month) from yesterday to days_ahead days from now.
+-- Existing partitions are left alone.
+--
+-- Each partition is created as a plain table and then attached: CREATE TABLE
+-- ... PARTITION OF takes ACCESS EXCLUSIVE on the outbox, which queues behind
+-- any reader (a pg_dump, a report, a backfill) while every producer's INSERT
+-- queues behind it; ATTACH PARTITION takes SHARE UPDATE EXCLUSIVE, which
+-- neither readers nor INSERTs conflict with. Next to a default partition
+-- ATTACH also takes ACCESS EXCLUSIVE on the default (to check that none of its
+-- rows belong to the new range): INSERTs routed to other partitions do not
+-- wait for it. Call it under a short lock_timeout (the sweeper does): a range
+-- that cannot be locked now is created by a later call. A range that
+-- collides with rows already in a default partition is reported and skipped.
 CREATE OR REPLACE FUNCTION walbox.ensure_partitions(tbl regclass, days_ahead int DEFAULT 7, step text DEFAULT 'day')
 RETURNS int LANGUAGE plpgsql AS $$
 DECLARE
@@ -47,8 +56,10 @@ BEGIN
         part := rel || '_p' || to_char(d, CASE step WHEN 'day' THEN 'YYYYMMDD' ELSE 'YYYYMM' END);
         IF to_regclass(format('%I.%I', nsp, part)) IS NULL THEN
             BEGIN
-                EXECUTE format('CREATE TABLE %I.%I PARTITION OF %I.%I FOR VALUES FROM (%L) TO (%L)',
-                               nsp, part, nsp, rel, d::timestamptz, upper::timestamptz);
+                EXECUTE format('CREATE TABLE %I.%I (LIKE %I.%I INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING GENERATED INCLUDING STORAGE)',
+                               nsp, part, nsp, rel);
+                EXECUTE format('ALTER TABLE %I.%I ATTACH PARTITION %I.%I FOR VALUES FROM (%L) TO (%L)',
+                               nsp, rel, nsp, part, d::timestamptz, upper::timestamptz);
                 created := created + 1;
             EXCEPTION WHEN check_violation OR invalid_object_definition THEN
                 RAISE WARNING 'walbox: partition % not created: %', part, SQLERRM;

@@ -19,17 +19,11 @@ CREATE TABLE IF NOT EXISTS {{.Table}} (
     PRIMARY KEY (id, created_at)
 ) PARTITION BY RANGE (created_at);
 
--- The default partition catches rows outside every dated partition, so an
--- insert never fails for lack of a partition.
-DO $$
-BEGIN
-    IF (SELECT relkind FROM pg_class WHERE oid = {{.TableLiteral}}::regclass) = 'p'
-       AND to_regclass({{.DefaultPartitionLiteral}}) IS NULL THEN
-        EXECUTE format('CREATE TABLE %I.%I PARTITION OF %I.%I DEFAULT',
-                       {{.SchemaLiteral}}, {{.DefaultPartitionNameLiteral}}, {{.SchemaLiteral}}, {{.TableNameLiteral}});
-    END IF;
-END $$;
-
+-- No default partition: PostgreSQL refuses DETACH PARTITION ... CONCURRENTLY
+-- next to one, and without it archival would lock out every INSERT. An
+-- insert always finds its partition as long as the sweeper (or a DBA's job
+-- calling walbox.ensure_partitions) keeps partitions ahead; an older walbox's
+-- <table>_default is emptied and removed by the sweeper (docs/sweeper.md).
 SELECT walbox.ensure_partitions({{.TableLiteral}}::regclass, 7, 'day');
 
 -- Unprocessed rows are what the sweeper, status, the metrics and a

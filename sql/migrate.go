@@ -131,7 +131,6 @@ func quoteLiteral(s string) string { return `'` + strings.ReplaceAll(s, `'`, `''
 func Render(p Params) ([]Migration, error) {
 	p = p.withDefaults()
 	table := quoteIdent(p.Schema) + "." + quoteIdent(p.Table)
-	def := quoteIdent(p.Schema) + "." + quoteIdent(p.Table+"_default")
 	// The archive table, named as cdc.TableName.Archive names it.
 	arch := cdc.TableName{Schema: p.Schema, Name: p.Table}.Archive()
 	archive := quoteIdent(arch.Schema) + "." + quoteIdent(arch.Name)
@@ -144,8 +143,6 @@ func Render(p Params) ([]Migration, error) {
 		"EmitDefaultLiteral":          quoteLiteral(emit[0].Table.String()),
 		"Table":                       table,
 		"TableLiteral":                quoteLiteral(table),
-		"DefaultPartition":            def,
-		"DefaultPartitionLiteral":     quoteLiteral(def),
 		"UnprocessedIndex":            quoteIdent(p.Table + "_unprocessed_idx"),
 		"UnprocessedIndexNameLiteral": quoteLiteral(p.Table + "_unprocessed_idx"),
 		"Publication":                 quoteIdent(p.Publication),
@@ -153,11 +150,10 @@ func Render(p Params) ([]Migration, error) {
 		"ArchiveTable":                archive,
 		// Names for format('%I'): dynamic SQL gets identifiers only through
 		// %I, never inside a string literal, so a name with ' or % is safe.
-		"SchemaLiteral":               quoteLiteral(p.Schema),
-		"TableNameLiteral":            quoteLiteral(p.Table),
-		"DefaultPartitionNameLiteral": quoteLiteral(p.Table + "_default"),
-		"ArchiveNameLiteral":          quoteLiteral(arch.Name),
-		"ArchiveIndex":                quoteIdent(arch.Name + "_created_idx"),
+		"SchemaLiteral":      quoteLiteral(p.Schema),
+		"TableNameLiteral":   quoteLiteral(p.Table),
+		"ArchiveNameLiteral": quoteLiteral(arch.Name),
+		"ArchiveIndex":       quoteIdent(arch.Name + "_created_idx"),
 	}
 	names, err := fs.Glob(files, "*.sql")
 	if err != nil {

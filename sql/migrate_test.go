@@ -6,6 +6,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -40,7 +41,7 @@ func TestMigrationsTakeNamesWithQuotesAndPercentSigns(t *testing.T) {
 		p.Publication, p.Schema, p.Table).Scan(&n); err != nil || n != 1 {
 		t.Fatalf("publication %q does not cover %q.%q: %d, %v", p.Publication, p.Schema, p.Table, n, err)
 	}
-	for _, rel := range []string{`"o'k%s"."out'box%d ""x""_default"`, `walbox."o'k%s_out'box%d ""x""_archive"`} {
+	for _, rel := range []string{`"o'k%s"."out'box%d ""x""_p` + time.Now().Format("20060102") + `"`, `walbox."o'k%s_out'box%d ""x""_archive"`} {
 		var oid *uint32
 		if err := conn.QueryRow(ctx, `SELECT to_regclass($1)::oid`, rel).Scan(&oid); err != nil || oid == nil {
 			t.Fatalf("%s was not created: %v", rel, err)

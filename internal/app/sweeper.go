@@ -60,6 +60,7 @@ func NewTableSweeper(cfg config.Config, t config.Table, log zerolog.Logger, reg 
 		BatchSize:       t.Sweeper.BatchSize,
 		Interval:        t.Sweeper.Interval,
 		YieldAfter:      cfg.Sweeper.YieldAfter,
+		LockTimeout:     cfg.Sweeper.LockTimeout,
 		PartitionStep:   t.Sweeper.PartitionStep,
 		PartitionsAhead: t.Sweeper.PartitionsAhead,
 		NoMaintenance:   !t.Sweeper.Maintain,

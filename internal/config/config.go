@@ -222,6 +222,10 @@ type Sweeper struct {
 	// marks; those beyond its queue are read back from the stream once the
 	// relay has caught up. 0: never yield.
 	YieldAfter time.Duration `yaml:"yield_after" env:"YIELD_AFTER"`
+	// LockTimeout: the longest any maintenance statement waits for a lock.
+	// A step that cannot have its lock in time is postponed (retried within
+	// 15 s) instead of queueing producers behind its request.
+	LockTimeout time.Duration `yaml:"lock_timeout" env:"LOCK_TIMEOUT"`
 }
 
 // Archive moves old processed rows out of the outbox, to cold storage, and
@@ -266,7 +270,7 @@ func Default() Config {
 		Retry:   Retry{Initial: retry.DefaultInitial, Max: retry.DefaultMax},
 		Metrics: Metrics{Listen: "127.0.0.1:9187"},
 		Log:     Log{Level: "info", Format: "auto"},
-		Sweeper: Sweeper{MarkProcessed: true, BatchSize: 1000, Interval: 200 * time.Millisecond, PartitionStep: "day", PartitionsAhead: 7, Maintain: true, YieldAfter: time.Second},
+		Sweeper: Sweeper{MarkProcessed: true, BatchSize: 1000, Interval: 200 * time.Millisecond, PartitionStep: "day", PartitionsAhead: 7, Maintain: true, YieldAfter: time.Second, LockTimeout: 100 * time.Millisecond},
 		Archive: Archive{After: 90 * 24 * time.Hour, DeleteAfter: 3 * 365 * 24 * time.Hour, S3: S3{UseSSL: true}},
 		Runtime: Runtime{GOMAXPROCS: 1},
 	}

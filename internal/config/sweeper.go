@@ -22,6 +22,9 @@ func (c *Config) validateSweeper(bad func(key, format string, args ...any)) {
 	if sw.YieldAfter < 0 {
 		bad("sweeper.yield_after", "%s: must not be negative (0: the sweeper never yields to a catching-up relay)", sw.YieldAfter)
 	}
+	if sw.LockTimeout < time.Millisecond || sw.LockTimeout > 10*time.Second {
+		bad("sweeper.lock_timeout", "%s: must be between 1ms and 10s (every INSERT of a partition walbox locks may wait this long behind a request that has to wait)", sw.LockTimeout)
+	}
 	if sw.PartitionsAhead < 1 || sw.PartitionsAhead > 366 {
 		bad("sweeper.partitions_ahead", "%d: must be between 1 and 366 (days)", sw.PartitionsAhead)
 	}

@@ -10,7 +10,7 @@ func TestSweeperAndArchiveDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Sweeper{MarkProcessed: true, BatchSize: 1000, Interval: 200 * time.Millisecond, PartitionStep: "day", PartitionsAhead: 7, Maintain: true, YieldAfter: time.Second}
+	want := Sweeper{MarkProcessed: true, BatchSize: 1000, Interval: 200 * time.Millisecond, PartitionStep: "day", PartitionsAhead: 7, Maintain: true, YieldAfter: time.Second, LockTimeout: 100 * time.Millisecond}
 	if cfg.Sweeper != want {
 		t.Errorf("sweeper %+v, want %+v", cfg.Sweeper, want)
 	}
@@ -31,7 +31,7 @@ archive:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Sweeper != (Sweeper{MarkProcessed: false, BatchSize: 2000, Interval: time.Second, PartitionStep: "month", PartitionsAhead: 40, Maintain: false, YieldAfter: 0}) {
+	if cfg.Sweeper != (Sweeper{MarkProcessed: false, BatchSize: 2000, Interval: time.Second, PartitionStep: "month", PartitionsAhead: 40, Maintain: false, YieldAfter: 0, LockTimeout: 100 * time.Millisecond}) {
 		t.Errorf("sweeper %+v", cfg.Sweeper)
 	}
 	want := Archive{After: 720 * time.Hour, ExportAfter: 1440 * time.Hour, S3: S3{Endpoint: "minio:9000", Bucket: "outbox", Prefix: "prod", AccessKey: "ak", SecretKey: "sk"}}

@@ -66,7 +66,8 @@ const (
 	InsufficientPrivilege  = "42501"
 	ObjectInUse            = "55006" // e.g. replication slot active for another PID
 	ObjectNotInPrereqState = "55000" // slot invalidated, or wal_level too low
-	LockNotAvailable       = "55P03"
+	LockNotAvailable       = "55P03" // lock_timeout
+	QueryCanceled          = "57014" // statement_timeout, or a cancel request
 	InvalidPassword        = "28P01"
 	InvalidAuthorization   = "28000" // also: no pg_hba.conf entry for replication
 	InvalidCatalogName     = "3D000" // database does not exist

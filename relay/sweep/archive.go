@@ -20,12 +20,13 @@ import (
 
 // Journal states of an archived partition (walbox.archive_partitions.state).
 const (
-	stateDetached = "detached" // out of the outbox, not yet in the archive
-	stateArchived = "archived" // attached to the archive table
-	stateMerged   = "merged"   // rows copied into an archive partition of the same range (a straggler)
-	stateExported = "exported" // in cold storage, dropped from the database
-	stateDeleted  = "deleted"  // deleted from cold storage after the retention age
-	stateMissing  = "missing"  // the table disappeared behind walbox's back
+	stateDetaching = "detaching" // DETACH ... CONCURRENTLY started; FINALIZE completes it if it was cut short
+	stateDetached  = "detached"  // out of the outbox, not yet in the archive
+	stateArchived  = "archived"  // attached to the archive table
+	stateMerged    = "merged"    // rows copied into an archive partition of the same range (a straggler)
+	stateExported  = "exported"  // in cold storage, dropped from the database
+	stateDeleted   = "deleted"   // deleted from cold storage after the retention age
+	stateMissing   = "missing"   // the table disappeared behind walbox's back
 )
 
 // crashAt, when set (tests), is called between the steps of archival; an
@@ -119,28 +120,59 @@ func (s *Sweeper) journal(ctx context.Context, q querier, where string, args ...
 }
 
 // archivePartitioned moves whole partitions out of the outbox into the
-// archive: DETACH in one transaction (journal: detached), ATTACH to the
-// archive in the next (journal: archived). No row is copied. A crash in
-// between leaves a journal entry in state detached, and the next run
-// attaches it. A partition with unprocessed rows stays and is reported.
+// archive: DETACH, then ATTACH to the archive table (journal: detaching,
+// detached, archived). No row is copied. A partition with unprocessed rows
+// stays and is reported.
+//
+// Without a default partition (walbox creates none) the DETACH is
+// CONCURRENTLY: its first transaction takes SHARE UPDATE EXCLUSIVE, which
+// INSERTs and readers do not conflict with, then it waits for the
+// transactions that may still see the partition. That wait is bounded by
+// lock_timeout like every maintenance statement: cut short, the partition
+// stays "detach pending" (no new query sees it), the step is postponed,
+// and the next run completes it with DETACH ... FINALIZE. Unprocessed rows
+// are counted before (through the partial index) and again once the
+// partition is out: a row that arrived in between (a producer writing an
+// old created_at) puts the partition back into the outbox, so its row is
+// marked and found by a backfill as before.
+//
+// Next to a default partition a DBA keeps, PostgreSQL refuses a concurrent
+// detach: the plain DETACH takes ACCESS EXCLUSIVE on the outbox for a
+// catalog change, waits at most lock_timeout for it, and recounts under it.
 func (s *Sweeper) archivePartitioned(ctx context.Context, q querier, ti *tableInfo, rep *Report, opts MaintainOptions) error {
 	arch := ti.table.Archive()
+	parts, err := partitions(ctx, q, ti.table, ti.partType)
+	if err != nil {
+		return err
+	}
+	hasDefault := false
+	for _, p := range parts {
+		hasDefault = hasDefault || p.isDefault
+	}
 	if !opts.DryRun {
-		// Resume: partitions detached by a run that stopped before attaching.
-		pending, err := s.journal(ctx, q, "state = $2", stateDetached)
+		// Resume: partitions a stopped run left detaching or detached.
+		pending, err := s.journal(ctx, q, "state IN ($2, $3)", stateDetaching, stateDetached)
 		if err != nil {
 			return err
 		}
 		for _, e := range pending {
+			if e.state == stateDetaching {
+				done, err := s.finishDetach(ctx, q, ti, e, parts, rep)
+				if err != nil {
+					return err
+				}
+				if !done {
+					continue
+				}
+			}
 			if err := s.attach(ctx, q, ti, arch, e, rep); err != nil {
 				return err
 			}
 			rep.Resumed = append(rep.Resumed, e.name.String())
 		}
-	}
-	parts, err := partitions(ctx, q, ti.table, ti.partType)
-	if err != nil {
-		return err
+		if parts, err = partitions(ctx, q, ti.table, ti.partType); err != nil {
+			return err
+		}
 	}
 	var now time.Time
 	if err := q.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
@@ -149,12 +181,12 @@ func (s *Sweeper) archivePartitioned(ctx context.Context, q querier, ti *tableIn
 	cutoff := now.Add(-s.cfg.Archive.After)
 	blocked := 0
 	for _, p := range parts {
-		if !p.bounded || p.isDefault || p.end.After(cutoff) {
+		if !p.bounded || p.isDefault || p.detachPending || p.end.After(cutoff) {
 			continue
 		}
-		var n int64
-		if err := q.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %s WHERE %s`, p.name.Quoted(), ti.unprocessed(""))).Scan(&n); err != nil {
-			return fmt.Errorf("count unprocessed rows of %s: %w", p.name, err)
+		n, err := countUnprocessed(ctx, q, ti, p.name)
+		if err != nil {
+			return err
 		}
 		if n > 0 {
 			rep.Blocked = append(rep.Blocked, Blocked{Partition: p.name.String(), Unprocessed: n})
@@ -166,32 +198,20 @@ func (s *Sweeper) archivePartitioned(ctx context.Context, q querier, ti *tableIn
 			continue
 		}
 		e := journalEntry{name: p.name, from: p.from, to: p.to, start: p.start, end: p.end}
-		err := s.inTx(ctx, q, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '10s'"); err != nil {
-				return err
-			}
-			if _, err := tx.Exec(ctx, fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s", ti.table.Quoted(), p.name.Quoted())); err != nil {
-				return err
-			}
-			// Under the lock DETACH holds: nothing can have changed since.
-			var n int64
-			if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %s WHERE %s`, p.name.Quoted(), ti.unprocessed(""))).Scan(&n); err != nil {
-				return err
-			}
-			if n > 0 {
-				return errBlocked{n}
-			}
-			_, err := tx.Exec(ctx, `INSERT INTO walbox.archive_partitions (source, partition_name, range_from, range_to, range_start, range_end, state)
-				VALUES ($1, $2, $3, $4, $5, $6, $7)
-				ON CONFLICT (source, partition_name) DO UPDATE SET range_from = EXCLUDED.range_from, range_to = EXCLUDED.range_to,
-				  range_start = EXCLUDED.range_start, range_end = EXCLUDED.range_end, state = EXCLUDED.state, updated_at = now()`,
-				s.cfg.Table.String(), p.name.String(), p.from, p.to, p.start, p.end, stateDetached)
-			return err
-		})
+		if hasDefault {
+			err = s.detachLocked(ctx, q, ti, p)
+		} else {
+			err = s.detachConcurrently(ctx, q, ti, e)
+		}
 		var eb errBlocked
 		if errors.As(err, &eb) {
 			rep.Blocked = append(rep.Blocked, Blocked{Partition: p.name.String(), Unprocessed: eb.n})
 			blocked++
+			continue
+		}
+		if pp, ok := postponed("archive", err); ok {
+			pp.Object = p.name.String()
+			s.postpone(rep, pp)
 			continue
 		}
 		if err != nil {
@@ -207,6 +227,121 @@ func (s *Sweeper) archivePartitioned(ctx context.Context, q querier, ti *tableIn
 	}
 	s.m.Blocked.Set(float64(blocked))
 	return nil
+}
+
+// countUnprocessed counts part's rows not marked processed (the partial
+// index answers it).
+func countUnprocessed(ctx context.Context, q querier, ti *tableInfo, part cdc.TableName) (int64, error) {
+	var n int64
+	if err := q.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %s WHERE %s`, part.Quoted(), ti.unprocessed(""))).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count unprocessed rows of %s: %w", part, err)
+	}
+	return n, nil
+}
+
+// journalSet records part's archival state.
+func (s *Sweeper) journalSet(ctx context.Context, q querier, e journalEntry, state string) error {
+	_, err := q.Exec(ctx, `INSERT INTO walbox.archive_partitions (source, partition_name, range_from, range_to, range_start, range_end, state)
+		VALUES ($1, $2, $3, $4, $5, $6, $7)
+		ON CONFLICT (source, partition_name) DO UPDATE SET range_from = EXCLUDED.range_from, range_to = EXCLUDED.range_to,
+		  range_start = EXCLUDED.range_start, range_end = EXCLUDED.range_end, state = EXCLUDED.state, updated_at = now()`,
+		s.cfg.Table.String(), e.name.String(), e.from, e.to, e.start, e.end, state)
+	if err != nil {
+		return fmt.Errorf("journal %s as %s: %w", e.name, state, err)
+	}
+	return nil
+}
+
+// detachConcurrently takes partition e out of the outbox without a lock
+// that INSERTs wait for (see archivePartitioned), journalled as detaching
+// first, detached once it is out and holds no unprocessed row.
+func (s *Sweeper) detachConcurrently(ctx context.Context, q querier, ti *tableInfo, e journalEntry) error {
+	if err := s.journalSet(ctx, q, e, stateDetaching); err != nil {
+		return err
+	}
+	if err := crash("detaching"); err != nil {
+		return err
+	}
+	// Not in a transaction block: PostgreSQL runs it as two transactions.
+	if _, err := q.Exec(ctx, fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s CONCURRENTLY", ti.table.Quoted(), e.name.Quoted())); err != nil {
+		return err
+	}
+	return s.detached(ctx, q, ti, e)
+}
+
+// detached checks a partition just taken out of the outbox: no unprocessed
+// row (else it goes back, and errBlocked says how many), journal detached.
+func (s *Sweeper) detached(ctx context.Context, q querier, ti *tableInfo, e journalEntry) error {
+	n, err := countUnprocessed(ctx, q, ti, e.name)
+	if err != nil {
+		return err
+	}
+	if n > 0 {
+		// ATTACH takes SHARE UPDATE EXCLUSIVE on the outbox and scans the
+		// partition to validate its bounds, under its own lock only.
+		if _, err := q.Exec(ctx, fmt.Sprintf("ALTER TABLE %s ATTACH PARTITION %s FOR VALUES FROM (%s) TO (%s)",
+			ti.table.Quoted(), e.name.Quoted(), cdc.QuoteLiteral(e.from), cdc.QuoteLiteral(e.to))); err != nil {
+			return fmt.Errorf("put %s back into %s (%d unprocessed rows arrived while it was detached): %w", e.name, ti.table, n, err)
+		}
+		if _, err := q.Exec(ctx, `DELETE FROM walbox.archive_partitions WHERE source = $1 AND partition_name = $2`, s.cfg.Table.String(), e.name.String()); err != nil {
+			return fmt.Errorf("journal %s back in the outbox: %w", e.name, err)
+		}
+		s.log.Warn().Str("partition", e.name.String()).Int64("unprocessed", n).Msg("unprocessed rows arrived while the partition was detached: it is back in the outbox")
+		return errBlocked{n}
+	}
+	return s.journalSet(ctx, q, e, stateDetached)
+}
+
+// finishDetach resumes a partition journalled as detaching: FINALIZE when
+// its concurrent detach was cut short, the checks when it completed, and
+// nothing when it never started (it is archived like any other). It
+// reports whether the partition is out of the outbox now.
+func (s *Sweeper) finishDetach(ctx context.Context, q querier, ti *tableInfo, e journalEntry, parts []partition, rep *Report) (bool, error) {
+	for _, p := range parts {
+		if p.name != e.name {
+			continue
+		}
+		if !p.detachPending {
+			// Still a partition: the detach never took effect.
+			return false, nil
+		}
+		_, err := q.Exec(ctx, fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s FINALIZE", ti.table.Quoted(), e.name.Quoted()))
+		if pp, ok := postponed("archive", err); ok {
+			pp.Object = e.name.String()
+			s.postpone(rep, pp)
+			return false, nil
+		}
+		if err != nil {
+			return false, fmt.Errorf("finish detaching %s from %s: %w", e.name, ti.table, err)
+		}
+	}
+	err := s.detached(ctx, q, ti, e)
+	var eb errBlocked
+	if errors.As(err, &eb) {
+		rep.Blocked = append(rep.Blocked, Blocked{Partition: e.name.String(), Unprocessed: eb.n})
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// detachLocked is the detach next to a default partition: ACCESS EXCLUSIVE
+// on the outbox for a catalog change (waited for at most lock_timeout), the
+// recount under it served by the partial index, journal detached.
+func (s *Sweeper) detachLocked(ctx context.Context, q querier, ti *tableInfo, p partition) error {
+	return s.inTx(ctx, q, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s", ti.table.Quoted(), p.name.Quoted())); err != nil {
+			return err
+		}
+		// Under the lock DETACH holds: nothing can have changed since.
+		n, err := countUnprocessed(ctx, tx, ti, p.name)
+		if err != nil {
+			return err
+		}
+		if n > 0 {
+			return errBlocked{n}
+		}
+		return s.journalSet(ctx, tx, journalEntry{name: p.name, from: p.from, to: p.to, start: p.start, end: p.end}, stateDetached)
+	})
 }
 
 type errBlocked struct{ n int64 }
@@ -386,9 +521,8 @@ func (s *Sweeper) exportArchived(ctx context.Context, q querier, ti *tableInfo, 
 			maxCreated = &e.end
 		}
 		err = s.inTx(ctx, q, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '10s'"); err != nil {
-				return err
-			}
+			// DROP takes ACCESS EXCLUSIVE on the archive table (never on the
+			// outbox), waited for at most the session's lock_timeout.
 			if _, err := tx.Exec(ctx, fmt.Sprintf("DROP TABLE %s", e.name.Quoted())); err != nil {
 				return err
 			}
@@ -435,6 +569,12 @@ func (s *Sweeper) export(ctx context.Context, q querier, ti *tableInfo, e journa
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	if _, err := tx.Exec(ctx, "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"); err != nil {
+		return man, err
+	}
+	// The read of a whole partition may take longer than the maintenance
+	// session's statement_timeout; it holds ACCESS SHARE on the archived
+	// partition only.
+	if _, err := tx.Exec(ctx, "SET LOCAL statement_timeout = 0"); err != nil {
 		return man, err
 	}
 	col := ti.partCol

@@ -458,6 +458,7 @@ func TestStatus(t *testing.T) {
 	d := newDB(t, true)
 	d.oldPartition(100, 20, true)
 	blocked := d.oldPartition(101, 5, false)
+	d.exec(`CREATE TABLE outbox_events_default PARTITION OF outbox_events DEFAULT`) // as an older walbox made it
 	d.exec(`INSERT INTO outbox_events (topic, payload, created_at) VALUES ('orders.x', '{}', now() + interval '60 days')`)
 	d.exec(`INSERT INTO outbox_events (topic, payload, error, attempts) VALUES ('bad', '{}', 'no stream', 1)`)
 	sw := d.sweeper(archiving(90 * day))

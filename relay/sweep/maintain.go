@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/walbox/walbox/internal/fault"
 )
 
 // Report says what one maintenance run did (or, in a dry run, would do).
@@ -23,6 +25,9 @@ type Report struct {
 	PartitionsCreated []string `json:"partitions_created"`
 	// Moved are the ranges moved out of the default partition.
 	Moved []RangeMove `json:"moved"`
+	// DefaultRemoved is the empty default partition an older walbox created,
+	// removed (docs/sweeper.md, The default partition).
+	DefaultRemoved string `json:"default_removed,omitempty"`
 	// Resumed are partitions a stopped run had detached, attached now.
 	Resumed []string `json:"resumed"`
 	// Archived are the partitions moved into the archive table.
@@ -35,14 +40,26 @@ type Report struct {
 	Exported []Export `json:"exported"`
 	// Deleted are cold-storage objects deleted after the retention age.
 	Deleted []string `json:"deleted"`
+	// Postponed are the steps that needed a lock another session held (a
+	// long reader, a pg_dump): not done now, retried within a minute, and
+	// never waited for while producers queue behind the wait.
+	Postponed []Postponed `json:"postponed"`
 	// Errors are the steps that failed; the others still ran.
 	Errors []string `json:"errors"`
+}
+
+// Postponed is a maintenance step left for a later run.
+type Postponed struct {
+	Step   string `json:"step"`
+	Object string `json:"object"`
+	Why    string `json:"why"`
 }
 
 // Empty reports whether the run found nothing to do.
 func (r *Report) Empty() bool {
 	return len(r.PartitionsCreated) == 0 && len(r.Moved) == 0 && len(r.Resumed) == 0 && len(r.Archived) == 0 &&
-		r.RowsArchived == 0 && len(r.Blocked) == 0 && len(r.Exported) == 0 && len(r.Deleted) == 0 && len(r.Errors) == 0
+		r.RowsArchived == 0 && len(r.Blocked) == 0 && len(r.Exported) == 0 && len(r.Deleted) == 0 && len(r.Errors) == 0 &&
+		len(r.Postponed) == 0 && r.DefaultRemoved == ""
 }
 
 func (r *Report) log(l zerolog.Logger) {
@@ -53,6 +70,9 @@ func (r *Report) log(l zerolog.Logger) {
 	for _, b := range r.Blocked {
 		l.Warn().Str("partition", b.Partition).Int64("unprocessed", b.Unprocessed).
 			Msg("not archived: rows not marked processed (walbox_archive_blocked_partitions)")
+	}
+	for _, p := range r.Postponed {
+		l.Debug().Str("step", p.Step).Str("object", p.Object).Str("why", p.Why).Msg("maintenance step postponed")
 	}
 	if len(r.PartitionsCreated)+len(r.Moved)+len(r.Archived)+len(r.Exported)+len(r.Deleted)+len(r.Resumed) > 0 || r.RowsArchived > 0 {
 		l.Info().Int("partitions_created", len(r.PartitionsCreated)).Int("default_ranges_moved", len(r.Moved)).
@@ -106,6 +126,22 @@ func (s *Sweeper) Maintain(ctx context.Context, opts MaintainOptions) (*Report, 
 			}
 		}()
 	}
+	// No maintenance statement waits long for a lock: a waiting lock
+	// request queues every later conflicting one (a producer's INSERT behind
+	// an ACCESS EXCLUSIVE request), so each gives up after LockTimeout and
+	// the step is retried later. StatementTimeout bounds the rest (the
+	// export, which reads a whole partition, lifts it for its read).
+	if _, err := conn.Exec(ctx, fmt.Sprintf("SET lock_timeout = %d; SET statement_timeout = %d",
+		s.cfg.LockTimeout.Milliseconds(), s.cfg.StatementTimeout.Milliseconds())); err != nil {
+		return rep, fmt.Errorf("set the maintenance session's timeouts: %w", err)
+	}
+	defer func() {
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if _, err := conn.Exec(uctx, "RESET lock_timeout; RESET statement_timeout"); err != nil {
+			conn.Conn().Close(uctx) // never hand a pooled session with these settings to the marks
+		}
+	}()
 	ti, err := inspect(ctx, conn, s.cfg.Table, s.cfg.Columns)
 	if err != nil {
 		return rep, err
@@ -118,6 +154,10 @@ func (s *Sweeper) Maintain(ctx context.Context, opts MaintainOptions) (*Report, 
 			return
 		}
 		if err := f(); err != nil {
+			if p, ok := postponed(name, err); ok {
+				s.postpone(rep, p)
+				return
+			}
 			rep.Errors = append(rep.Errors, name+": "+err.Error())
 			errs = append(errs, fmt.Errorf("%s: %w", name, err))
 		}
@@ -135,9 +175,11 @@ func (s *Sweeper) Maintain(ctx context.Context, opts MaintainOptions) (*Report, 
 		}
 		if len(rep.Moved) > n && !opts.DryRun {
 			// Ranges ensure_partitions skipped for the rows in default.
-			return s.ensurePartitions(ctx, conn, ti, rep, opts)
+			if err := s.ensurePartitions(ctx, conn, ti, rep, opts); err != nil {
+				return err
+			}
 		}
-		return nil
+		return s.removeDefault(ctx, conn, ti, rep, opts)
 	})
 	if archiving {
 		if !ti.processed {
@@ -200,3 +242,36 @@ func (p *progress) line(rows, bytes int64, state string) {
 }
 
 func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }
+
+// errPostpone is a step's own decision to wait for a better moment.
+type errPostpone struct{ object, why string }
+
+func (e errPostpone) Error() string { return e.object + ": " + e.why }
+
+// postponed reports whether err means the step could not take a lock in
+// time (lock_timeout), ran past statement_timeout waiting for one (DETACH
+// ... CONCURRENTLY waits for older transactions), or decided to wait
+// itself: nothing is wrong, a later run does it.
+func postponed(step string, err error) (Postponed, bool) {
+	var ep errPostpone
+	if errors.As(err, &ep) {
+		return Postponed{Step: step, Object: ep.object, Why: ep.why}, true
+	}
+	switch fault.SQLState(err) {
+	case fault.LockNotAvailable:
+		return Postponed{Step: step, Why: "another session holds a lock it needs (lock_timeout): " + err.Error()}, true
+	case fault.QueryCanceled:
+		return Postponed{Step: step, Why: "waited past statement_timeout: " + err.Error()}, true
+	}
+	return Postponed{}, false
+}
+
+// postpone records a postponed step: in the report, counted, and logged
+// once per step and object in this process (it is retried every
+// PostponedRetry until it is done).
+func (s *Sweeper) postpone(rep *Report, p Postponed) {
+	rep.Postponed = append(rep.Postponed, p)
+	s.m.Postponed.WithLabelValues(p.Step).Inc()
+	s.warn("postponed/"+p.Step+"/"+p.Object, fmt.Sprintf("maintenance step %q of %s postponed (retried every %s; producers never wait for it): %s",
+		p.Step, s.cfg.Table, s.cfg.PostponedRetry, p.Why))
+}

@@ -152,7 +152,9 @@ func TestMarkWaitsForARowNotVisibleYet(t *testing.T) {
 		t.Fatal(err)
 	}
 	seen.AckedAt, seen.Stream, seen.Seq = time.Now(), "ORDERS", 1
-	const at = "2026-12-03 08:00:00.123456+00"
+	// An hour ago, with microseconds: a partition covers it (yesterday's
+	// at the latest), and its text must round-trip exactly.
+	at := time.Now().UTC().Add(-time.Hour).Truncate(time.Second).Add(123456 * time.Microsecond).Format("2006-01-02 15:04:05.000000+00")
 	late := relay.Delivered{ID: "0f6f1c2e-7d1a-4c55-9a43-51b0f3c1d001", CreatedAt: at, AckedAt: time.Now(), Stream: "ORDERS", Seq: 2}
 	// A dead letter the DLQ stream refused (error only) and one it stored
 	// (error and processed): attempts must still count once.

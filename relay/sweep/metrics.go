@@ -21,6 +21,7 @@ type Metrics struct {
 	RowsExported      prometheus.Counter
 	Blocked           prometheus.Gauge
 	MaintainFailures  *prometheus.CounterVec
+	Postponed         *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *Metrics {
@@ -38,5 +39,6 @@ func newMetrics(reg prometheus.Registerer) *Metrics {
 		RowsExported:      f.Counter("walbox_archive_rows_exported_total", "Rows written to cold storage."),
 		Blocked:           f.Gauge("walbox_archive_blocked_partitions", "Partitions old enough to archive that still hold unprocessed rows."),
 		MaintainFailures:  f.CounterVec("walbox_sweeper_maintenance_failures_total", "Partition upkeep and archival runs that failed, by reason: privilege (the role does not own the table) or error.", "reason"),
+		Postponed:         f.CounterVec("walbox_sweeper_maintenance_postponed_total", "Maintenance steps postponed because a lock they need was held by another session (a long reader, a dump): retried within sweeper.postponed_retry, never waited for while producers queue, by step.", "step"),
 	}
 }

@@ -80,22 +80,24 @@ type RangeMove struct {
 
 // moveDefault moves rows out of the default partition into dated partitions.
 //
-// Rows land in the default partition when no partition covers their
-// created_at (the sweeper was down for longer than partitions_ahead, or a
-// producer wrote a far past or future time). While they are there, the
-// partition for their range cannot be created. For each such range, in one
-// transaction that holds the outbox table's lock:
+// walbox no longer creates a default partition (sql/002); an older walbox's
+// <table>_default can hold rows whose created_at no partition covered (the
+// sweeper was down for longer than partitions_ahead, or a producer wrote a
+// far past or future time). While they are there, the partition for their
+// range cannot be created. For each such range, in one transaction:
 //
-//  1. DETACH the default partition (it leaves the publication with it);
-//  2. CREATE the dated table as a plain table, not yet a partition;
-//  3. INSERT the range's rows into it and DELETE them from the detached default;
-//  4. ATTACH the dated table for its range, and the default again as DEFAULT.
+//  1. CREATE the dated table as a plain table, not a partition;
+//  2. INSERT the range's rows into it and DELETE them from the default;
+//  3. ATTACH the dated table for its range.
 //
-// The rows are only ever inserted into tables that are not part of the
+// The rows are only ever inserted into a table that is not part of the
 // outbox at that moment, so pgoutput does not publish them: the relay does
 // not send them again (TestMoveDefaultRowsIsNotRepublished checks this with
-// a pgoutput slot of its own). Producers wait for the lock for as long as
-// the copy takes; rows in the default partition are normally few.
+// a pgoutput slot of its own). ATTACH takes SHARE UPDATE EXCLUSIVE on the
+// outbox, which INSERTs do not conflict with, and ACCESS EXCLUSIVE on the
+// default partition (it checks that none of its rows belong to the range):
+// only rows routed to the default wait, never INSERTs into today's
+// partition. The default stays attached throughout.
 func (s *Sweeper) moveDefault(ctx context.Context, q querier, ti *tableInfo, rep *Report, opts MaintainOptions) error {
 	if !ti.partitioned || ti.partCol == "" {
 		return nil
@@ -176,13 +178,10 @@ func (s *Sweeper) moveDefault(ctx context.Context, q querier, ti *tableInfo, rep
 			cols := ti.columnList()
 			where := fmt.Sprintf("%s >= %s AND %s < %s", col, cdc.QuoteLiteral(r.from), col, cdc.QuoteLiteral(r.to))
 			stmts := []string{
-				"SET LOCAL lock_timeout = '10s'",
-				fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s", ti.table.Quoted(), def.name.Quoted()),
-				fmt.Sprintf("CREATE TABLE %s (LIKE %s INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING GENERATED)", name.Quoted(), ti.table.Quoted()),
+				fmt.Sprintf("CREATE TABLE %s (LIKE %s INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING GENERATED INCLUDING STORAGE)", name.Quoted(), ti.table.Quoted()),
 				fmt.Sprintf("INSERT INTO %s (%s) SELECT %s FROM %s WHERE %s", name.Quoted(), cols, cols, def.name.Quoted(), where),
 				fmt.Sprintf("DELETE FROM %s WHERE %s", def.name.Quoted(), where),
 				fmt.Sprintf("ALTER TABLE %s ATTACH PARTITION %s FOR VALUES FROM (%s) TO (%s)", ti.table.Quoted(), name.Quoted(), cdc.QuoteLiteral(r.from), cdc.QuoteLiteral(r.to)),
-				fmt.Sprintf("ALTER TABLE %s ATTACH PARTITION %s DEFAULT", ti.table.Quoted(), def.name.Quoted()),
 			}
 			for _, st := range stmts {
 				if _, err := tx.Exec(ctx, st); err != nil {
@@ -199,6 +198,104 @@ func (s *Sweeper) moveDefault(ctx context.Context, q querier, ti *tableInfo, rep
 			Msg("moved rows out of the default partition into a partition of their own")
 	}
 	return nil
+}
+
+// removeDefault removes the default partition an older walbox created
+// (<table>_default) once it is empty: PostgreSQL refuses DETACH PARTITION
+// ... CONCURRENTLY while a default partition exists, and without it archival
+// would need ACCESS EXCLUSIVE on the outbox. A default partition of another
+// name is the DBA's and stays (archival then detaches under lock_timeout;
+// docs/sweeper.md).
+//
+// Removing it is the one statement that needs ACCESS EXCLUSIVE on the outbox
+// (DETACH of a default cannot be concurrent), once. It is not tried while any
+// other session has held a lock on the outbox or a partition for more than a
+// second (a reader, a dump, a long transaction): the request would queue
+// behind it and every INSERT behind the request. Otherwise it waits at most
+// lock_timeout, as every maintenance statement does. The emptiness is
+// checked again under the lock, so a row that arrived meanwhile stays.
+func (s *Sweeper) removeDefault(ctx context.Context, q querier, ti *tableInfo, rep *Report, opts MaintainOptions) error {
+	if !ti.partitioned {
+		return nil
+	}
+	parts, err := partitions(ctx, q, ti.table, ti.partType)
+	if err != nil {
+		return err
+	}
+	var def *partition
+	for i := range parts {
+		if parts[i].isDefault {
+			def = &parts[i]
+		}
+	}
+	if def == nil {
+		return nil
+	}
+	if def.name.Name != ti.table.Name+"_default" {
+		s.warn("dba-default", fmt.Sprintf("%s has a default partition %s that walbox did not create: it stays, and archival detaches partitions under lock_timeout (%s) instead of concurrently (PostgreSQL refuses DETACH ... CONCURRENTLY next to a default partition); see docs/sweeper.md",
+			ti.table, def.name, s.cfg.LockTimeout))
+		return nil
+	}
+	var rows bool
+	if err := q.QueryRow(ctx, fmt.Sprintf("SELECT EXISTS (SELECT 1 FROM %s)", def.name.Quoted())).Scan(&rows); err != nil {
+		return fmt.Errorf("read default partition %s: %w", def.name, err)
+	}
+	if rows {
+		return errPostpone{object: def.name.String(), why: "the default partition still holds rows no partition range takes (see the report's errors)"}
+	}
+	if opts.DryRun {
+		rep.DefaultRemoved = def.name.String()
+		return nil
+	}
+	holder, err := longLockHolder(ctx, q, ti.table)
+	if err != nil {
+		return err
+	}
+	if holder != "" {
+		return errPostpone{object: def.name.String(), why: "removing the default partition needs a moment with no long transaction on the outbox: " + holder}
+	}
+	err = s.inTx(ctx, q, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s", ti.table.Quoted(), def.name.Quoted())); err != nil {
+			return err
+		}
+		var rows bool
+		if err := tx.QueryRow(ctx, fmt.Sprintf("SELECT EXISTS (SELECT 1 FROM %s)", def.name.Quoted())).Scan(&rows); err != nil {
+			return err
+		}
+		if rows {
+			return errPostpone{object: def.name.String(), why: "a row arrived in the default partition"}
+		}
+		_, err := tx.Exec(ctx, fmt.Sprintf("DROP TABLE %s", def.name.Quoted()))
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("remove the empty default partition %s: %w", def.name, err)
+	}
+	rep.DefaultRemoved = def.name.String()
+	s.log.Info().Str("partition", def.name.String()).Msg("removed the empty default partition an older walbox created: archival now detaches partitions concurrently")
+	return nil
+}
+
+// longLockHolder names a session that has held a lock on table or one of
+// its partitions for more than a second, or returns "".
+func longLockHolder(ctx context.Context, q querier, table cdc.TableName) (string, error) {
+	var who string
+	err := q.QueryRow(ctx, `
+		SELECT format('pid %s (%s, %s, in a transaction for %s)', a.pid, coalesce(nullif(a.application_name, ''), 'no application_name'), l.mode,
+		              date_trunc('second', now() - a.xact_start))
+		FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+		WHERE l.locktype = 'relation' AND l.granted AND l.pid <> pg_backend_pid()
+		  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+		  AND (l.relation = to_regclass($1) OR l.relation IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = to_regclass($1)))
+		  AND a.xact_start < clock_timestamp() - interval '1 second'
+		ORDER BY a.xact_start LIMIT 1`, table.Quoted()).Scan(&who)
+	if err == pgx.ErrNoRows {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("look for long transactions on %s: %w", table, err)
+	}
+	return who, nil
 }
 
 // freeName returns name, or name_2, name_3, ... when a table of that name

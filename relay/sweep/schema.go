@@ -186,6 +186,9 @@ type partition struct {
 	start, end time.Time
 	bounded    bool // false for MINVALUE/MAXVALUE bounds and the default
 	estRows    int64
+	// detachPending: a DETACH PARTITION ... CONCURRENTLY was interrupted
+	// after its first transaction; FINALIZE completes it.
+	detachPending bool
 }
 
 // partitions lists the partitions of a partitioned table.
@@ -199,7 +202,8 @@ func partitions(ctx context.Context, q querier, parent cdc.TableName, keyType st
 	rows, err := q.Query(ctx, fmt.Sprintf(`
 		SELECT n.nspname::text, c.relname::text, pg_get_expr(c.relpartbound, c.oid) = 'DEFAULT',
 		       coalesce(b[1], ''), coalesce(b[2], ''),
-		       (b[1])::%[1]s::timestamptz, (b[2])::%[1]s::timestamptz, greatest(c.reltuples, 0)::bigint
+		       (b[1])::%[1]s::timestamptz, (b[2])::%[1]s::timestamptz, greatest(c.reltuples, 0)::bigint,
+		       i.inhdetachpending
 		FROM pg_inherits i
 		JOIN pg_class c ON c.oid = i.inhrelid
 		JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -214,7 +218,7 @@ func partitions(ctx context.Context, q querier, parent cdc.TableName, keyType st
 	for rows.Next() {
 		var p partition
 		var start, end *time.Time
-		if err := rows.Scan(&p.name.Schema, &p.name.Name, &p.isDefault, &p.from, &p.to, &start, &end, &p.estRows); err != nil {
+		if err := rows.Scan(&p.name.Schema, &p.name.Name, &p.isDefault, &p.from, &p.to, &start, &end, &p.estRows, &p.detachPending); err != nil {
 			return nil, err
 		}
 		if start != nil && end != nil {

@@ -75,6 +75,15 @@ type Config struct {
 	// (default 1 s doubling to 60 s).
 	BackoffInitial time.Duration
 	BackoffMax     time.Duration
+	// LockTimeout bounds every maintenance statement's wait for a lock
+	// (default 100 ms): a step that cannot have its lock now is postponed,
+	// never queued ahead of producers. StatementTimeout bounds each
+	// maintenance statement (default 1 min; the export's read is exempt).
+	// PostponedRetry is how soon a run with postponed steps is repeated
+	// (default 15 s, at most MaintenanceInterval).
+	LockTimeout      time.Duration
+	StatementTimeout time.Duration
+	PostponedRetry   time.Duration
 	// StopTimeout bounds the final flush of the queue at Stop (default 5 s).
 	StopTimeout time.Duration
 	// YieldAfter: while the relay delivers events the server sent this long
@@ -123,6 +132,10 @@ func (c *Config) defaults() {
 	c.BackoffInitial, c.BackoffMax = retry.Defaults(c.BackoffInitial, c.BackoffMax)
 	orDefault(&c.StopTimeout, 5*time.Second)
 	orDefault(&c.Archive.RowBatch, 10000)
+	orDefault(&c.LockTimeout, 100*time.Millisecond)
+	orDefault(&c.StatementTimeout, time.Minute)
+	orDefault(&c.PostponedRetry, 15*time.Second)
+	c.PostponedRetry = min(c.PostponedRetry, c.MaintenanceInterval)
 }
 
 // orDefault sets *v to def when it is not positive.
@@ -1055,6 +1068,9 @@ func (s *Sweeper) maintenanceLoop(ctx context.Context, stopping <-chan struct{})
 		} else {
 			bo.Reset()
 			rep.log(s.log)
+			if len(rep.Postponed) > 0 {
+				wait = s.cfg.PostponedRetry
+			}
 		}
 		select {
 		case <-ctx.Done():
