@@ -142,6 +142,13 @@ func main() {
 	if len(os.Args) == 5 && os.Args[1] == pollRelayArg {
 		os.Exit(runPollRelay(os.Args[2], os.Args[3], os.Args[4]))
 	}
+	if len(os.Args) >= 2 && os.Args[1] == maintenanceArg {
+		if err := runMaintenanceBench(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "bench: FAILED:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	p, err := parseFlags()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)

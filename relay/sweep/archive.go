@@ -210,9 +210,11 @@ func (s *Sweeper) archivePartitioned(ctx context.Context, q querier, ti *tableIn
 			continue
 		}
 		if pp, ok := postponed("archive", err); ok {
+			// The next partition would wait for the same transaction:
+			// leave the rest for the run that finishes this one.
 			pp.Object = p.name.String()
 			s.postpone(rep, pp)
-			continue
+			break
 		}
 		if err != nil {
 			return fmt.Errorf("detach %s from %s: %w", p.name, ti.table, err)
