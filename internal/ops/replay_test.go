@@ -219,7 +219,7 @@ func TestReplayCopiesStoredIDsInBatches(t *testing.T) {
 		}
 	}
 	conn := relaytest.Conn(t, e.dbURL)
-	if _, err := conn.Exec(e.ctx, `CREATE TEMP TABLE walbox_replay_stored (stream text NOT NULL, id text NOT NULL)`); err != nil {
+	if _, err := conn.Exec(e.ctx, storedTableDDL); err != nil {
 		t.Fatal(err)
 	}
 	if err := storeIDs(e.ctx, conn, js, "MANY", "", time.Time{}); err != nil {
@@ -338,24 +338,25 @@ func TestReplayTableFollowsTheConfig(t *testing.T) {
 		archive bool
 		want    string
 		idCol   string
+		idx     int // the relay's index of the table: the config's order
 	}{
-		{"", false, "billing.outbox", "event_id"},
-		{"outbox_events", false, "public.outbox_events", "id"},
-		{"billing.outbox", true, "walbox.billing_outbox_archive", "event_id"},
+		{"", false, "billing.outbox", "event_id", 1},
+		{"outbox_events", false, "public.outbox_events", "id", 0},
+		{"billing.outbox", true, "walbox.billing_outbox_archive", "event_id", 1},
 	} {
 		o := from
 		o.Table, o.Archive = c.table, c.archive
-		tb, name, err := replayTable(cfg, o)
-		if err != nil || name.String() != c.want || tb.Columns[0] != c.idCol {
-			t.Errorf("--table %q archive %v: %s (id column %q), %v", c.table, c.archive, name, tb.Columns[0], err)
+		tb, idx, name, err := replayTable(cfg, o)
+		if err != nil || name.String() != c.want || tb.Columns[0] != c.idCol || idx != c.idx {
+			t.Errorf("--table %q archive %v: %s (id column %q, index %d), %v", c.table, c.archive, name, tb.Columns[0], idx, err)
 		}
 	}
 	o := from
 	o.Table = "shipping.outbox"
-	if _, _, err := replayTable(cfg, o); err == nil || !strings.Contains(err.Error(), "shipping.outbox is not a configured outbox table") {
+	if _, _, _, err := replayTable(cfg, o); err == nil || !strings.Contains(err.Error(), "shipping.outbox is not a configured outbox table") {
 		t.Errorf("unknown table: %v", err)
 	}
-	if _, _, err := replayTable(cfg, ReplayOptions{}); err == nil || !strings.Contains(err.Error(), "select the events") {
+	if _, _, _, err := replayTable(cfg, ReplayOptions{}); err == nil || !strings.Contains(err.Error(), "select the events") {
 		t.Errorf("no selection: %v", err)
 	}
 }
