@@ -308,6 +308,48 @@ func (r *shape) subject(prefix string, ev *cdc.Event) string {
 	return prefix + renderTemplate(r.template, ev, r.buckets)
 }
 
+// SubjectFilter is a subject filter (NATS wildcards) that captures the
+// subject of every event of table i (cdc.Event.Table) whose topic matches
+// the pattern topic, built from that table's subject template and the
+// prefix. It is "" when topic is "" or the template allows no filter
+// narrower than every subject: {event_type} and {aggregate_type} may hold
+// dots (any number of tokens), and a wildcard must fill a whole token.
+// {partition} and {bucket} are one token each: '*'.
+func (r *Router) SubjectFilter(i int, topic string) string {
+	if topic == "" {
+		return ""
+	}
+	return r.shapeFor(i).filter(r.prefix, topic)
+}
+
+func (r *shape) filter(prefix, topic string) string {
+	if r.template == nil {
+		return prefix + topic
+	}
+	var b strings.Builder
+	b.WriteString(prefix)
+	for _, s := range r.template {
+		switch s.ph {
+		case "":
+			b.WriteString(s.lit)
+		case phTopic:
+			b.WriteString(topic)
+		case phPartition, phBucket:
+			b.WriteString("*")
+		default:
+			return ""
+		}
+	}
+	f := b.String()
+	toks := strings.Split(f, ".")
+	for j, tok := range toks {
+		if strings.ContainsAny(tok, "*>") && tok != "*" && tok != ">" || tok == ">" && j != len(toks)-1 {
+			return "" // a wildcard inside a token, or > before the end
+		}
+	}
+	return f
+}
+
 // ruleFor returns the routing rule with the longest prefix of topic.
 func (r *shape) ruleFor(topic string) (RoutingRule, bool) {
 	best, ok := RoutingRule{}, false

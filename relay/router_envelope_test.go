@@ -2,6 +2,7 @@ package relay
 
 import (
 	"encoding/json"
+	"fmt"
 	"hash/fnv"
 	"strconv"
 	"strings"
@@ -92,6 +93,47 @@ func TestValidateSubjectTemplate(t *testing.T) {
 	}
 	if err := ValidateSubjectTemplate(""); err == nil {
 		t.Fatal("empty template: no error")
+	}
+}
+
+// SubjectFilter captures every subject a table's events of a topic pattern
+// get from that table's template, or is "" where no filter can (replay's
+// read-back then reads every subject).
+func TestSubjectFilterFollowsTheTablesTemplate(t *testing.T) {
+	r := NewRouter("app.", "db/slot", nil)
+	for i, tmpl := range []string{"", "billing.{topic}.{bucket}", "outbox.event.{topic}", "{event_type}.{topic}", "{topic}.b{bucket}", "{topic}.x"} {
+		if err := r.SetTable(i, RouterOptions{SubjectTemplate: tmpl, Table: fmt.Sprintf("public.t%d", i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []struct {
+		table       int
+		topic, want string
+		subject     *cdc.Event // an event of the table whose subject the filter must capture
+	}{
+		{0, "", "", nil},
+		{0, "orders.*", "app.orders.*", &cdc.Event{Topic: "orders.created"}},
+		{0, "orders.>", "app.orders.>", &cdc.Event{Topic: "orders.eu.created"}},
+		{1, "invoices.*", "app.billing.invoices.*.*", &cdc.Event{Topic: "invoices.paid", AggregateID: "inv-1"}},
+		{1, "invoices.>", "", nil}, // > before the bucket token
+		{2, "Order", "app.outbox.event.Order", &cdc.Event{Topic: "Order"}},
+		{3, "orders.*", "", nil}, // event_type may hold dots
+		{4, "orders.*", "", nil}, // the bucket is part of a token
+		{5, "*", "app.*.x", &cdc.Event{Topic: "orders"}},
+		{9, "orders.*", "app.orders.*", nil}, // an unknown index: the first table's
+	} {
+		got := r.SubjectFilter(c.table, c.topic)
+		if got != c.want {
+			t.Errorf("SubjectFilter(%d, %q) = %q, want %q", c.table, c.topic, got, c.want)
+			continue
+		}
+		if c.subject != nil {
+			ev := *c.subject
+			ev.Table = c.table
+			if subj := r.shapeFor(c.table).subject(r.prefix, &ev); !SubjectMatches(got, subj) {
+				t.Errorf("filter %q misses the subject %q of table %d", got, subj, c.table)
+			}
+		}
 	}
 }
 

@@ -1,15 +1,18 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"time"
 
+	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
 
 	"github.com/walbox/walbox/internal/app"
+	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/ops"
 	"github.com/walbox/walbox/relay/sweep"
 )
@@ -26,6 +29,13 @@ older than archive.after with every row processed moved into the archive table
 archive.export_after exported to archive.dir or archive.s3 and dropped, exports
 older than archive.delete_after deleted.
 
+It maintains every configured table (outbox.table, or each of outboxes) with
+that table's own settings (sweeper.partitions_ahead, partition_step, ...),
+also those with sweeper.maintain: false (the relay leaves them to this
+command), one report per table; a table of layout debezium is skipped. A
+table that fails does not stop the others; the exit code is 1 if any failed.
+--json prints a JSON array of the reports.
+
 --dry-run shows what would be done and changes nothing; --now does it, waiting
 for a running relay's maintenance of the same table to finish first.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -36,31 +46,49 @@ for a running relay's maintenance of the same table to finish first.`,
 			if err != nil {
 				return err
 			}
-			log := newLogger(cfg.Log, os.Stderr)
-			sw, err := app.NewSweeper(cfg, log, nil)
+			tables, err := cfg.Tables()
 			if err != nil {
 				return err
 			}
-			defer sw.Close()
+			log := newLogger(cfg.Log, os.Stderr)
 			out := cmd.OutOrStdout()
-			started := time.Now()
-			if now && !asJSON {
-				fmt.Fprintf(out, "walbox archive: maintaining %s\n", cfg.Outbox.Table)
-			}
 			progress := out
 			if asJSON {
 				progress = io.Discard
 			}
-			rep, err := sw.Maintain(cmd.Context(), sweep.MaintainOptions{DryRun: dryRun, Wait: true, Progress: progress})
-			if asJSON {
-				if rep != nil {
-					if jerr := ops.WriteJSON(out, rep); jerr != nil && err == nil {
-						err = jerr
-					}
+			// Every configured table, each with its own settings: with
+			// sweeper.maintain: false this is all the upkeep they get. A
+			// failing table does not stop the others.
+			var reps []*sweep.Report
+			var errs []error
+			for i, t := range tables {
+				if !asJSON && i > 0 {
+					fmt.Fprintln(out)
 				}
-				return err
+				if t.Layout == config.LayoutDebezium {
+					rep := &sweep.Report{DryRun: dryRun, Table: t.Name.String(),
+						Skipped: "layout debezium: walbox does not partition or archive Debezium's outbox table (its rows are deleted by the producer or a job)"}
+					reps = append(reps, rep)
+					if !asJSON {
+						fmt.Fprintf(out, "walbox archive: %s\n", t.Name)
+						printReport(out, rep, 0)
+					}
+					continue
+				}
+				rep, err := archiveTable(cmd.Context(), cfg, t, log, sweep.MaintainOptions{DryRun: dryRun, Wait: true, Progress: progress}, out, asJSON)
+				if rep != nil {
+					reps = append(reps, rep)
+				}
+				if err != nil {
+					errs = append(errs, fmt.Errorf("%s: %w", t.Name, err))
+				}
 			}
-			printReport(out, rep, time.Since(started))
+			err = errors.Join(errs...)
+			if asJSON {
+				if jerr := ops.WriteJSON(out, reps); jerr != nil && err == nil {
+					err = jerr
+				}
+			}
 			return err
 		},
 	}
@@ -68,6 +96,29 @@ for a running relay's maintenance of the same table to finish first.`,
 	cmd.Flags().BoolVar(&now, "now", false, "do it now")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON")
 	return cmd
+}
+
+// archiveTable runs the maintenance of table t once and, unless asJSON,
+// prints its report.
+func archiveTable(ctx context.Context, cfg config.Config, t config.Table, log zerolog.Logger, opts sweep.MaintainOptions, out io.Writer, asJSON bool) (*sweep.Report, error) {
+	sw, err := app.NewTableSweeper(cfg, t, log, nil)
+	if err != nil {
+		return nil, fmt.Errorf("set up the sweeper: %w", err)
+	}
+	defer sw.Close()
+	started := time.Now()
+	if !asJSON {
+		if opts.DryRun {
+			fmt.Fprintf(out, "walbox archive: %s (dry run)\n", t.Name)
+		} else {
+			fmt.Fprintf(out, "walbox archive: maintaining %s\n", t.Name)
+		}
+	}
+	rep, err := sw.Maintain(ctx, opts)
+	if !asJSON {
+		printReport(out, rep, time.Since(started))
+	}
+	return rep, err
 }
 
 func printReport(w io.Writer, r *sweep.Report, took time.Duration) {

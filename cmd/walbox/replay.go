@@ -25,7 +25,9 @@ an event the router rejects is dead-lettered, as the relay would.
 By default every event keeps its id (Nats-Msg-Id), so replay only fills gaps:
 it first reads back which ids the streams hold (--no-check skips that) and
 skips those, and JetStream drops the rest of the copies inside its duplicate
-window. --force-new-id delivers events again on purpose: Nats-Msg-Id becomes
+window. The read-back takes the subjects the table's own subject_template
+(or layout) gives --topic, and matches this database's source, the table and
+the id. --force-new-id delivers events again on purpose: Nats-Msg-Id becomes
 <id>.replay.<unix-nanos> and the header Walbox-Replay-Of carries the id.
 
 With sink: kafka, events go to their topics through the relay's producer

@@ -139,7 +139,7 @@ func ParseTime(s string, now time.Time) (time.Time, error) {
 // are read back instead (from the first offsets stored since the oldest
 // row's created_at, less a minute), and Kafka drops no duplicate itself.
 func Replay(ctx context.Context, cfg config.Config, opts ReplayOptions) (*ReplayResult, error) {
-	t, table, err := replayTable(cfg, opts)
+	t, idx, table, err := replayTable(cfg, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -160,65 +160,91 @@ func Replay(ctx context.Context, cfg config.Config, opts ReplayOptions) (*Replay
 		return nil, err
 	}
 	defer bus.close()
-	// The replayed events are of one table: its routing and envelope.
+	// The replayed events are of one table: its routing and envelope,
+	// under its index in the config as the relay has it (a table after
+	// the first publishes under a Nats-Msg-Id qualified with its name).
 	router := bus.router()
-	if err := router.SetTable(0, t.RouterOptions(cfg.SinkTemplate())); err != nil {
+	if err := router.SetTable(idx, t.RouterOptions(cfg.SinkTemplate())); err != nil {
 		return nil, &config.Error{Key: t.Key, Msg: err.Error()}
 	}
+	// What counts as stored: a message of this source and table with the
+	// row's id (one of the first table may name no table: a relay from
+	// before walbox recorded it).
+	owner := storedOwner{source: source(cfg), tables: []string{t.Name.String()}}
+	if idx == 0 {
+		owner.tables = append(owner.tables, "")
+	}
 
-	q, err := newRowQuery(ctx, conn, table, t.Columns, opts)
+	q, err := newRowQuery(ctx, conn, table, t.Columns, opts, owner)
 	if err != nil {
 		return nil, err
 	}
 	var minCreated *time.Time
-	if err := conn.QueryRow(ctx, q.countSQL, q.args...).Scan(&res.Rows, &minCreated); err != nil {
+	if err := conn.QueryRow(ctx, q.countSQL, q.countArgs...).Scan(&res.Rows, &minCreated); err != nil {
 		return nil, fmt.Errorf("count the rows of %s: %w", table, err)
 	}
 	if res.Rows == 0 {
 		return res, nil
 	}
 	if q.checkStored {
-		if err := loadStoredIDs(ctx, conn, bus, opts.Topic, minCreated); err != nil {
+		// Only the subjects this table's events of --topic can have: its
+		// own template's, not the sink's ("" reads every subject).
+		filter := router.SubjectFilter(idx, opts.Topic)
+		if err := loadStoredIDs(ctx, conn, bus, filter, minCreated); err != nil {
 			return nil, err
 		}
 	}
-	return res, replayRows(ctx, conn, q, bus, router, opts, res)
+	return res, replayRows(ctx, conn, q, bus, router, idx, opts, res)
+}
+
+// storedOwner is whose stored messages a replay's rows match: the source
+// (Walbox-Source) and the table names (Walbox-Table) of the replayed table.
+type storedOwner struct {
+	source string
+	tables []string
 }
 
 // replayTable checks opts and finds the table to read: the configured
-// outbox table opts names (the default one when none), or its archive.
-func replayTable(cfg config.Config, opts ReplayOptions) (config.Table, cdc.TableName, error) {
+// outbox table opts names (the default one when none), its index among the
+// configured tables (the relay's cdc.Event.Table), or its archive.
+func replayTable(cfg config.Config, opts ReplayOptions) (config.Table, int, cdc.TableName, error) {
 	if opts.From.IsZero() && opts.To.IsZero() && len(opts.IDs) == 0 {
-		return config.Table{}, cdc.TableName{}, errors.New("select the events: --from and --to (created_at range), and/or --id")
+		return config.Table{}, 0, cdc.TableName{}, errors.New("select the events: --from and --to (created_at range), and/or --id")
 	}
 	if !opts.From.IsZero() && !opts.To.IsZero() && !opts.From.Before(opts.To) {
-		return config.Table{}, cdc.TableName{}, fmt.Errorf("--from (%s) must be before --to (%s)", opts.From.Format(time.RFC3339), opts.To.Format(time.RFC3339))
+		return config.Table{}, 0, cdc.TableName{}, fmt.Errorf("--from (%s) must be before --to (%s)", opts.From.Format(time.RFC3339), opts.To.Format(time.RFC3339))
 	}
 	t, err := cfg.TableNamed(opts.Table)
 	if err != nil {
-		return config.Table{}, cdc.TableName{}, &config.Error{Key: "--table", Msg: err.Error()}
+		return config.Table{}, 0, cdc.TableName{}, &config.Error{Key: "--table", Msg: err.Error()}
 	}
+	all, err := cfg.Tables()
+	if err != nil {
+		return config.Table{}, 0, cdc.TableName{}, err
+	}
+	idx := slices.IndexFunc(all, func(c config.Table) bool { return c.Name == t.Name })
 	table := t.Name
 	if opts.Archive {
 		table = ArchiveTable(table)
 	}
-	return t, table, nil
+	return t, max(idx, 0), table, nil
 }
 
-// loadStoredIDs reads the ids the streams hold into a temporary table, not
-// a map: a stream may hold many millions, and the join in the row query
-// finds each row's streams. minCreated is the oldest row's created_at.
-func loadStoredIDs(ctx context.Context, conn *pgx.Conn, bus replayBus, topic string, minCreated *time.Time) error {
+// loadStoredIDs reads the identities the streams hold into a temporary
+// table, not a map: a stream may hold many millions, and the join in the
+// row query finds each row's streams. filter is a subject filter ("": all
+// subjects); minCreated is the oldest row's created_at.
+func loadStoredIDs(ctx context.Context, conn *pgx.Conn, bus replayBus, filter string, minCreated *time.Time) error {
 	from := time.Time{}
 	if minCreated != nil {
 		// Stored after the commit, which is after created_at; a minute of
 		// slack for clocks.
 		from = minCreated.Add(-time.Minute)
 	}
-	if _, err := conn.Exec(ctx, `CREATE TEMP TABLE walbox_replay_stored (stream text NOT NULL, id text NOT NULL)`); err != nil {
+	if _, err := conn.Exec(ctx, storedTableDDL); err != nil {
 		return fmt.Errorf("create a temporary table for the stored ids (the role needs TEMP on the database; or pass --no-check to rely on the duplicate window alone): %w", err)
 	}
-	if err := bus.storeIDs(ctx, conn, topic, from); err != nil {
+	if err := bus.storeIDs(ctx, conn, filter, from); err != nil {
 		return err
 	}
 	if _, err := conn.Exec(ctx, `CREATE INDEX ON walbox_replay_stored (id); ANALYZE walbox_replay_stored`); err != nil {
@@ -227,9 +253,14 @@ func loadStoredIDs(ctx context.Context, conn *pgx.Conn, bus replayBus, topic str
 	return nil
 }
 
+// storedTableDDL is the temporary table of the identities the streams
+// (topics) hold: stream, Walbox-Source, Walbox-Table and the bare event id.
+const storedTableDDL = `CREATE TEMP TABLE walbox_replay_stored (stream text NOT NULL, source text NOT NULL, tbl text NOT NULL, id text NOT NULL)`
+
 // replayRows publishes the selected rows in order: each through the
-// router, a poison one as a dead letter, one already stored skipped.
-func replayRows(ctx context.Context, conn *pgx.Conn, q *rowQuery, bus replayBus, router *relay.Router, opts ReplayOptions, res *ReplayResult) error {
+// router as an event of table idx, a poison one as a dead letter, one
+// already stored skipped.
+func replayRows(ctx context.Context, conn *pgx.Conn, q *rowQuery, bus replayBus, router *relay.Router, idx int, opts ReplayOptions, res *ReplayResult) error {
 	suffix := ""
 	if opts.ForceNewID {
 		suffix = ".replay." + strconv.FormatInt(time.Now().UnixNano(), 10)
@@ -262,6 +293,7 @@ func replayRows(ctx context.Context, conn *pgx.Conn, q *rowQuery, bus replayBus,
 			continue
 		}
 		res.Events++
+		ev.Table = idx
 		ev.Pos = cdc.Position{CommitLSN: 0, Index: index}
 		index++
 		// The commit time is not kept with the row: created_at is the
@@ -284,7 +316,9 @@ func replayRows(ctx context.Context, conn *pgx.Conn, q *rowQuery, bus replayBus,
 			return err
 		}
 		if opts.ForceNewID {
-			m.Header.Set(relay.HeaderMsgID, ev.ID+suffix)
+			// The dedupe key (qualified for a table after the first) and
+			// the bare id, both new.
+			m.Qualify(m.Header.Get(relay.HeaderMsgID)+suffix, ev.ID+suffix)
 			m.Header.Set(HeaderReplayOf, ev.ID)
 		} else if slices.Contains(storedIn, stream) {
 			res.AlreadyStored++
@@ -311,9 +345,10 @@ type replayBus interface {
 	// dlq names the dead-letter stream (topic).
 	dlq() string
 	deadLetter(ev *cdc.Event, reason string) *relay.Msg
-	// storeIDs copies the ids the streams (topics) hold since from (zero:
-	// all) into walbox_replay_stored; topic is the --topic pattern.
-	storeIDs(ctx context.Context, conn *pgx.Conn, topic string, from time.Time) error
+	// storeIDs copies the identities the streams (topics) hold since from
+	// (zero: all) into walbox_replay_stored; filter is a subject filter
+	// that captures every subject the replayed events can have ("": all).
+	storeIDs(ctx context.Context, conn *pgx.Conn, filter string, from time.Time) error
 	// publish sends m, counting it in the result once acked (dead letters
 	// were counted already); at most replayWindow wait for their acks.
 	publish(ctx context.Context, m *relay.Msg, stream string, dlq bool) error
@@ -365,12 +400,7 @@ func (b *natsReplay) deadLetter(ev *cdc.Event, reason string) *relay.Msg {
 	return b.rt.DeadLetter(ev, b.cfg.NATS.DLQ.SubjectPrefix, reason)
 }
 
-func (b *natsReplay) storeIDs(ctx context.Context, conn *pgx.Conn, topic string, from time.Time) error {
-	filter := ""
-	// A subject template adds tokens to the topic: read the whole stream.
-	if topic != "" && b.cfg.NATS.SubjectTemplate == relay.DefaultSubjectTemplate {
-		filter = b.cfg.NATS.SubjectPrefix + topic
-	}
+func (b *natsReplay) storeIDs(ctx context.Context, conn *pgx.Conn, filter string, from time.Time) error {
 	for _, rt := range b.rts {
 		if rt.Stream == b.cfg.NATS.DLQ.Stream {
 			continue
@@ -444,7 +474,7 @@ func (w *ackWindow[F]) flush(ctx context.Context) error {
 // filtered and ordered.
 type rowQuery struct {
 	selectSQL, countSQL string
-	args                []any
+	args, countArgs     []any
 	roles               []cdc.Role
 	payloadIsJSON       bool
 	hasCreated          bool // the last column is created_at as timestamptz
@@ -453,7 +483,7 @@ type rowQuery struct {
 	checkStored bool
 }
 
-func newRowQuery(ctx context.Context, conn *pgx.Conn, table cdc.TableName, cols cdc.Columns, opts ReplayOptions) (*rowQuery, error) {
+func newRowQuery(ctx context.Context, conn *pgx.Conn, table cdc.TableName, cols cdc.Columns, opts ReplayOptions, owner storedOwner) (*rowQuery, error) {
 	rows, err := conn.Query(ctx, `SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a
 		WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped`, table.Quoted())
 	if err != nil {
@@ -533,12 +563,16 @@ func newRowQuery(ctx context.Context, conn *pgx.Conn, table cdc.TableName, cols 
 		q.hasCreated = true
 		sel = append(sel, created+"::timestamptz")
 	}
+	q.countSQL = fmt.Sprintf("SELECT count(*), %s FROM %s%s", minCreated, table.Quoted(), w)
+	// The count takes the selection's arguments; the select also the owner.
+	q.countArgs = q.args
 	if !opts.ForceNewID && !opts.NoCheck {
 		q.checkStored = true
-		sel = append(sel, fmt.Sprintf("(SELECT array_agg(DISTINCT s.stream) FROM walbox_replay_stored s WHERE s.id = o.%s::text)", id))
+		q.args = append(slices.Clip(q.args), owner.source, owner.tables)
+		sel = append(sel, fmt.Sprintf(`(SELECT array_agg(DISTINCT s.stream) FROM walbox_replay_stored s
+			WHERE s.id = o.%s::text AND s.source IN ($%d, '') AND s.tbl = ANY($%d))`, id, len(q.args)-1, len(q.args)))
 	}
 	q.selectSQL = fmt.Sprintf("SELECT %s FROM %s o%s ORDER BY %s", strings.Join(sel, ", "), table.Quoted(), w, order)
-	q.countSQL = fmt.Sprintf("SELECT count(*), %s FROM %s%s", minCreated, table.Quoted(), w)
 	return q, nil
 }
 
@@ -597,27 +631,37 @@ func (q *rowQuery) scan(rows pgx.Rows) (cdc.Event, time.Time, []string, error) {
 	return ev, time.Time{}, storedIn, nil
 }
 
-// storeIDs reads the Nats-Msg-Id of every message of stream stored since
-// from (zero: all), under filter ("" for all subjects), headers only, and
-// copies them into walbox_replay_stored in batches: memory stays flat
-// however many the stream holds.
+// storeIDs reads the identity (source, table, bare event id) of every
+// message of stream stored since from (zero: all), under filter ("" for
+// all subjects), headers only, and copies them into walbox_replay_stored
+// in batches: memory stays flat however many the stream holds.
 func storeIDs(ctx context.Context, conn *pgx.Conn, js jetstream.JetStream, stream, filter string, from time.Time) error {
 	c := idCopier{conn: conn}
-	err := storedIDs(ctx, js, stream, filter, from, func(id string) error { return c.add(ctx, stream, id) })
+	err := storedIDs(ctx, js, stream, filter, from, func(h nats.Header) error {
+		return c.add(ctx, stream, relay.Header(h))
+	})
 	if err != nil {
 		return err
 	}
 	return c.flush(ctx)
 }
 
-// idCopier copies (stream, id) rows into walbox_replay_stored in batches.
+// idCopier copies (stream, source, table, id) rows into
+// walbox_replay_stored in batches.
 type idCopier struct {
 	conn  *pgx.Conn
 	batch [][]any
 }
 
-func (c *idCopier) add(ctx context.Context, stream, id string) error {
-	c.batch = append(c.batch, []any{stream, id})
+// add copies the identity of a stored message with headers h (the bare
+// id: Walbox-Event-Id where set, else Nats-Msg-Id); one without an id is
+// skipped.
+func (c *idCopier) add(ctx context.Context, stream string, h relay.Header) error {
+	id := relay.IdentityID(h)
+	if id == "" {
+		return nil
+	}
+	c.batch = append(c.batch, []any{stream, h.Get(relay.HeaderSource), h.Get(relay.HeaderTable), id})
 	if len(c.batch) >= 10000 {
 		return c.flush(ctx)
 	}
@@ -628,15 +672,17 @@ func (c *idCopier) flush(ctx context.Context) error {
 	if len(c.batch) == 0 {
 		return nil
 	}
-	_, err := c.conn.CopyFrom(ctx, pgx.Identifier{"walbox_replay_stored"}, []string{"stream", "id"}, pgx.CopyFromRows(c.batch))
+	_, err := c.conn.CopyFrom(ctx, pgx.Identifier{"walbox_replay_stored"}, []string{"stream", "source", "tbl", "id"}, pgx.CopyFromRows(c.batch))
 	c.batch = c.batch[:0]
-	return err
+	if err != nil {
+		return fmt.Errorf("copy stored ids: %w", err)
+	}
+	return nil
 }
 
-// storedIDs calls fn with the Nats-Msg-Id of every message of stream
-// stored since from (zero: all), under filter ("" for all subjects),
-// headers only.
-func storedIDs(ctx context.Context, js jetstream.JetStream, stream, filter string, from time.Time, fn func(id string) error) error {
+// storedIDs calls fn with the headers of every message of stream stored
+// since from (zero: all), under filter ("" for all subjects), headers only.
+func storedIDs(ctx context.Context, js jetstream.JetStream, stream, filter string, from time.Time, fn func(h nats.Header) error) error {
 	st, err := js.Stream(ctx, stream)
 	if err != nil {
 		return err
@@ -663,10 +709,8 @@ func storedIDs(ctx context.Context, js jetstream.JetStream, stream, filter strin
 		got, pending := 0, uint64(1)
 		for m := range batch.Messages() {
 			got++
-			if id := m.Headers().Get(relay.HeaderMsgID); id != "" {
-				if err := fn(id); err != nil {
-					return err
-				}
+			if err := fn(m.Headers()); err != nil {
+				return err
 			}
 			if md, err := m.Metadata(); err == nil {
 				pending = md.NumPending

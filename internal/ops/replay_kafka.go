@@ -72,12 +72,13 @@ func (b *kafkaReplay) deadLetter(ev *cdc.Event, reason string) *relay.Msg {
 	return m
 }
 
-// storeIDs reads the Walbox-Event-Id of every record stored since from in
-// the configured topics (those --topic can match, with the default topic
-// template) into walbox_replay_stored, in batches.
-func (b *kafkaReplay) storeIDs(ctx context.Context, conn *pgx.Conn, topic string, from time.Time) error {
+// storeIDs reads the identity (Walbox-Source, Walbox-Table,
+// Walbox-Event-Id) of every record stored since from in the configured
+// topics that filter captures (all with "") into walbox_replay_stored, in
+// batches.
+func (b *kafkaReplay) storeIDs(ctx context.Context, conn *pgx.Conn, filter string, from time.Time) error {
 	for _, rt := range b.rts {
-		if topic != "" && b.cfg.Kafka.TopicTemplate == relay.DefaultSubjectTemplate && !relay.SubjectMatches(topic, rt.Stream) {
+		if filter != "" && !relay.SubjectMatches(filter, rt.Stream) {
 			continue
 		}
 		if err := b.storeTopicIDs(ctx, conn, rt.Stream, from); err != nil {
@@ -94,12 +95,7 @@ func (b *kafkaReplay) storeTopicIDs(ctx context.Context, conn *pgx.Conn, topic s
 	}
 	c := idCopier{conn: conn}
 	err = readKafka(ctx, b.cfg, topic, spans, func(r *kgo.Record) error {
-		for _, h := range r.Headers {
-			if h.Key == kafkasink.HeaderEventID {
-				return c.add(ctx, topic, string(h.Value))
-			}
-		}
-		return nil
+		return c.add(ctx, topic, kafkasink.FromKafkaHeaders(r.Headers))
 	})
 	if err != nil {
 		return err

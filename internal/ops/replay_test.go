@@ -11,9 +11,13 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/internal/outboxtest"
 	"github.com/walbox/walbox/internal/relaytest"
+	"github.com/walbox/walbox/relay"
+	"github.com/walbox/walbox/relay/kafkasink"
 )
 
 func TestReplayFillsAGap(t *testing.T) {
@@ -219,7 +223,7 @@ func TestReplayCopiesStoredIDsInBatches(t *testing.T) {
 		}
 	}
 	conn := relaytest.Conn(t, e.dbURL)
-	if _, err := conn.Exec(e.ctx, `CREATE TEMP TABLE walbox_replay_stored (stream text NOT NULL, id text NOT NULL)`); err != nil {
+	if _, err := conn.Exec(e.ctx, storedTableDDL); err != nil {
 		t.Fatal(err)
 	}
 	if err := storeIDs(e.ctx, conn, js, "MANY", "", time.Time{}); err != nil {
@@ -338,24 +342,80 @@ func TestReplayTableFollowsTheConfig(t *testing.T) {
 		archive bool
 		want    string
 		idCol   string
+		idx     int // the relay's index of the table: the config's order
 	}{
-		{"", false, "billing.outbox", "event_id"},
-		{"outbox_events", false, "public.outbox_events", "id"},
-		{"billing.outbox", true, "walbox.billing_outbox_archive", "event_id"},
+		{"", false, "billing.outbox", "event_id", 1},
+		{"outbox_events", false, "public.outbox_events", "id", 0},
+		{"billing.outbox", true, "walbox.billing_outbox_archive", "event_id", 1},
 	} {
 		o := from
 		o.Table, o.Archive = c.table, c.archive
-		tb, name, err := replayTable(cfg, o)
-		if err != nil || name.String() != c.want || tb.Columns[0] != c.idCol {
-			t.Errorf("--table %q archive %v: %s (id column %q), %v", c.table, c.archive, name, tb.Columns[0], err)
+		tb, idx, name, err := replayTable(cfg, o)
+		if err != nil || name.String() != c.want || tb.Columns[0] != c.idCol || idx != c.idx {
+			t.Errorf("--table %q archive %v: %s (id column %q, index %d), %v", c.table, c.archive, name, tb.Columns[0], idx, err)
 		}
 	}
 	o := from
 	o.Table = "shipping.outbox"
-	if _, _, err := replayTable(cfg, o); err == nil || !strings.Contains(err.Error(), "shipping.outbox is not a configured outbox table") {
+	if _, _, _, err := replayTable(cfg, o); err == nil || !strings.Contains(err.Error(), "shipping.outbox is not a configured outbox table") {
 		t.Errorf("unknown table: %v", err)
 	}
-	if _, _, err := replayTable(cfg, ReplayOptions{}); err == nil || !strings.Contains(err.Error(), "select the events") {
+	if _, _, _, err := replayTable(cfg, ReplayOptions{}); err == nil || !strings.Contains(err.Error(), "select the events") {
 		t.Errorf("no selection: %v", err)
+	}
+}
+
+// Issue 34, item 8, on Kafka: a table with its own topic template
+// (subject_template) is read back in the topics its template gives
+// --topic, not in those the sink's template would, and a record counts as
+// the row's only when it names the row's table: of three rows, two are in
+// their topic and the third's id is there only as another table's event.
+// Before the fix the read-back skipped billing.invoices (the sink's
+// template made --topic "invoices" match no topic) and all three were
+// published again.
+func TestReplayKafkaTableWithItsOwnTopicTemplate(t *testing.T) {
+	e := newKafkaEnv(t, func(c *config.Config) {
+		c.Kafka.Topics = append(c.Kafka.Topics, config.KafkaTopic{Name: "billing.invoices", Partitions: 2, ReplicationFactor: 3})
+		c.Outboxes = []config.OutboxEntry{{Outbox: config.Outbox{Table: "public.outbox_events"}},
+			{Outbox: config.Outbox{Table: "public.billing_outbox"}, SubjectTemplate: "billing.{topic}"}}
+	})
+	e.createAll()
+	ctx := testCtx(t)
+	e.exec(`CREATE TABLE billing_outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), created_at timestamptz NOT NULL DEFAULT now(),
+		topic text NOT NULL, payload jsonb NOT NULL, aggregate_id text)`)
+	var ids []string
+	for i := range 3 {
+		ids = append(ids, e.insertID(`INSERT INTO billing_outbox (topic, payload, aggregate_id) VALUES ('invoices', '{}', $1) RETURNING id::text`, "inv-"+strconv.Itoa(i)))
+	}
+	produce := func(id, table string) {
+		h := relay.Header{}
+		h.Set(relay.HeaderMsgID, id)
+		h.Set(relay.HeaderSource, source(e.cfg))
+		h.Set(relay.HeaderTable, table)
+		rec := &kgo.Record{Topic: "billing.invoices", Key: []byte(id), Value: []byte(`{}`), Headers: kafkasink.ToKafkaHeaders(h)}
+		if err := e.kafka.Client.ProduceSync(ctx, rec).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	produce(ids[0], "public.billing_outbox")
+	produce(ids[1], "public.billing_outbox")
+	produce(ids[2], "public.outbox_events") // the other table's event with this id
+
+	res, err := Replay(ctx, e.cfg, ReplayOptions{Table: "public.billing_outbox", From: time.Now().Add(-time.Hour), To: time.Now().Add(time.Minute), Topic: "invoices"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Events != 3 || res.AlreadyStored != 2 || res.Published != 1 || res.ByStream["billing.invoices"] != 1 {
+		t.Fatalf("replay: matched %d, already stored %d, published %d (%v); want 3, 2 and the missing one to billing.invoices",
+			res.Events, res.AlreadyStored, res.Published, res.ByStream)
+	}
+	var replayed []outboxtest.KafkaRecord
+	for _, r := range e.kcat("billing.invoices") {
+		if r.Header("Walbox-Table") == "public.billing_outbox" && r.Header("Walbox-Event-Id") == ids[2] {
+			replayed = append(replayed, r)
+		}
+	}
+	if len(replayed) != 1 {
+		t.Fatalf("billing.invoices holds %d records of billing_outbox's event %s, want the replayed one", len(replayed), ids[2])
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -58,7 +59,12 @@ type Export struct {
 // Manifest describes one exported partition; it is written after the data
 // object, so its presence means the export is complete.
 type Manifest struct {
-	Version      int        `json:"version"`
+	Version int `json:"version"`
+	// SystemID and Database name the database the rows come from: its
+	// cluster's system identifier and its name (version 2 on; version 1
+	// manifests, under the keys without them, name only the table).
+	SystemID     string     `json:"system_identifier,omitempty"`
+	Database     string     `json:"database,omitempty"`
 	Table        string     `json:"table"`
 	Partition    string     `json:"partition"`
 	Object       string     `json:"object"`
@@ -71,6 +77,29 @@ type Manifest struct {
 	MinCreatedAt *time.Time `json:"min_created_at"`
 	MaxCreatedAt *time.Time `json:"max_created_at"`
 	ExportedAt   time.Time  `json:"exported_at"`
+	// ContentSHA256 is the sha256 of the JSON Lines uncompressed (version 2
+	// on): a run that finds the manifest before dropping the partition
+	// compares it with the partition's rows.
+	ContentSHA256 string `json:"content_sha256,omitempty"`
+}
+
+// ManifestVersion is the version of the manifests walbox writes: 2 names
+// the database (system identifier, database name) in keys and manifest.
+const ManifestVersion = 2
+
+// notOf says why m is not the manifest of partition part of table t in
+// database id ("" when it is). A manifest without the database's identity
+// (version 1) is nobody's in particular: it is not taken as this one's.
+func (m *Manifest) notOf(id dbIdentity, t, part cdc.TableName) string {
+	switch {
+	case m.Version < 2 || m.SystemID == "" || m.Database == "":
+		return fmt.Sprintf("it is a version %d manifest that names no database", m.Version)
+	case m.SystemID != id.systemID || m.Database != id.database:
+		return fmt.Sprintf("it is of system %s database %s, this is %s", m.SystemID, m.Database, id)
+	case m.Table != t.String() || m.Partition != part.String():
+		return fmt.Sprintf("it is of partition %s of table %s, this is %s of %s", m.Partition, m.Table, part, t)
+	}
+	return ""
 }
 
 // journalEntry is one row of walbox.archive_partitions.
@@ -455,25 +484,46 @@ func (s *Sweeper) archiveRows(ctx context.Context, q querier, ti *tableInfo, rep
 	return nil
 }
 
-// keys of an exported partition in cold storage.
-func exportKeys(t cdc.TableName, part cdc.TableName) (data, manifest string) {
-	base := objectDir(t) + "/" + part.Name
-	return base + ".jsonl.gz", base + ".manifest.json"
+// exportKeys are the keys of an exported partition in cold storage:
+// <system identifier>/<database>/<table>/<partition>.jsonl.gz and its
+// .manifest.json.
+func exportKeys(id dbIdentity, t cdc.TableName, part cdc.TableName) (data, manifest string) {
+	data = objectDir(id, t) + "/" + part.Name + ".jsonl.gz"
+	return data, manifestKey(data)
 }
+
+// legacyExportKeys are the keys walbox exported to before the keys named the
+// database (manifest version 1): <table>/<partition>.jsonl.gz.
+func legacyExportKeys(t cdc.TableName, part cdc.TableName) (data, manifest string) {
+	data = legacyObjectDir(t) + "/" + part.Name + ".jsonl.gz"
+	return data, manifestKey(data)
+}
+
+// manifestKey is the manifest's key beside data object key.
+func manifestKey(data string) string { return strings.TrimSuffix(data, ".jsonl.gz") + ".manifest.json" }
 
 // exportArchived exports archived partitions older than ExportAfter and
 // drops them. Each partition: write the data object, then the manifest
 // (its presence means complete), then DROP TABLE with the journal update in
-// one transaction. A run that stopped after the upload finds the manifest,
-// checks its row count against the table, and only drops.
+// one transaction. A run that stopped after the upload finds the manifest
+// and only drops, once the manifest names this database, table and
+// partition, and its row count and content hash are the partition's: a
+// manifest that is not this partition's own never makes it drop (another
+// deployment sharing the store and prefix). Such a partition is refused
+// with an error and the others go on.
 func (s *Sweeper) exportArchived(ctx context.Context, q querier, ti *tableInfo, rep *Report, opts MaintainOptions) error {
 	due, err := s.journal(ctx, q, "state = $2 AND range_end <= now() - make_interval(secs => $3)", stateArchived, s.cfg.Archive.ExportAfter.Seconds())
+	if err != nil || len(due) == 0 {
+		return err
+	}
+	id, err := readIdentity(ctx, q)
 	if err != nil {
 		return err
 	}
 	store := s.cfg.Archive.Store
+	var refused []error
 	for _, e := range due {
-		dataKey, manKey := exportKeys(ti.table, e.name)
+		dataKey, manKey := exportKeys(id, ti.table, e.name)
 		if opts.DryRun {
 			rep.Exported = append(rep.Exported, Export{Partition: e.name.String(), Object: dataKey})
 			continue
@@ -490,13 +540,34 @@ func (s *Sweeper) exportArchived(ctx context.Context, q querier, ti *tableInfo, 
 			if err := json.Unmarshal(raw, &man); err != nil {
 				return fmt.Errorf("manifest %s in %s is unreadable: %w (remove it to export again)", manKey, store, err)
 			}
-			if man.Rows != count || man.Partition != e.name.String() {
-				return fmt.Errorf("manifest %s in %s says %d rows of %s, the partition has %d: not overwriting; check and remove it to export again",
-					manKey, store, man.Rows, man.Partition, count)
+			if why := man.notOf(id, ti.table, e.name); why != "" {
+				refused = append(refused, fmt.Errorf("manifest %s in %s is not this partition's (%s): not dropping %s, not overwriting; give each deployment its own archive prefix",
+					manKey, store, why, e.name))
+				continue
+			}
+			if man.Rows != count {
+				refused = append(refused, fmt.Errorf("manifest %s in %s says %d rows of %s, the partition has %d: not overwriting; check and remove it to export again",
+					manKey, store, man.Rows, man.Partition, count))
+				continue
+			}
+			// The manifest is of this partition's name: that its object
+			// holds these rows, only their hash says.
+			sum, err := s.contentHash(ctx, q, ti, e)
+			if err != nil {
+				return err
+			}
+			if sum != man.ContentSHA256 {
+				refused = append(refused, fmt.Errorf("manifest %s in %s names %s, but the rows it describes are not the partition's (content sha256 %s, the partition's %s): not dropping, not overwriting; a copy of this database (same system identifier and name) may share the archive prefix: give it its own",
+					manKey, store, e.name, man.ContentSHA256, sum))
+				continue
 			}
 			ex.Resumed = true
 		case errors.Is(err, ErrNotExist):
-			man, err = s.export(ctx, q, ti, e, dataKey, opts)
+			if _, lman := legacyExportKeys(ti.table, e.name); objectExists(ctx, store, lman) {
+				s.log.Warn().Str("partition", e.name.String()).Str("legacy_manifest", lman).Str("object", dataKey).
+					Msg("an export of this partition's name exists under the keys without the database's identity: it is not taken as this database's, the partition is exported again under its own keys; remove the old object once you know whose it is")
+			}
+			man, err = s.export(ctx, q, ti, e, id, dataKey, opts)
 			if err != nil {
 				return err
 			}
@@ -541,74 +612,34 @@ func (s *Sweeper) exportArchived(ctx context.Context, q querier, ti *tableInfo, 
 		s.log.Info().Str("partition", e.name.String()).Str("object", dataKey).Str("store", store.String()).Int64("rows", man.Rows).
 			Int64("bytes", man.Bytes).Bool("resumed", ex.Resumed).Msg("partition exported to cold storage and dropped")
 	}
-	return nil
+	return errors.Join(refused...)
+}
+
+// objectExists reports whether store holds key (an error reading it: no).
+func objectExists(ctx context.Context, store ColdStore, key string) bool {
+	_, err := store.Get(ctx, key)
+	return err == nil
 }
 
 // export streams a partition as gzip-compressed JSON Lines (one object per
-// row, row_to_json) into a temporary file, hashing it on the way, then
-// uploads the file. It reads in one REPEATABLE READ transaction, so the
-// count, the bounds and the rows agree.
-func (s *Sweeper) export(ctx context.Context, q querier, ti *tableInfo, e journalEntry, dataKey string, opts MaintainOptions) (Manifest, error) {
-	man := Manifest{Version: 1, Table: ti.table.String(), Partition: e.name.String(), Object: dataKey, Format: "jsonl.gz",
-		RangeFrom: e.from, RangeTo: e.to}
+// row, row_to_json) into a temporary file, hashing it on the way (the
+// object as stored, and its content uncompressed), then uploads the file.
+func (s *Sweeper) export(ctx context.Context, q querier, ti *tableInfo, e journalEntry, id dbIdentity, dataKey string, opts MaintainOptions) (Manifest, error) {
+	man := Manifest{Version: ManifestVersion, SystemID: id.systemID, Database: id.database, Table: ti.table.String(), Partition: e.name.String(),
+		Object: dataKey, Format: "jsonl.gz", RangeFrom: e.from, RangeTo: e.to}
 	tmp, err := os.CreateTemp("", "walbox-export-*.jsonl.gz")
 	if err != nil {
 		return man, err
 	}
 	defer os.Remove(tmp.Name())
 	defer tmp.Close()
-	h := sha256.New()
+	h, ch := sha256.New(), sha256.New()
 	cw := &countWriter{w: io.MultiWriter(tmp, h)}
 	zw, _ := gzip.NewWriterLevel(cw, gzip.DefaultCompression)
-	bw := bufio.NewWriterSize(zw, 256<<10)
-	b, ok := q.(txStarter)
-	if !ok {
-		return man, errors.New("internal: export needs a connection")
-	}
-	tx, err := b.Begin(ctx)
-	if err != nil {
-		return man, err
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
-	if _, err := tx.Exec(ctx, "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"); err != nil {
-		return man, err
-	}
-	// The read of a whole partition may take longer than the maintenance
-	// session's statement_timeout; it holds ACCESS SHARE on the archived
-	// partition only.
-	if _, err := tx.Exec(ctx, "SET LOCAL statement_timeout = 0"); err != nil {
-		return man, err
-	}
-	col := ti.partCol
-	if col == "" {
-		col = ti.createdCol
-	}
-	var minC, maxC *time.Time
-	if err := tx.QueryRow(ctx, fmt.Sprintf("SELECT min(%[1]s)::timestamptz, max(%[1]s)::timestamptz FROM %[2]s", cdc.QuoteIdent(col), e.name.Quoted())).Scan(&minC, &maxC); err != nil {
-		return man, fmt.Errorf("export %s: %w", e.name, err)
-	}
-	man.MinCreatedAt, man.MaxCreatedAt = minC, maxC
-	rows, err := tx.Query(ctx, fmt.Sprintf("SELECT row_to_json(t)::text FROM %s t", e.name.Quoted()), pgx.QueryResultFormats{pgx.TextFormatCode})
-	if err != nil {
-		return man, fmt.Errorf("export %s: %w", e.name, err)
-	}
+	bw := bufio.NewWriterSize(io.MultiWriter(zw, ch), 256<<10)
 	pr := newProgress(opts.Progress, "export "+e.name.String())
-	for rows.Next() {
-		raw := rows.RawValues()
-		if len(raw) != 1 {
-			rows.Close()
-			return man, errors.New("export: unexpected row shape")
-		}
-		bw.Write(raw[0])
-		bw.WriteByte('\n')
-		man.Rows++
-		if man.Rows&0x3fff == 0 {
-			pr.update(man.Rows, cw.n)
-		}
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return man, fmt.Errorf("export %s: %w", e.name, err)
+	if err := s.dumpPartition(ctx, q, ti, e, bw, &man, func(rows int64) { pr.update(rows, cw.n) }); err != nil {
+		return man, err
 	}
 	if err := bw.Flush(); err != nil {
 		return man, err
@@ -616,12 +647,10 @@ func (s *Sweeper) export(ctx context.Context, q querier, ti *tableInfo, e journa
 	if err := zw.Close(); err != nil {
 		return man, err
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return man, err
-	}
 	pr.done(man.Rows, cw.n)
 	man.Bytes = cw.n
 	man.SHA256 = hex.EncodeToString(h.Sum(nil))
+	man.ContentSHA256 = hex.EncodeToString(ch.Sum(nil))
 	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
 		return man, err
 	}
@@ -632,12 +661,105 @@ func (s *Sweeper) export(ctx context.Context, q querier, ti *tableInfo, e journa
 	return man, nil
 }
 
+// contentHash is the sha256 of partition e's rows as export writes them,
+// uncompressed (Manifest.ContentSHA256).
+func (s *Sweeper) contentHash(ctx context.Context, q querier, ti *tableInfo, e journalEntry) (string, error) {
+	h := sha256.New()
+	bw := bufio.NewWriterSize(h, 256<<10)
+	var man Manifest
+	if err := s.dumpPartition(ctx, q, ti, e, bw, &man, func(int64) {}); err != nil {
+		return "", err
+	}
+	if err := bw.Flush(); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// dumpPartition writes partition e's rows to w as JSON Lines and sets man's
+// rows and min/max created_at. It reads in one REPEATABLE READ transaction,
+// so the count, the bounds and the rows agree, with synchronized scans off:
+// a scan then starts at the table's first page, and two reads of unchanged
+// rows give the same bytes (contentHash compares them). progress is called
+// now and then with the rows written so far.
+func (s *Sweeper) dumpPartition(ctx context.Context, q querier, ti *tableInfo, e journalEntry, w io.Writer, man *Manifest, progress func(rows int64)) error {
+	b, ok := q.(txStarter)
+	if !ok {
+		return errors.New("internal: export needs a connection")
+	}
+	tx, err := b.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if _, err := tx.Exec(ctx, "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, "SET LOCAL synchronize_seqscans = off"); err != nil {
+		return err
+	}
+	// The read of a whole partition may take longer than the maintenance
+	// session's statement_timeout; it holds ACCESS SHARE on the archived
+	// partition only.
+	if _, err := tx.Exec(ctx, "SET LOCAL statement_timeout = 0"); err != nil {
+		return err
+	}
+	col := ti.partCol
+	if col == "" {
+		col = ti.createdCol
+	}
+	var minC, maxC *time.Time
+	if err := tx.QueryRow(ctx, fmt.Sprintf("SELECT min(%[1]s)::timestamptz, max(%[1]s)::timestamptz FROM %[2]s", cdc.QuoteIdent(col), e.name.Quoted())).Scan(&minC, &maxC); err != nil {
+		return fmt.Errorf("export %s: %w", e.name, err)
+	}
+	man.MinCreatedAt, man.MaxCreatedAt = minC, maxC
+	rows, err := tx.Query(ctx, fmt.Sprintf("SELECT row_to_json(t)::text FROM %s t", e.name.Quoted()), pgx.QueryResultFormats{pgx.TextFormatCode})
+	if err != nil {
+		return fmt.Errorf("export %s: %w", e.name, err)
+	}
+	nl := []byte{'\n'}
+	for rows.Next() {
+		raw := rows.RawValues()
+		if len(raw) != 1 {
+			rows.Close()
+			return errors.New("export: unexpected row shape")
+		}
+		if _, err := w.Write(raw[0]); err != nil {
+			rows.Close()
+			return fmt.Errorf("export %s: %w", e.name, err)
+		}
+		if _, err := w.Write(nl); err != nil {
+			rows.Close()
+			return fmt.Errorf("export %s: %w", e.name, err)
+		}
+		man.Rows++
+		if man.Rows&0x3fff == 0 {
+			progress(man.Rows)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("export %s: %w", e.name, err)
+	}
+	return tx.Commit(ctx)
+}
+
 // deleteExpired deletes exports whose newest row is older than DeleteAfter,
 // judged by the manifest: the data object first, then the manifest, so a
-// crash in between is finished by the next run.
+// crash in between is finished by the next run. An export is found at the
+// key the journal recorded (one written before the keys named the database
+// is under the old key) and deleted only when its manifest is this
+// database's: a version 2 manifest names this system, database, table and
+// partition, and every manifest's sha256 and rows are those the journal
+// recorded when this database exported it. Any other is refused with an
+// error, and the others go on.
 func (s *Sweeper) deleteExpired(ctx context.Context, q querier, ti *tableInfo, rep *Report, opts MaintainOptions) error {
 	due, err := s.journal(ctx, q, "state = $2 AND coalesce(max_created_at, range_end) < now() - make_interval(secs => $3)",
 		stateExported, s.cfg.Archive.DeleteAfter.Seconds())
+	if err != nil || len(due) == 0 {
+		return err
+	}
+	id, err := readIdentity(ctx, q)
 	if err != nil {
 		return err
 	}
@@ -646,8 +768,18 @@ func (s *Sweeper) deleteExpired(ctx context.Context, q querier, ti *tableInfo, r
 		return err
 	}
 	store := s.cfg.Archive.Store
+	var refused []error
 	for _, e := range due {
-		dataKey, manKey := exportKeys(ti.table, e.name)
+		var object, sum string
+		var rows int64
+		if err := q.QueryRow(ctx, `SELECT coalesce(object, ''), coalesce(sha256, ''), coalesce(rows, -1) FROM walbox.archive_partitions WHERE source = $1 AND partition_name = $2`,
+			s.cfg.Table.String(), e.name.String()).Scan(&object, &sum, &rows); err != nil {
+			return fmt.Errorf("read the journal's export of %s: %w", e.name, err)
+		}
+		dataKey, manKey := exportKeys(id, ti.table, e.name)
+		if object != "" {
+			dataKey, manKey = object, manifestKey(object)
+		}
 		raw, err := store.Get(ctx, manKey)
 		switch {
 		case errors.Is(err, ErrNotExist):
@@ -658,6 +790,17 @@ func (s *Sweeper) deleteExpired(ctx context.Context, q querier, ti *tableInfo, r
 			var man Manifest
 			if err := json.Unmarshal(raw, &man); err != nil {
 				return fmt.Errorf("manifest %s in %s is unreadable: %w", manKey, store, err)
+			}
+			why := ""
+			if man.Version >= 2 {
+				why = man.notOf(id, ti.table, e.name)
+			}
+			if why == "" && (sum == "" || man.SHA256 != sum || man.Rows != rows) {
+				why = fmt.Sprintf("its sha256 %s and %d rows are not those this database exported (%s, %d rows)", man.SHA256, man.Rows, sum, rows)
+			}
+			if why != "" {
+				refused = append(refused, fmt.Errorf("manifest %s in %s is not this database's export of %s (%s): not deleting it", manKey, store, e.name, why))
+				continue
 			}
 			newest := e.end
 			if man.MaxCreatedAt != nil {
@@ -687,7 +830,7 @@ func (s *Sweeper) deleteExpired(ctx context.Context, q querier, ti *tableInfo, r
 		rep.Deleted = append(rep.Deleted, dataKey)
 		s.log.Info().Str("object", dataKey).Str("store", store.String()).Msg("export past the retention age deleted")
 	}
-	return nil
+	return errors.Join(refused...)
 }
 
 type countWriter struct {

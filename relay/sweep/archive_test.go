@@ -257,6 +257,13 @@ func checkExport(t *testing.T, store sweep.ColdStore, dataKey string, want map[s
 	return man
 }
 
+// exportDir is the key prefix of d's exports: its system identifier and
+// database name.
+func (d *db) exportDir() string {
+	d.t.Helper()
+	return queryOne[string](d, `SELECT system_identifier::text || '/' || current_database() FROM pg_control_system()`)
+}
+
 func (d *db) payloads(table string) map[string]string {
 	d.t.Helper()
 	rows, err := d.pool.Query(context.Background(), `SELECT id::text, payload::text FROM `+table)
@@ -278,7 +285,7 @@ func testExportAndDelete(t *testing.T, store sweep.ColdStore) {
 	part := d.oldPartition(10, 500, true)
 	want := d.payloads(part)
 	name := strings.TrimPrefix(part, "public.")
-	dataKey := "outbox_events/" + name + ".jsonl.gz"
+	dataKey := d.exportDir() + "/outbox_events/" + name + ".jsonl.gz"
 	sw := d.sweeper(exporting(store, 1*day, 2*day, 0))
 
 	dry := maintain(t, sw, sweep.MaintainOptions{DryRun: true})

@@ -138,12 +138,51 @@ func inspect(ctx context.Context, q querier, table cdc.TableName, roles cdc.Colu
 	return ti, nil
 }
 
-// objectDir is the folder (key prefix) of a table's exports in cold storage.
-func objectDir(t cdc.TableName) string {
+// dbIdentity names the database whose exports these are: its cluster's
+// system identifier and its name. Export keys and manifests carry it, so
+// two deployments sharing a store and prefix never take each other's
+// exports for their own.
+type dbIdentity struct{ systemID, database string }
+
+func (id dbIdentity) String() string { return "system " + id.systemID + " database " + id.database }
+
+// readIdentity reads the identity of the database q is connected to.
+func readIdentity(ctx context.Context, q querier) (dbIdentity, error) {
+	var id dbIdentity
+	if err := q.QueryRow(ctx, `SELECT system_identifier::text, current_database()::text FROM pg_control_system()`).Scan(&id.systemID, &id.database); err != nil {
+		return id, fmt.Errorf("read the system identifier and database name that name the exports (pg_control_system()): %w", err)
+	}
+	return id, nil
+}
+
+// objectDir is the folder (key prefix) of a table's exports in cold storage:
+// <system identifier>/<database>/<table>.
+func objectDir(id dbIdentity, t cdc.TableName) string {
+	return id.systemID + "/" + keyToken(id.database) + "/" + legacyObjectDir(t)
+}
+
+// legacyObjectDir is the folder of a table's exports before they named
+// their database (manifest version 1): <table>.
+func legacyObjectDir(t cdc.TableName) string {
 	if t.Schema == "public" {
 		return t.Name
 	}
 	return t.Schema + "." + t.Name
+}
+
+// keyToken makes s one segment of an object key: every byte but
+// [A-Za-z0-9_-] as %XX, so a database name never adds a folder or a "..".
+func keyToken(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' {
+			b.WriteByte(c)
+		} else {
+			fmt.Fprintf(&b, "%%%02X", c)
+		}
+	}
+	return b.String()
 }
 
 // ensureArchive creates the journal (walbox.archive_partitions: one row per
