@@ -395,16 +395,19 @@ func printOutbox(line func(k, format string, args ...any), o OutboxState) {
 	}
 	if o.Partitioned {
 		var dated []sweep.PartitionStatus
+		def := "no default partition"
 		for _, p := range o.Partitions {
 			if !p.Default {
 				dated = append(dated, p)
+			} else {
+				def = fmt.Sprintf("default partition %s: %d rows (an older walbox's is emptied and removed by the sweeper)", p.Name, o.DefaultRows)
 			}
 		}
 		if len(dated) > 0 {
-			line("partitions", "%d dated, %s .. %s; default partition: %d rows", len(dated),
-				dated[0].From.Format("2006-01-02"), dated[len(dated)-1].To.Format("2006-01-02"), o.DefaultRows)
+			line("partitions", "%d dated, %s .. %s; %s", len(dated),
+				dated[0].From.Format("2006-01-02"), dated[len(dated)-1].To.Format("2006-01-02"), def)
 		} else {
-			line("partitions", "none dated; default partition: %d rows", o.DefaultRows)
+			line("partitions", "none dated; %s", def)
 		}
 	}
 	if a := o.Archive; a != nil {

@@ -22,6 +22,7 @@ type Metrics struct {
 	Blocked           prometheus.Gauge
 	MaintainFailures  *prometheus.CounterVec
 	Postponed         *prometheus.CounterVec
+	PartitionsAhead   prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) *Metrics {
@@ -39,6 +40,7 @@ func newMetrics(reg prometheus.Registerer) *Metrics {
 		RowsExported:      f.Counter("walbox_archive_rows_exported_total", "Rows written to cold storage."),
 		Blocked:           f.Gauge("walbox_archive_blocked_partitions", "Partitions old enough to archive that still hold unprocessed rows."),
 		MaintainFailures:  f.CounterVec("walbox_sweeper_maintenance_failures_total", "Partition upkeep and archival runs that failed, by reason: privilege (the role does not own the table) or error.", "reason"),
+		PartitionsAhead:   f.Gauge("walbox_outbox_partitions_ahead_seconds", "Seconds until the end of the outbox's newest partition: an INSERT with a created_at past it fails (walbox keeps no default partition; computed every 30 s)."),
 		Postponed:         f.CounterVec("walbox_sweeper_maintenance_postponed_total", "Maintenance steps postponed because a lock they need was held by another session (a long reader, a dump): retried within sweeper.postponed_retry, never waited for while producers queue, by step.", "step"),
 	}
 }

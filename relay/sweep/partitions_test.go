@@ -56,6 +56,14 @@ func TestMaintainCreatesPartitionsAhead(t *testing.T) {
 	if !again.Empty() {
 		t.Errorf("second run did something: %+v", again)
 	}
+	// Without a default partition, how long INSERTs still find one: from
+	// now to the end of the day 10 days ahead.
+	if _, err := sw.RefreshGauges(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if ahead := time.Duration(testutil.ToFloat64(sw.Metrics().PartitionsAhead) * float64(time.Second)); ahead <= 10*24*time.Hour || ahead > 11*24*time.Hour+time.Hour {
+		t.Errorf("walbox_outbox_partitions_ahead_seconds says %v, want 10 to 11 days", ahead)
+	}
 }
 
 // Rows that landed in the default partition an older walbox created move

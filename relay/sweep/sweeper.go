@@ -899,6 +899,23 @@ func (s *Sweeper) refreshGauges(ctx context.Context) (unprocessedRows int64, err
 	if err != nil {
 		return 0, err
 	}
+	if ti.partitioned && ti.partCol != "" {
+		// Without a default partition an INSERT past the newest partition
+		// fails: how long until then (walbox_outbox_partitions_ahead_seconds).
+		parts, err := partitions(ctx, s.pool, ti.table, ti.partType)
+		if err != nil {
+			return 0, err
+		}
+		var newest time.Time
+		for _, p := range parts {
+			if p.bounded && !p.detachPending && p.end.After(newest) {
+				newest = p.end
+			}
+		}
+		if !newest.IsZero() {
+			s.m.PartitionsAhead.Set(time.Until(newest).Seconds())
+		}
+	}
 	if !ti.processed {
 		return 0, nil
 	}
