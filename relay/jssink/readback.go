@@ -98,12 +98,12 @@ func scanHeaders(ctx context.Context, st jetstream.Stream, first, last uint64, f
 	}
 }
 
-// ReadBack implements sweep.StreamReader: it calls fn with the table and
-// event id (and, for a dead letter, the reason) of every message of source that
-// stream holds between sequences first and last; with first 0, of its
-// newest tail messages. The sweeper catches dropped marks up from it: a row
-// is marked only when its id was read back.
-func (s *Sink) ReadBack(ctx context.Context, stream, source string, first, last uint64, tail int, fn func(table, id, reason string)) error {
+// ReadBack implements sweep.StreamReader: it calls fn with what every
+// message of source that stream holds between sequences first and last says
+// of its event (relay.StoredEventFromHeaders); with first 0, of its newest
+// tail messages. The sweeper catches dropped marks up from it: a row is
+// marked only when its identity was read back.
+func (s *Sink) ReadBack(ctx context.Context, stream, source string, first, last uint64, tail int, fn func(relay.StoredEvent)) error {
 	st, err := s.js.Stream(ctx, stream)
 	if err != nil {
 		return fmt.Errorf("stream %s: %w", stream, err)
@@ -134,7 +134,7 @@ func (s *Sink) ReadBack(ctx context.Context, stream, source string, first, last 
 		case seq > last:
 			return false
 		case h != nil && h.Get(relay.HeaderSource) == source:
-			fn(h.Get(relay.HeaderTable), relay.IdentityID(relay.Header(h)), h.Get(relay.HeaderDLQReason))
+			fn(relay.StoredEventFromHeaders(relay.Header(h)))
 		}
 		return true
 	}, ctx.Err)

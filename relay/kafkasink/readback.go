@@ -203,13 +203,13 @@ func (s *Sink) StoredTail(ctx context.Context, topic, source string, n int) (rel
 	return tail, err
 }
 
-// ReadBack implements sweep.StreamReader: the event id (and a dead letter's
-// reason) of every record of source in topic with a sequence (offset + 1)
+// ReadBack implements sweep.StreamReader: what every record of source in
+// topic says of its event (relay.StoredEventFromHeaders), with a sequence (offset + 1)
 // in [first, last] in any partition; with first 0, of the newest tail records of each
 // partition. Offsets are per partition, so a range covers each partition's
 // records at those offsets: the sweeper marks only ids it read back, and
 // reads the tails at start.
-func (s *Sink) ReadBack(ctx context.Context, topic, source string, first, last uint64, tail int, fn func(table, id, reason string)) error {
+func (s *Sink) ReadBack(ctx context.Context, topic, source string, first, last uint64, tail int, fn func(relay.StoredEvent)) error {
 	n := 0
 	if first == 0 {
 		n = max(tail, 1)
@@ -222,7 +222,7 @@ func (s *Sink) ReadBack(ctx context.Context, topic, source string, first, last u
 	return s.read(ctx, topic, sp, func(r *kgo.Record) {
 		h := FromKafkaHeaders(r.Headers)
 		if h.Get(relay.HeaderSource) == source {
-			fn(h.Get(relay.HeaderTable), relay.IdentityID(h), h.Get(relay.HeaderDLQReason))
+			fn(relay.StoredEventFromHeaders(h))
 		}
 	})
 }

@@ -202,11 +202,11 @@ func (r seqRange) with(seq uint64) seqRange {
 }
 
 // StreamReader reads back what a stream stored: for every message of source
-// with a sequence in [first, last] (first 0: the newest tail messages), its
-// table (relay.HeaderTable; "" when it names none), its event id and, for
-// a dead letter, the reason. jssink.Sink and kafkasink.Sink implement it.
+// with a sequence in [first, last] (first 0: the newest tail messages), what
+// it says of its event (relay.StoredEvent: its table, id, created_at and, for
+// a dead letter, the reason). jssink.Sink and kafkasink.Sink implement it.
 type StreamReader interface {
-	ReadBack(ctx context.Context, stream, source string, first, last uint64, tail int, fn func(table, id, reason string)) error
+	ReadBack(ctx context.Context, stream, source string, first, last uint64, tail int, fn func(relay.StoredEvent)) error
 }
 
 type readBack struct {
@@ -947,11 +947,16 @@ func (s *Sweeper) catchUp(ctx context.Context) error {
 		}
 		now := time.Now()
 		var applyErr error
-		err := rb.r.ReadBack(ctx, j.stream, rb.source, j.r.first, j.r.last, j.tail, func(table, id, reason string) {
-			if applyErr != nil || id == "" || !s.owns(table) {
+		err := rb.r.ReadBack(ctx, j.stream, rb.source, j.r.first, j.r.last, j.tail, func(ev relay.StoredEvent) {
+			if applyErr != nil || ev.ID == "" || !s.owns(ev.Table) {
 				return
 			}
-			batch = append(batch, mark{id: id, at: now, dlq: reason != "", stored: true, reason: reason})
+			// With its created_at the mark's UPDATE looks in the one
+			// partition that holds the row (a start read-back of 10^6 ids
+			// by id alone probes every partition's primary key for each);
+			// without it (no created_at role, or a message from a relay
+			// before walbox set the header) apply matches by id alone.
+			batch = append(batch, mark{id: ev.ID, createdAt: ev.CreatedAt, at: now, dlq: ev.Reason != "", stored: true, reason: ev.Reason})
 			if len(batch) >= 1000 {
 				applyErr = flush()
 			}

@@ -1,0 +1,109 @@
+package sweep_test
+
+import (
+	"context"
+	"maps"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/internal/relaytest"
+)
+
+// primaryKeyScans is, by partition of outbox_events, the scans of its
+// primary key since the statistics were reset, once the sweeper's backends
+// have reported theirs: a backend reports its counters when it exits at the
+// latest, so the caller stops the sweeper and this waits until every
+// partition of want shows up.
+func (d *db) primaryKeyScans(want []string) map[string]int64 {
+	d.t.Helper()
+	scans := map[string]int64{}
+	relaytest.Eventually(d.t, 20*time.Second, "the sweeper's backends to report their index scans", func() bool {
+		rows, err := d.pool.Query(context.Background(), `SELECT s.relname::text, s.idx_scan FROM pg_stat_user_indexes s
+			JOIN pg_index i ON i.indexrelid = s.indexrelid
+			WHERE i.indisprimary AND s.idx_scan > 0
+			  AND s.relid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = 'outbox_events'::regclass)`)
+		if err != nil {
+			d.t.Fatal(err)
+		}
+		clear(scans)
+		for rows.Next() {
+			var name string
+			var n int64
+			if err := rows.Scan(&name, &n); err != nil {
+				d.t.Fatal(err)
+			}
+			scans[name] = n
+		}
+		if err := rows.Err(); err != nil {
+			d.t.Fatal(err)
+		}
+		for _, w := range want {
+			if scans[w] == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	return scans
+}
+
+// Issue 34, item 4: a mark read back from the stream carries the event's
+// created_at (header Walbox-Created-At), so its UPDATE prunes to the one
+// partition that holds the row, as a live mark's does. Before, read-back
+// marks matched by id alone and probed the primary key of every partition
+// (about 97 with the defaults; a start read-back of up to 10^6 ids made
+// ~10^8 probes). The outbox has ten partitions, each with enough rows that
+// the planner looks rows up by their primary key; the rows whose marks a
+// crash lost are all in one. Before the fix the read-back probed all ten
+// partitions' primary keys.
+func TestReadBackMarksProbeOnlyTheirRowsPartition(t *testing.T) {
+	d := newDB(t, true)
+	// Processed rows spread over yesterday, the 7 days ahead and the default
+	// partition: nothing to publish, but partitions the planner scans by
+	// their primary key.
+	d.exec(`INSERT INTO outbox_events (topic, payload, processed, created_at)
+		SELECT 'filler', '{}', true, now() + (g % 10 - 1) * interval '1 day' FROM generate_series(1, 50000) g`)
+	e := newRelayEnv(t, d, func(c *config.Config) {
+		c.Sweeper.MarkProcessed = false // as if the marks died with the process
+		c.Sweeper.Maintain = false      // no other statement of the sweeper's reads the primary keys
+	})
+	e.start()
+	d.exec(`INSERT INTO outbox_events (topic, payload) SELECT 'orders.x', '{}' FROM generate_series(1, 5)`)
+	relaytest.Eventually(t, 30*time.Second, "5 events published", func() bool { return e.streamMsgs("ORDERS") == 5 })
+	e.stop()
+	if n := d.int(`SELECT count(*) FROM pg_inherits WHERE inhparent = 'outbox_events'::regclass`); n != 10 {
+		t.Fatalf("outbox_events has %d partitions, want 10", n)
+	}
+	var theirs []string
+	rows, err := d.pool.Query(context.Background(), `SELECT DISTINCT tableoid::regclass::text FROM outbox_events WHERE topic = 'orders.x' ORDER BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var p string
+		if err := rows.Scan(&p); err != nil {
+			t.Fatal(err)
+		}
+		theirs = append(theirs, p)
+	}
+	rows.Close()
+	d.exec(`ANALYZE outbox_events`)
+	d.exec(`SELECT pg_stat_reset()`)
+
+	e.cfg.Sweeper.MarkProcessed = true
+	e.start()
+	relaytest.Eventually(t, 30*time.Second, "the 5 rows caught up at start", func() bool {
+		return d.int(`SELECT count(*) FROM outbox_events WHERE topic = 'orders.x' AND processed`) == 5
+	})
+	e.stop() // the sweeper's backends exit and report their statistics
+	scans := d.primaryKeyScans(theirs)
+	if probed := slices.Sorted(maps.Keys(scans)); !slices.Equal(probed, theirs) {
+		t.Fatalf("the read-back of 5 marks probed the primary key of %d partitions (index scans by partition: %v); want only the rows' own %v",
+			len(probed), scans, theirs)
+	}
+	if n := d.int(`SELECT count(*) FROM outbox_events WHERE topic = 'filler' AND NOT processed`); n != 0 {
+		t.Fatalf("%d filler rows touched", n)
+	}
+}
