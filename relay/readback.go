@@ -22,3 +22,19 @@ type StoredEvent struct {
 func StoredEventFromHeaders(h Header) StoredEvent {
 	return StoredEvent{Table: h.Get(HeaderTable), ID: IdentityID(h), CreatedAt: h.Get(HeaderCreatedAt), Reason: h.Get(HeaderDLQReason)}
 }
+
+// ReadBackRange is what a read-back reads of a stream (a Kafka topic): the
+// messages with sequences First to Last, both included; or, with First 0,
+// the newest ones, then older and older ones until the callback has counted
+// Want of them (returned true), the stream's start is reached, or ScanMax
+// messages were read (0: no bound). Messages of other sources are read but
+// never passed to the callback: in a stream shared with other tables or
+// databases, the newest Want messages can hold few of the caller's. A Kafka
+// topic reads each partition on its own (a sequence is an offset + 1, and
+// Want and ScanMax count per partition): what a crash left unmarked can sit
+// in any of them.
+type ReadBackRange struct {
+	First, Last uint64
+	Want        int
+	ScanMax     int
+}

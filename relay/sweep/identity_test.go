@@ -13,7 +13,7 @@ import (
 // tableReader reads back a fixed list of stored messages (table, id).
 type tableReader struct{ msgs [][2]string }
 
-func (r tableReader) ReadBack(_ context.Context, _, _ string, _, _ uint64, _ int, fn func(relay.StoredEvent)) error {
+func (r tableReader) ReadBack(_ context.Context, _, _ string, _ relay.ReadBackRange, fn func(relay.StoredEvent) bool) error {
 	for _, m := range r.msgs {
 		fn(relay.StoredEvent{Table: m[0], ID: m[1]})
 	}

@@ -107,3 +107,67 @@ func TestReadBackMarksProbeOnlyTheirRowsPartition(t *testing.T) {
 		t.Fatalf("%d filler rows touched", n)
 	}
 }
+
+// Issue 34, item 6 (and item 5 on a real stream): the start read-back looks
+// for this table's own messages. Two outbox tables publish into one stream,
+// and the other table's messages are the newest, far more than the read-back
+// wants (here 10 × 1 + 2 × 10 = 30, or the 40 unprocessed rows). The 20 rows
+// of this table whose marks were lost must be marked after the restart: the
+// read-back goes on to older messages until it has seen as many of this
+// table's as it wants, or the stream's start. The other table's messages
+// carry the ids of 20 rows of this table that were never delivered (inserted
+// before the slot, which has no snapshot): those must stay unprocessed.
+// Before the fix the read-back took the stream's newest 40 messages, all
+// the other table's, and marked none of the 20 rows.
+func TestStartReadBackFindsTheTablesRowsBehindAnotherTablesMessages(t *testing.T) {
+	d := newDB(t, true)
+	d.exec(`CREATE TABLE other_outbox (id uuid PRIMARY KEY, topic text NOT NULL, payload jsonb NOT NULL,
+		created_at timestamptz NOT NULL DEFAULT now(), processed boolean NOT NULL DEFAULT false, processed_at timestamptz)`)
+	d.exec(`ALTER PUBLICATION walbox_outbox ADD TABLE other_outbox`)
+	e := newRelayEnv(t, d, func(c *config.Config) {
+		c.Outboxes = []config.OutboxEntry{{Outbox: config.Outbox{Table: "public.outbox_events"}, Default: true},
+			{Outbox: config.Outbox{Table: "public.other_outbox"}}}
+		c.Sweeper.MarkProcessed = false // as if the marks died with the process
+		c.Sweeper.BatchSize = 1
+		c.NATS.Window = 10
+	})
+	// Never delivered: committed before the slot, which has no snapshot.
+	d.exec(`INSERT INTO outbox_events (topic, payload) SELECT 'orders.never', '{}' FROM generate_series(1, 20)`)
+	d.exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, e.cfg.Postgres.Slot)
+	e.start()
+	d.exec(`INSERT INTO outbox_events (topic, payload) SELECT 'orders.mine', '{}' FROM generate_series(1, 20)`)
+	relaytest.Eventually(t, 30*time.Second, "this table's 20 events published", func() bool { return e.streamMsgs("ORDERS") == 20 })
+	d.exec(`INSERT INTO other_outbox (id, topic, payload) SELECT id, 'orders.theirs', '{}' FROM outbox_events WHERE topic = 'orders.never'`)
+	d.exec(`INSERT INTO other_outbox (id, topic, payload) SELECT gen_random_uuid(), 'orders.theirs', '{}' FROM generate_series(1, 280)`)
+	relaytest.Eventually(t, 30*time.Second, "the other table's 300 events published", func() bool { return e.streamMsgs("ORDERS") == 320 })
+	e.stop()
+
+	e.cfg.Sweeper.MarkProcessed = true
+	e.start()
+	defer e.stop()
+	relaytest.Eventually(t, 30*time.Second, "the other table's rows caught up at start", func() bool {
+		return d.int(`SELECT count(*) FROM other_outbox WHERE processed`) == 300
+	})
+	mine := func() int64 {
+		return d.int(`SELECT count(*) FROM outbox_events WHERE topic = 'orders.mine' AND processed`)
+	}
+	if !within(10*time.Second, func() bool { return mine() == 20 }) {
+		t.Fatalf("%d of this table's 20 delivered rows marked after the restart, want 20", mine())
+	}
+	if n := d.int(`SELECT count(*) FROM outbox_events WHERE topic = 'orders.never' AND processed`); n != 0 {
+		t.Fatalf("%d never-delivered rows marked from the other table's messages with their ids", n)
+	}
+}
+
+// within polls cond until it holds or d has passed, and reports whether it
+// held: for a failure that says how far things got.
+func within(d time.Duration, cond func() bool) bool {
+	for deadline := time.Now().Add(d); ; time.Sleep(50 * time.Millisecond) {
+		if cond() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+}

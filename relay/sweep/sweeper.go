@@ -202,24 +202,28 @@ func (r seqRange) with(seq uint64) seqRange {
 }
 
 // StreamReader reads back what a stream stored: for every message of source
-// with a sequence in [first, last] (first 0: the newest tail messages), what
-// it says of its event (relay.StoredEvent: its table, id, created_at and, for
-// a dead letter, the reason). jssink.Sink and kafkasink.Sink implement it.
+// in rr (relay.ReadBackRange: a span of sequences, or the newest messages
+// until fn has counted rr.Want), what it says of its event (relay.StoredEvent:
+// its table, id, created_at and, for a dead letter, the reason); fn returns
+// whether the message counts towards rr.Want. jssink.Sink and kafkasink.Sink
+// implement it.
 type StreamReader interface {
-	ReadBack(ctx context.Context, stream, source string, first, last uint64, tail int, fn func(relay.StoredEvent)) error
+	ReadBack(ctx context.Context, stream, source string, rr relay.ReadBackRange, fn func(relay.StoredEvent) bool) error
 }
 
 type readBack struct {
 	r       StreamReader
 	source  string
-	streams []string // for the read-back of the tails at start
+	streams []string // for the read-back at start
 	tail    int
 }
 
 // SetReader lets the sweeper catch dropped marks up from the stream itself.
-// streams are read back at start (their newest tail messages), for marks
-// that a crash or a shutdown left unwritten. Without a reader, dropped marks
-// are not caught up: those rows stay unprocessed (safe, never wrong).
+// streams are read back at start, for marks that a crash or a shutdown left
+// unwritten: their newest messages, back until tail of this table's, or as
+// many as the table has unprocessed rows when that is more. Without a
+// reader, dropped marks are not caught up: those rows stay unprocessed
+// (safe, never wrong).
 func (s *Sweeper) SetReader(r StreamReader, source string, streams []string, tail int) {
 	s.reader.Store(&readBack{r: r, source: source, streams: streams, tail: tail})
 	s.tailOnStart.Store(true)
@@ -911,16 +915,25 @@ func (s *Sweeper) catchUp(ctx context.Context) error {
 	}
 	var jobs []job
 	if s.tailOnStart.Load() {
+		// The read-back counts this table's messages only, going back
+		// past those of other tables and databases sharing the stream.
 		tail := rb.tail
-		// At least as many of each stream's newest messages as there are
-		// unprocessed rows: a stop while the sweeper yielded (or after
-		// drops) can leave that many delivered rows unmarked, beyond the
-		// mark queue and the publish window that a crash alone leaves.
-		if n, err := s.refreshGauges(ctx); err == nil && n > int64(tail) {
+		// At least as many as there are unprocessed rows: a stop while the
+		// sweeper yielded (or after drops) can leave that many delivered
+		// rows unmarked, beyond the mark queue and the publish window.
+		n, err := s.refreshGauges(ctx)
+		if err == nil && n > int64(tail) {
 			tail = int(min(n, startTailMax))
 		}
-		for _, st := range rb.streams {
-			jobs = append(jobs, job{stream: st, tail: tail})
+		// No unprocessed row: nothing a read-back could mark (a row
+		// delivered but not marked is unprocessed), and a table whose
+		// messages are sparse in a shared stream would read far back.
+		if ti := s.info.Load(); err == nil && n == 0 && ti != nil && ti.processed {
+			s.tailOnStart.Store(false)
+		} else {
+			for _, st := range rb.streams {
+				jobs = append(jobs, job{stream: st, tail: tail})
+			}
 		}
 	}
 	s.mu.Lock()
@@ -932,7 +945,7 @@ func (s *Sweeper) catchUp(ctx context.Context) error {
 	if len(jobs) == 0 {
 		return nil
 	}
-	var total uint64
+	var total, read uint64
 	for i, j := range jobs {
 		var batch []mark
 		flush := func() error {
@@ -947,9 +960,14 @@ func (s *Sweeper) catchUp(ctx context.Context) error {
 		}
 		now := time.Now()
 		var applyErr error
-		err := rb.r.ReadBack(ctx, j.stream, rb.source, j.r.first, j.r.last, j.tail, func(ev relay.StoredEvent) {
-			if applyErr != nil || ev.ID == "" || !s.owns(ev.Table) {
-				return
+		rr := relay.ReadBackRange{First: j.r.first, Last: j.r.last, Want: j.tail, ScanMax: startScanMax}
+		err := rb.r.ReadBack(ctx, j.stream, rb.source, rr, func(ev relay.StoredEvent) bool {
+			if ev.ID == "" || !s.owns(ev.Table) {
+				return false
+			}
+			read++
+			if applyErr != nil {
+				return true
 			}
 			// With its created_at the mark's UPDATE looks in the one
 			// partition that holds the row (a start read-back of 10^6 ids
@@ -960,6 +978,7 @@ func (s *Sweeper) catchUp(ctx context.Context) error {
 			if len(batch) >= 1000 {
 				applyErr = flush()
 			}
+			return true
 		})
 		if err == nil {
 			err = applyErr
@@ -983,7 +1002,7 @@ func (s *Sweeper) catchUp(ctx context.Context) error {
 		}
 	}
 	s.tailOnStart.Store(false)
-	s.log.Info().Uint64("rows", total).Int("ranges", len(jobs)).
+	s.log.Info().Uint64("rows", total).Uint64("messages", read).Int("ranges", len(jobs)).
 		Msg("caught up dropped marks: rows whose ids were read back from their streams marked processed")
 	return nil
 }
@@ -998,8 +1017,16 @@ func (s *Sweeper) owns(table string) bool {
 	return table == s.cfg.Table.String()
 }
 
-// startTailMax bounds the messages per stream the read-back at start takes.
-const startTailMax = 1_000_000
+// startTailMax bounds this table's messages per stream the read-back at
+// start looks for; startScanMax the messages it reads per stream (per Kafka
+// partition) to find them, where the table's messages are sparse among other
+// tables' and databases' (or it has unprocessed rows that were never
+// delivered): past it, rows whose marks were lost stay unprocessed (safe,
+// never wrong).
+const (
+	startTailMax = 1_000_000
+	startScanMax = 10 * startTailMax
+)
 
 // unprocessed counts the rows not marked processed and the age of the oldest.
 func unprocessed(ctx context.Context, q querier, ti *tableInfo) (int64, time.Duration, error) {
