@@ -159,6 +159,41 @@ func TestStartReadBackFindsTheTablesRowsBehindAnotherTablesMessages(t *testing.T
 	}
 }
 
+// Issue 34, item 6: the start read-back is sized by the table's own sweeper
+// settings (outboxes[].sweeper.batch_size) where it has its own. A crash can
+// leave up to its mark queue (10 × its batch_size) and the publish window
+// unmarked, older than rows marked since: here 10 rows, behind 100 newer
+// rows that are marked. With the table's batch_size of 100 the read-back
+// covers 1,000 + 2 × 10 of its messages; with the global one (1) only 30,
+// all marked already. Before the fix the 10 rows stayed unprocessed.
+func TestStartReadBackFollowsTheTablesOwnBatchSize(t *testing.T) {
+	d := newDB(t, true)
+	e := newRelayEnv(t, d, func(c *config.Config) {
+		c.Outboxes = []config.OutboxEntry{{Outbox: config.Outbox{Table: "public.outbox_events"},
+			Sweeper: &config.TableSweeper{BatchSize: 100}}}
+		c.Sweeper.MarkProcessed = false // as if the marks died with the process
+		c.Sweeper.BatchSize = 1
+		c.NATS.Window = 10
+	})
+	e.start()
+	d.exec(`INSERT INTO outbox_events (topic, payload) SELECT 'orders.lost', '{}' FROM generate_series(1, 10)`)
+	d.exec(`INSERT INTO outbox_events (topic, payload) SELECT 'orders.later', '{}' FROM generate_series(1, 100)`)
+	relaytest.Eventually(t, 30*time.Second, "110 events published", func() bool { return e.streamMsgs("ORDERS") == 110 })
+	e.stop()
+	// The newer rows' marks were written; the older ones' were lost.
+	d.exec(`UPDATE outbox_events SET processed = true, processed_at = now() WHERE topic = 'orders.later'`)
+
+	e.cfg.Sweeper.MarkProcessed = true
+	e.start()
+	defer e.stop()
+	lost := func() int64 {
+		return d.int(`SELECT count(*) FROM outbox_events WHERE topic = 'orders.lost' AND processed`)
+	}
+	if !within(10*time.Second, func() bool { return lost() == 10 }) {
+		t.Fatalf("%d of the 10 rows marked after the restart, want 10", lost())
+	}
+}
+
 // within polls cond until it holds or d has passed, and reports whether it
 // held: for a failure that says how far things got.
 func within(d time.Duration, cond func() bool) bool {

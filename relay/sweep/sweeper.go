@@ -215,17 +215,18 @@ type readBack struct {
 	r       StreamReader
 	source  string
 	streams []string // for the read-back at start
-	tail    int
+	window  int
 }
 
 // SetReader lets the sweeper catch dropped marks up from the stream itself.
 // streams are read back at start, for marks that a crash or a shutdown left
-// unwritten: their newest messages, back until tail of this table's, or as
-// many as the table has unprocessed rows when that is more. Without a
-// reader, dropped marks are not caught up: those rows stay unprocessed
-// (safe, never wrong).
-func (s *Sweeper) SetReader(r StreamReader, source string, streams []string, tail int) {
-	s.reader.Store(&readBack{r: r, source: source, streams: streams, tail: tail})
+// unwritten: their newest messages, back until as many of this table's as
+// the sweeper's mark queue holds plus window (the relay's publish window:
+// acks whose marks were not queued yet), or as many as the table has
+// unprocessed rows when that is more. Without a reader, dropped marks are
+// not caught up: those rows stay unprocessed (safe, never wrong).
+func (s *Sweeper) SetReader(r StreamReader, source string, streams []string, window int) {
+	s.reader.Store(&readBack{r: r, source: source, streams: streams, window: window})
 	s.tailOnStart.Store(true)
 }
 
@@ -915,9 +916,12 @@ func (s *Sweeper) catchUp(ctx context.Context) error {
 	}
 	var jobs []job
 	if s.tailOnStart.Load() {
-		// The read-back counts this table's messages only, going back
-		// past those of other tables and databases sharing the stream.
-		tail := rb.tail
+		// A crash leaves at most this table's mark queue (its own
+		// batch_size's) and the publish window unmarked: that many of its
+		// newest messages in each stream. The read-back counts this
+		// table's messages only, going back past those of other tables
+		// and databases sharing the stream.
+		tail := s.cfg.QueueSize + rb.window
 		// At least as many as there are unprocessed rows: a stop while the
 		// sweeper yielded (or after drops) can leave that many delivered
 		// rows unmarked, beyond the mark queue and the publish window.
