@@ -614,10 +614,11 @@ type written struct {
 }
 
 // apply writes one batch: processed (and processed_at) for acked events and
-// stored dead letters, error (and attempts) for dead letters, matching rows
-// by id and created_at (so only the partition holding the row is touched),
-// or by id alone when the table has no created_at role. It reports which
-// marks found their rows (see unseenFor for those that did not).
+// stored dead letters, error (and attempts) for dead letters whose rows do
+// not record them yet, matching rows by id and created_at (so only the
+// partition holding the row is touched), or by id alone when the table has
+// no created_at role or the mark none. It reports which marks found their
+// rows (see unseenFor for those that did not).
 func (s *Sweeper) apply(ctx context.Context, batch []mark) (written, error) {
 	ti, err := s.tableInfo(ctx)
 	if err != nil {
@@ -629,8 +630,8 @@ func (s *Sweeper) apply(ctx context.Context, batch []mark) (written, error) {
 	// run), and the ack times as integers spare the server parsing
 	// timestamps.
 	type group struct {
-		n                      int
-		ids, cas, ats, reasons arrayLiteral
+		n                              int
+		ids, cas, ats, reasons, stored arrayLiteral
 	}
 	var proc, procByID, dlq, dlqByID group
 	for i := range batch {
@@ -655,10 +656,10 @@ func (s *Sweeper) apply(ctx context.Context, batch []mark) (written, error) {
 			g.ids.text(mk.id)
 			g.cas.text(mk.createdAt)
 			g.reasons.text(mk.reason)
+			g.stored.boolean(mk.stored)
 		}
 	}
 	b := &pgx.Batch{}
-	nproc := 0
 	tq := ti.table.Quoted()
 	idCond := ti.idCond()
 	caCond := ""
@@ -671,30 +672,54 @@ func (s *Sweeper) apply(ctx context.Context, batch []mark) (written, error) {
 		// to 2^53, the year 2255.
 		set += ", processed_at = timestamptz 'epoch' + u.acked_us * interval '1 microsecond'"
 	}
-	if proc.n > 0 {
-		b.Queue(fmt.Sprintf(`UPDATE %s t SET %s FROM unnest($1::text[], $2::text[], $3::int8[]) AS u(id, created_at, acked_us)
-			WHERE %s%s AND t.processed IS NOT TRUE`, tq, set, idCond, caCond),
-			proc.ids.String(), proc.cas.String(), proc.ats.String())
-		nproc++
-	}
-	if procByID.n > 0 {
-		b.Queue(fmt.Sprintf(`UPDATE %s t SET %s FROM unnest($1::text[], $2::int8[]) AS u(id, acked_us)
-			WHERE %s AND t.processed IS NOT TRUE`, tq, set, idCond), procByID.ids.String(), procByID.ats.String())
-		nproc++
-	}
 	eset := "error = u.reason"
 	if ti.attempts {
 		eset += ", attempts = t.attempts + 1"
 	}
-	// The dead letters' updates return their ids: attempts must count once,
-	// so a retry needs to know which of them were written.
+	// A dead letter's row is left as it is when it records that dead
+	// letter already: stored, with this reason (and processed, which a
+	// stored dead letter's batch sets in the same transaction). A stored
+	// dead letter is final, the relay never tries its event again: it
+	// comes again only when a read-back meets it in the dead-letter stream
+	// (every start reads that stream's newest messages) or as the
+	// duplicate a relay restarted before its checkpoint publishes, and
+	// neither is an attempt; writing it would add to attempts and rewrite
+	// the row each time. A dead letter the dead-letter stream refused is
+	// not stored (its row stays unprocessed): each is an attempt of its
+	// own. These statements run before the batch's processed flags are set,
+	// so they see whether the row recorded the dead letter before it.
+	recorded := "u.stored AND t.error IS NOT DISTINCT FROM u.reason"
+	if ti.processed {
+		recorded += " AND t.processed IS TRUE"
+	}
+	// The dead letters' statements return the ids of the rows that record
+	// them, written now or before: attempts must count once, so a retry
+	// needs to know which of them were written, and a mark whose row
+	// recorded it already is done.
+	errorStmt := func(unnest, cond string) string {
+		return fmt.Sprintf(`WITH u AS (SELECT * FROM %s),
+			w AS (UPDATE %s t SET %s FROM u WHERE %s AND NOT (%s) RETURNING u.id)
+			SELECT id FROM w UNION ALL SELECT u.id FROM u JOIN %s t ON %s WHERE %s`, unnest, tq, eset, cond, recorded, tq, cond, recorded)
+	}
+	nerr := 0
 	if dlq.n > 0 {
-		b.Queue(fmt.Sprintf(`UPDATE %s t SET %s FROM unnest($1::text[], $2::text[], $3::text[]) AS u(id, created_at, reason)
-			WHERE %s%s RETURNING u.id`, tq, eset, idCond, caCond), dlq.ids.String(), dlq.cas.String(), dlq.reasons.String())
+		b.Queue(errorStmt("unnest($1::text[], $2::text[], $3::text[], $4::bool[]) AS u(id, created_at, reason, stored)", idCond+caCond),
+			dlq.ids.String(), dlq.cas.String(), dlq.reasons.String(), dlq.stored.String())
+		nerr++
 	}
 	if dlqByID.n > 0 {
-		b.Queue(fmt.Sprintf(`UPDATE %s t SET %s FROM unnest($1::text[], $2::text[]) AS u(id, reason) WHERE %s RETURNING u.id`, tq, eset, idCond),
-			dlqByID.ids.String(), dlqByID.reasons.String())
+		b.Queue(errorStmt("unnest($1::text[], $2::text[], $3::bool[]) AS u(id, reason, stored)", idCond),
+			dlqByID.ids.String(), dlqByID.reasons.String(), dlqByID.stored.String())
+		nerr++
+	}
+	if proc.n > 0 {
+		b.Queue(fmt.Sprintf(`UPDATE %s t SET %s FROM unnest($1::text[], $2::text[], $3::int8[]) AS u(id, created_at, acked_us)
+			WHERE %s%s AND t.processed IS NOT TRUE`, tq, set, idCond, caCond),
+			proc.ids.String(), proc.cas.String(), proc.ats.String())
+	}
+	if procByID.n > 0 {
+		b.Queue(fmt.Sprintf(`UPDATE %s t SET %s FROM unnest($1::text[], $2::int8[]) AS u(id, acked_us)
+			WHERE %s AND t.processed IS NOT TRUE`, tq, set, idCond), procByID.ids.String(), procByID.ats.String())
 	}
 	if b.Len() == 0 {
 		return written{ti: ti, procAll: true, errorAll: true}, nil
@@ -705,7 +730,7 @@ func (s *Sweeper) apply(ctx context.Context, batch []mark) (written, error) {
 	var marked int64
 	w := written{ti: ti}
 	for i := range b.Len() {
-		if i < nproc {
+		if i >= nerr {
 			tag, err := br.Exec()
 			if err != nil {
 				br.Close()
@@ -760,6 +785,15 @@ func (a *arrayLiteral) text(v string) {
 		a.b = append(a.b, v[i])
 	}
 	a.b = append(a.b, '"')
+}
+
+func (a *arrayLiteral) boolean(v bool) {
+	a.next()
+	if v {
+		a.b = append(a.b, 't')
+	} else {
+		a.b = append(a.b, 'f')
+	}
 }
 
 func (a *arrayLiteral) int(v int64) {
