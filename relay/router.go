@@ -37,7 +37,10 @@ const (
 	HeaderAggregateType = "Walbox-Aggregate-Type"
 	HeaderAggregateID   = "Walbox-Aggregate-Id"
 	HeaderPartitionKey  = "Walbox-Partition-Key"
-	HeaderCreatedAt     = "Walbox-Created-At"
+	// HeaderCreatedAt is the row's created_at as decoded (when the role is
+	// mapped): a mark read back from the stream finds its row's partition
+	// with it, as a mark from an ack does with the decoded value.
+	HeaderCreatedAt = "Walbox-Created-At"
 	// HeaderTable names the event's outbox table (schema.table): an event's
 	// identity is its source, its table and its id (two tables may both
 	// have a row 1).
@@ -110,7 +113,7 @@ const maxFree = 4096
 // event, in the order of a message's slots, and last the one a sink sets
 // when it sends (Msg.SetHeader).
 var slotKeys = [...]string{HeaderMsgID, HeaderCommitLSN, HeaderIndex, HeaderCommitTime, HeaderSource, HeaderSystemID, HeaderTimeline,
-	HeaderEventType, HeaderAggregateType, HeaderAggregateID, HeaderPartitionKey, HeaderTable, HeaderEventID, HeaderExpectedLastSeq}
+	HeaderEventType, HeaderAggregateType, HeaderAggregateID, HeaderPartitionKey, HeaderTable, HeaderEventID, HeaderCreatedAt, HeaderExpectedLastSeq}
 
 // Slots of slotKeys that the relay rewrites after Message (Msg.Qualify).
 const (
@@ -223,7 +226,7 @@ func (r *Router) shapeFor(i int) *shape {
 func EventFromHeaders(h Header, topic, id string, payload []byte) cdc.Event {
 	ev := cdc.Event{ID: id, Topic: topic, Payload: payload, PayloadIsJSON: json.Valid(payload),
 		EventType: h.Get(HeaderEventType), AggregateType: h.Get(HeaderAggregateType),
-		AggregateID: h.Get(HeaderAggregateID), PartitionKey: h.Get(HeaderPartitionKey)}
+		AggregateID: h.Get(HeaderAggregateID), PartitionKey: h.Get(HeaderPartitionKey), CreatedAt: h.Get(HeaderCreatedAt)}
 	if hc := h.Get(HeaderDLQHeaders); hc != "" {
 		ev.Headers = []byte(hc)
 	}
@@ -237,6 +240,16 @@ func EventFromHeaders(h Header, topic, id string, payload []byte) cdc.Event {
 		ev.CommitTime = t
 	}
 	return ev
+}
+
+// createdAtHeader is ev's HeaderCreatedAt: its created_at as decoded, or
+// "" (no header) when a header would not carry it unchanged. A read-back
+// without it matches the row by id alone: slower, never wrong.
+func createdAtHeader(ev *cdc.Event) string {
+	if !HeaderSafe(ev.CreatedAt) {
+		return ""
+	}
+	return ev.CreatedAt
 }
 
 // HeaderSafe reports whether v travels in a NATS header unchanged: nats.go
@@ -328,7 +341,7 @@ func (r *Router) Message(ev *cdc.Event) (*Msg, string, error) {
 		r.lastTime, r.lastTimeStr = ev.CommitTime, ev.CommitTime.UTC().Format(time.RFC3339Nano)
 	}
 	for i, v := range [routerSlots]string{ev.ID, r.lastLSNStr, strconv.FormatUint(uint64(ev.Pos.Index), 10), r.lastTimeStr,
-		r.source, r.systemID, r.timeline, ev.EventType, ev.AggregateType, ev.AggregateID, ev.PartitionKey, r.tableOf(ev), ""} {
+		r.source, r.systemID, r.timeline, ev.EventType, ev.AggregateType, ev.AggregateID, ev.PartitionKey, r.tableOf(ev), "", createdAtHeader(ev)} {
 		sl.put(h, i, v)
 	}
 	if sh.msgIDPrefix != "" {
@@ -459,7 +472,7 @@ func (r *Router) DeadLetter(ev *cdc.Event, dlqPrefix, reason string) *Msg {
 		HeaderCommitTime:         {ev.CommitTime.UTC().Format(time.RFC3339Nano)},
 	}
 	for k, v := range map[string]string{HeaderEventType: ev.EventType, HeaderAggregateType: ev.AggregateType,
-		HeaderAggregateID: ev.AggregateID, HeaderPartitionKey: ev.PartitionKey, HeaderDLQHeaders: string(ev.Headers)} {
+		HeaderAggregateID: ev.AggregateID, HeaderPartitionKey: ev.PartitionKey, HeaderDLQHeaders: string(ev.Headers), HeaderCreatedAt: createdAtHeader(ev)} {
 		if v != "" && HeaderSafe(v) && !strings.ContainsAny(v, "\r\n") {
 			h[k] = []string{v}
 		}

@@ -102,14 +102,15 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 	ts.router = router
 	// Dropped marks are caught up from what the streams hold, and at start
 	// the newest messages of each stream are read back for the marks a crash
-	// left unwritten (at most the mark queue and the publish window).
+	// left unwritten (at most each table's mark queue, which its sweeper
+	// knows, and the publish window).
 	readStreams := []string{bus.dlqStream}
 	for _, rt := range routes {
 		if !slices.Contains(readStreams, rt.Stream) {
 			readStreams = append(readStreams, rt.Stream)
 		}
 	}
-	ts.reader, ts.source, ts.streams, ts.tail = bus.reader, source, readStreams, 10*cfg.Sweeper.BatchSize+2*cfg.NATS.Window
+	ts.reader, ts.source, ts.streams, ts.window = bus.reader, source, readStreams, 2*cfg.NATS.Window
 	// A sweeper per table marks acked rows and maintains partitions and
 	// the archive; stopping them writes the marks of the relay's final acks.
 	if err := ts.start(ctx); err != nil {

@@ -32,7 +32,7 @@ type tableSet struct {
 	reader     sweep.StreamReader
 	source     string
 	streams    []string
-	tail       int
+	window     int // the publish window's marks a crash can leave beyond a sweeper's queue
 	sweeperCtx context.Context
 
 	mu       sync.Mutex
@@ -64,7 +64,7 @@ func (ts *tableSet) addSweeper(t config.Table) error {
 		return err
 	}
 	if ts.reader != nil {
-		sw.SetReader(ts.reader, ts.source, ts.streams, ts.tail)
+		sw.SetReader(ts.reader, ts.source, ts.streams, ts.window)
 	}
 	ts.stops = append(ts.stops, sw.Start(ts.sweeperCtx))
 	next := append(slices.Clone(ts.current()), sw)

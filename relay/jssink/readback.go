@@ -98,12 +98,11 @@ func scanHeaders(ctx context.Context, st jetstream.Stream, first, last uint64, f
 	}
 }
 
-// ReadBack implements sweep.StreamReader: it calls fn with the table and
-// event id (and, for a dead letter, the reason) of every message of source that
-// stream holds between sequences first and last; with first 0, of its
-// newest tail messages. The sweeper catches dropped marks up from it: a row
-// is marked only when its id was read back.
-func (s *Sink) ReadBack(ctx context.Context, stream, source string, first, last uint64, tail int, fn func(table, id, reason string)) error {
+// ReadBack implements sweep.StreamReader: it calls fn with what every
+// message of source in rr (relay.ReadBackRange) says of its event
+// (relay.StoredEventFromHeaders). The sweeper catches dropped marks up from
+// it: a row is marked only when its identity was read back.
+func (s *Sink) ReadBack(ctx context.Context, stream, source string, rr relay.ReadBackRange, fn func(relay.StoredEvent) bool) error {
 	st, err := s.js.Stream(ctx, stream)
 	if err != nil {
 		return fmt.Errorf("stream %s: %w", stream, err)
@@ -115,33 +114,69 @@ func (s *Sink) ReadBack(ctx context.Context, stream, source string, first, last 
 	if info.State.Msgs == 0 {
 		return nil
 	}
-	if first == 0 {
-		last = info.State.LastSeq
-		first = 1
-		if tail > 0 && last >= uint64(tail) {
-			first = last - uint64(tail) + 1
+	oldest, newest := info.State.FirstSeq, info.State.LastSeq
+	if rr.First > 0 {
+		_, err := readBack(ctx, st, stream, source, max(rr.First, oldest), min(rr.Last, newest), fn)
+		return err
+	}
+	// The newest messages, then older ones in chunks twice as large each
+	// time (each read forward: an ordered consumer cannot go backwards),
+	// until fn has counted rr.Want, the stream's start, or rr.ScanMax read.
+	want := max(rr.Want, 1)
+	chunk := uint64(want)
+	counted, read := 0, uint64(0)
+	for last := newest; counted < want; {
+		first := oldest
+		if last-oldest+1 > chunk {
+			first = last - chunk + 1
 		}
+		if rr.ScanMax > 0 && last-first+1 > uint64(rr.ScanMax)-read {
+			first = last - (uint64(rr.ScanMax) - read) + 1
+		}
+		n, err := readBack(ctx, st, stream, source, first, last, fn)
+		if err != nil {
+			return err
+		}
+		counted += n
+		read += last - first + 1
+		if first == oldest || (rr.ScanMax > 0 && read >= uint64(rr.ScanMax)) {
+			return nil
+		}
+		last = first - 1
+		chunk = min(2*chunk, maxReadBackChunk)
 	}
-	first = max(first, info.State.FirstSeq)
-	last = min(last, info.State.LastSeq)
+	return nil
+}
+
+// maxReadBackChunk bounds the messages one step of a read-back of the
+// newest messages reads with one consumer.
+const maxReadBackChunk = 1 << 20
+
+// readBack calls fn with the event of every message of source that st
+// (stream) holds between sequences first and last, and returns how many fn
+// counted.
+func readBack(ctx context.Context, st jetstream.Stream, stream, source string, first, last uint64, fn func(relay.StoredEvent) bool) (int, error) {
 	if first > last {
-		return nil
+		return 0, nil
 	}
-	err = scanHeaders(ctx, st, first, last, func(seq uint64, ok bool, h nats.Header) bool {
+	counted := 0
+	err := scanHeaders(ctx, st, first, last, func(seq uint64, ok bool, h nats.Header) bool {
 		switch {
 		case !ok:
 			return true
 		case seq > last:
 			return false
 		case h != nil && h.Get(relay.HeaderSource) == source:
-			fn(h.Get(relay.HeaderTable), relay.IdentityID(relay.Header(h)), h.Get(relay.HeaderDLQReason))
+			if fn(relay.StoredEventFromHeaders(relay.Header(h))) {
+				counted++
+			}
 		}
 		return true
 	}, ctx.Err)
 	if err != nil && err != ctx.Err() {
-		return fmt.Errorf("read back stream %s: %w", stream, err)
+		return counted, fmt.Errorf("read back stream %s: %w", stream, err)
 	}
-	return err
+	return counted, err
 }
 
 // StoredIdentity implements relay.DuplicateChecker: the source and identity

@@ -155,7 +155,7 @@ func TestPublishKeepsKeyOrderAndReadsTheTailBack(t *testing.T) {
 		t.Fatalf("tail of 5 per partition holds %d ids, want %d", len(small.IDs), want)
 	}
 	var read int
-	if err := s.ReadBack(ctx, "orders", "db/slot", 0, 0, 3, func(_, _, _ string) { read++ }); err != nil {
+	if err := s.ReadBack(ctx, "orders", "db/slot", relay.ReadBackRange{Want: 3}, func(relay.StoredEvent) bool { read++; return true }); err != nil {
 		t.Fatal(err)
 	}
 	if read != 3*len(lastOff) {

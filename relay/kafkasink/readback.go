@@ -203,29 +203,74 @@ func (s *Sink) StoredTail(ctx context.Context, topic, source string, n int) (rel
 	return tail, err
 }
 
-// ReadBack implements sweep.StreamReader: the event id (and a dead letter's
-// reason) of every record of source in topic with a sequence (offset + 1)
-// in [first, last] in any partition; with first 0, of the newest tail records of each
-// partition. Offsets are per partition, so a range covers each partition's
-// records at those offsets: the sweeper marks only ids it read back, and
-// reads the tails at start.
-func (s *Sink) ReadBack(ctx context.Context, topic, source string, first, last uint64, tail int, fn func(table, id, reason string)) error {
-	n := 0
-	if first == 0 {
-		n = max(tail, 1)
+// ReadBack implements sweep.StreamReader: what every record of source in
+// rr (relay.ReadBackRange) says of its event (relay.StoredEventFromHeaders).
+// Sequences are offsets + 1 (see Publish), per partition: a range covers
+// each partition's records at those offsets, and the newest records are
+// read partition by partition, until fn has counted rr.Want in each. The
+// sweeper marks only ids it read back.
+func (s *Sink) ReadBack(ctx context.Context, topic, source string, rr relay.ReadBackRange, fn func(relay.StoredEvent) bool) error {
+	adm := kadm.NewClient(s.cl)
+	counted := map[int32]int{}
+	read := func(sp map[int32]span) error {
+		return s.read(ctx, topic, sp, func(r *kgo.Record) {
+			h := FromKafkaHeaders(r.Headers)
+			if h.Get(relay.HeaderSource) == source && fn(relay.StoredEventFromHeaders(h)) {
+				counted[r.Partition]++
+			}
+		})
 	}
-	// Sequences are offsets + 1 (see Publish).
-	sp, _, err := spans(ctx, kadm.NewClient(s.cl), topic, n, int64(first)-1, int64(last)-1)
+	if rr.First > 0 {
+		sp, _, err := spans(ctx, adm, topic, 0, int64(rr.First)-1, int64(rr.Last)-1)
+		if err != nil {
+			return err
+		}
+		return read(sp)
+	}
+	want := max(rr.Want, 1)
+	sp, _, err := spans(ctx, adm, topic, want, 0, 0)
 	if err != nil {
 		return err
 	}
-	return s.read(ctx, topic, sp, func(r *kgo.Record) {
-		h := FromKafkaHeaders(r.Headers)
-		if h.Get(relay.HeaderSource) == source {
-			fn(h.Get(relay.HeaderTable), relay.IdentityID(h), h.Get(relay.HeaderDLQReason))
+	starts, err := adm.ListStartOffsets(ctx, topic)
+	if err != nil {
+		return fmt.Errorf("list start offsets of %s: %w", topic, err)
+	}
+	// Then older records of each partition that has not shown want of
+	// them, in chunks twice as large each time, until its start or
+	// rr.ScanMax records read in it.
+	chunk := int64(want)
+	scanned := map[int32]int64{}
+	for len(sp) > 0 {
+		if err := read(sp); err != nil {
+			return err
 		}
-	})
+		chunk = min(2*chunk, maxReadBackChunk)
+		older := map[int32]span{}
+		for p, r := range sp {
+			scanned[p] += r.to - r.from
+			start := int64(0)
+			if o, ok := starts.Lookup(topic, p); ok && o.Err == nil {
+				start = o.Offset
+			}
+			left := int64(rr.ScanMax) - scanned[p]
+			if counted[p] >= want || r.from <= start || (rr.ScanMax > 0 && left <= 0) {
+				continue
+			}
+			from := max(start, r.from-chunk)
+			if rr.ScanMax > 0 {
+				from = max(from, r.from-left)
+			}
+			older[p] = span{from: from, to: r.from}
+		}
+		sp = older
+	}
+	return nil
 }
+
+// maxReadBackChunk bounds the records of one partition that one step of a
+// read-back of the newest records reads.
+const maxReadBackChunk = 1 << 20
 
 // CountRecords is how many records topic holds (end minus start offsets
 // over its partitions), with a client of its own: for `walbox status`.

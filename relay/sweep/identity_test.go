@@ -6,15 +6,16 @@ import (
 	"time"
 
 	"github.com/walbox/walbox/internal/relaytest"
+	"github.com/walbox/walbox/relay"
 	"github.com/walbox/walbox/relay/sweep"
 )
 
 // tableReader reads back a fixed list of stored messages (table, id).
 type tableReader struct{ msgs [][2]string }
 
-func (r tableReader) ReadBack(_ context.Context, _, _ string, _, _ uint64, _ int, fn func(table, id, reason string)) error {
+func (r tableReader) ReadBack(_ context.Context, _, _ string, _ relay.ReadBackRange, fn func(relay.StoredEvent) bool) error {
 	for _, m := range r.msgs {
-		fn(m[0], m[1], "")
+		fn(relay.StoredEvent{Table: m[0], ID: m[1]})
 	}
 	return nil
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/walbox/walbox/cdc"
 	"github.com/walbox/walbox/internal/relaytest"
+	"github.com/walbox/walbox/relay"
 	"github.com/walbox/walbox/relay/sweep"
 	walboxsql "github.com/walbox/walbox/sql"
 )
@@ -37,21 +38,37 @@ func (l *statementLog) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.T
 
 func (l *statementLog) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
+// The marks go as a pgx batch, which pgx traces through these.
+func (l *statementLog) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+func (l *statementLog) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	l.mu.Lock()
+	l.stmts = append(l.stmts, loggedStatement{sql: d.SQL, args: d.Args})
+	l.mu.Unlock()
+}
+
+func (l *statementLog) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
 func (l *statementLog) all() []loggedStatement {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return append([]loggedStatement(nil), l.stmts...)
 }
 
-// seqScans are the relations a plan reads by sequential scan.
-func seqScans(plan any) []string {
-	var out []string
+// planNodes are the relations a plan reads by sequential scan, and the
+// indexes it reads.
+func planNodes(plan any) (seq, indexes []string) {
 	var walk func(n any)
 	walk = func(n any) {
 		switch v := n.(type) {
 		case map[string]any:
 			if v["Node Type"] == "Seq Scan" {
-				out = append(out, fmt.Sprint(v["Relation Name"]))
+				seq = append(seq, fmt.Sprint(v["Relation Name"]))
+			}
+			if name, ok := v["Index Name"]; ok {
+				indexes = append(indexes, fmt.Sprint(name))
 			}
 			for _, c := range v {
 				walk(c)
@@ -63,7 +80,7 @@ func seqScans(plan any) []string {
 		}
 	}
 	walk(plan)
-	return out
+	return seq, indexes
 }
 
 // Every query that looks for unprocessed rows (the sweeper's gauges, its
@@ -72,7 +89,9 @@ func seqScans(plan any) []string {
 // column (walbox's table) and a nullable one (an existing table): no
 // populated partition is read by sequential scan. Before, every query said
 // `processed IS NOT TRUE`, which the planner cannot match to the index's
-// `NOT processed`: each read every partition in full.
+// `NOT processed`: each read every partition in full. And a mark never
+// reads the partial index: it looks its row up by primary key (in the
+// index's form it joined each batch to every unprocessed row).
 func TestUnprocessedQueriesUseTheIndex(t *testing.T) {
 	for _, c := range []struct {
 		name    string
@@ -143,6 +162,32 @@ func TestUnprocessedQueriesUseTheIndex(t *testing.T) {
 			if _, err := sw.Status(ctx); err != nil {
 				t.Fatal(err)
 			}
+			// Marks: by id and created_at (acks, read-backs of messages
+			// that carry it) and by id alone (older messages).
+			marks, err := d.pool.Query(ctx, fmt.Sprintf(`SELECT id::text, created_at::text FROM %s WHERE %s LIMIT 20`, table.Quoted(), cdc.Unprocessed("", c.notNull)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			type idAt struct{ id, at string }
+			toMark, err := pgx.CollectRows(marks, func(r pgx.CollectableRow) (idAt, error) {
+				var v idAt
+				return v, r.Scan(&v.id, &v.at)
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, m := range toMark {
+				at := m.at
+				if i%2 == 1 {
+					at = ""
+				}
+				sw.OnDelivered(relay.Delivered{ID: m.id, CreatedAt: at, AckedAt: time.Now(), Stream: "ORDERS", Seq: uint64(i + 1)})
+			}
+			stop := sw.Start(ctx)
+			relaytest.Eventually(t, 30*time.Second, "the marks written", func() bool {
+				return d.int(fmt.Sprintf(`SELECT count(*) FROM %s WHERE %s`, table.Quoted(), cdc.Unprocessed("", c.notNull))) == 80
+			})
+			stop()
 			stmts := log.all()
 			conn, err := d.pool.Acquire(ctx)
 			if err != nil {
@@ -155,7 +200,19 @@ func TestUnprocessedQueriesUseTheIndex(t *testing.T) {
 			}
 			stmts = append(stmts, loggedStatement{sql: backfill})
 
-			checked := 0
+			checked, markStmts := 0, 0
+			prows, err := d.pool.Query(ctx, `SELECT indexrelid::regclass::text FROM pg_index WHERE indpred IS NOT NULL`)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pnames, err := pgx.CollectRows(prows, pgx.RowTo[string])
+			if err != nil {
+				t.Fatal(err)
+			}
+			partial := map[string]bool{}
+			for _, n := range pnames {
+				partial[n] = true
+			}
 			for _, st := range stmts {
 				head := strings.ToUpper(strings.Fields(st.sql)[0])
 				if head != "SELECT" && head != "WITH" && head != "UPDATE" && head != "DELETE" {
@@ -173,11 +230,25 @@ func TestUnprocessedQueriesUseTheIndex(t *testing.T) {
 					t.Fatal(err)
 				}
 				checked++
-				for _, rel := range seqScans(plan) {
+				seq, indexes := planNodes(plan)
+				for _, rel := range seq {
 					if populated[rel] {
 						t.Errorf("sequential scan of %s (%d rows) for:\n%s", rel, 1_000_000/len(populated), st.sql)
 					}
 				}
+				if head == "UPDATE" && strings.Contains(st.sql, "processed = true") {
+					// A mark is a primary-key lookup: through the partial
+					// index it reads every unprocessed row for each batch.
+					markStmts++
+					for _, ix := range indexes {
+						if partial[ix] {
+							t.Errorf("a mark reads the partial index %s (every unprocessed row) for:\n%s", ix, st.sql)
+						}
+					}
+				}
+			}
+			if markStmts < 2 {
+				t.Fatalf("%d mark statements checked, want both kinds (by id and created_at, by id alone)", markStmts)
 			}
 			if checked < 4 {
 				t.Fatalf("only %d statements about unprocessed rows were checked: %v", checked, stmts)

@@ -219,26 +219,31 @@ func (r seqRange) with(seq uint64) seqRange {
 }
 
 // StreamReader reads back what a stream stored: for every message of source
-// with a sequence in [first, last] (first 0: the newest tail messages), its
-// table (relay.HeaderTable; "" when it names none), its event id and, for
-// a dead letter, the reason. jssink.Sink and kafkasink.Sink implement it.
+// in rr (relay.ReadBackRange: a span of sequences, or the newest messages
+// until fn has counted rr.Want), what it says of its event (relay.StoredEvent:
+// its table, id, created_at and, for a dead letter, the reason); fn returns
+// whether the message counts towards rr.Want. jssink.Sink and kafkasink.Sink
+// implement it.
 type StreamReader interface {
-	ReadBack(ctx context.Context, stream, source string, first, last uint64, tail int, fn func(table, id, reason string)) error
+	ReadBack(ctx context.Context, stream, source string, rr relay.ReadBackRange, fn func(relay.StoredEvent) bool) error
 }
 
 type readBack struct {
 	r       StreamReader
 	source  string
-	streams []string // for the read-back of the tails at start
-	tail    int
+	streams []string // for the read-back at start
+	window  int
 }
 
 // SetReader lets the sweeper catch dropped marks up from the stream itself.
-// streams are read back at start (their newest tail messages), for marks
-// that a crash or a shutdown left unwritten. Without a reader, dropped marks
-// are not caught up: those rows stay unprocessed (safe, never wrong).
-func (s *Sweeper) SetReader(r StreamReader, source string, streams []string, tail int) {
-	s.reader.Store(&readBack{r: r, source: source, streams: streams, tail: tail})
+// streams are read back at start, for marks that a crash or a shutdown left
+// unwritten: their newest messages, back until as many of this table's as
+// the sweeper's mark queue holds plus window (the relay's publish window:
+// acks whose marks were not queued yet), or as many as the table has
+// unprocessed rows when that is more. Without a reader, dropped marks are
+// not caught up: those rows stay unprocessed (safe, never wrong).
+func (s *Sweeper) SetReader(r StreamReader, source string, streams []string, window int) {
+	s.reader.Store(&readBack{r: r, source: source, streams: streams, window: window})
 	s.tailOnStart.Store(true)
 }
 
@@ -629,10 +634,11 @@ type written struct {
 }
 
 // apply writes one batch: processed (and processed_at) for acked events and
-// stored dead letters, error (and attempts) for dead letters, matching rows
-// by id and created_at (so only the partition holding the row is touched),
-// or by id alone when the table has no created_at role. It reports which
-// marks found their rows (see unseenFor for those that did not).
+// stored dead letters, error (and attempts) for dead letters whose rows do
+// not record them yet, matching rows by id and created_at (so only the
+// partition holding the row is touched), or by id alone when the table has
+// no created_at role or the mark none. It reports which marks found their
+// rows (see unseenFor for those that did not).
 func (s *Sweeper) apply(ctx context.Context, batch []mark) (written, error) {
 	ti, err := s.tableInfo(ctx)
 	if err != nil {
@@ -644,8 +650,8 @@ func (s *Sweeper) apply(ctx context.Context, batch []mark) (written, error) {
 	// run), and the ack times as integers spare the server parsing
 	// timestamps.
 	type group struct {
-		n                      int
-		ids, cas, ats, reasons arrayLiteral
+		n                              int
+		ids, cas, ats, reasons, stored arrayLiteral
 	}
 	var proc, procByID, dlq, dlqByID group
 	for i := range batch {
@@ -670,10 +676,10 @@ func (s *Sweeper) apply(ctx context.Context, batch []mark) (written, error) {
 			g.ids.text(mk.id)
 			g.cas.text(mk.createdAt)
 			g.reasons.text(mk.reason)
+			g.stored.boolean(mk.stored)
 		}
 	}
 	b := &pgx.Batch{}
-	nproc := 0
 	tq := ti.table.Quoted()
 	idCond := ti.idCond()
 	caCond := ""
@@ -686,30 +692,65 @@ func (s *Sweeper) apply(ctx context.Context, batch []mark) (written, error) {
 		// to 2^53, the year 2255.
 		set += ", processed_at = timestamptz 'epoch' + u.acked_us * interval '1 microsecond'"
 	}
-	if proc.n > 0 {
-		b.Queue(fmt.Sprintf(`UPDATE %s t SET %s FROM unnest($1::text[], $2::text[], $3::int8[]) AS u(id, created_at, acked_us)
-			WHERE %s%s AND %s`, tq, set, idCond, caCond, ti.unprocessed("t.")),
-			proc.ids.String(), proc.cas.String(), proc.ats.String())
-		nproc++
-	}
-	if procByID.n > 0 {
-		b.Queue(fmt.Sprintf(`UPDATE %s t SET %s FROM unnest($1::text[], $2::int8[]) AS u(id, acked_us)
-			WHERE %s AND %s`, tq, set, idCond, ti.unprocessed("t.")), procByID.ids.String(), procByID.ats.String())
-		nproc++
-	}
 	eset := "error = u.reason"
 	if ti.attempts {
 		eset += ", attempts = t.attempts + 1"
 	}
-	// The dead letters' updates return their ids: attempts must count once,
-	// so a retry needs to know which of them were written.
+	// A dead letter's row is left as it is when it records that dead
+	// letter already: stored, with this reason (and processed, which a
+	// stored dead letter's batch sets in the same transaction). A stored
+	// dead letter is final, the relay never tries its event again: it
+	// comes again only when a read-back meets it in the dead-letter stream
+	// (every start reads that stream's newest messages) or as the
+	// duplicate a relay restarted before its checkpoint publishes, and
+	// neither is an attempt; writing it would add to attempts and rewrite
+	// the row each time. A dead letter the dead-letter stream refused is
+	// not stored (its row stays unprocessed): each is an attempt of its
+	// own. These statements run before the batch's processed flags are set,
+	// so they see whether the row recorded the dead letter before it.
+	recorded := "u.stored AND t.error IS NOT DISTINCT FROM u.reason"
+	if ti.processed {
+		recorded += " AND t.processed IS TRUE"
+	}
+	// The dead letters' statements return the ids of the rows that record
+	// them, written now or before: attempts must count once, so a retry
+	// needs to know which of them were written, and a mark whose row
+	// recorded it already is done.
+	errorStmt := func(unnest, cond string) string {
+		return fmt.Sprintf(`WITH u AS (SELECT * FROM %s),
+			w AS (UPDATE %s t SET %s FROM u WHERE %s AND NOT (%s) RETURNING u.id)
+			SELECT id FROM w UNION ALL SELECT u.id FROM u JOIN %s t ON %s WHERE %s`, unnest, tq, eset, cond, recorded, tq, cond, recorded)
+	}
+	nerr := 0
 	if dlq.n > 0 {
-		b.Queue(fmt.Sprintf(`UPDATE %s t SET %s FROM unnest($1::text[], $2::text[], $3::text[]) AS u(id, created_at, reason)
-			WHERE %s%s RETURNING u.id`, tq, eset, idCond, caCond), dlq.ids.String(), dlq.cas.String(), dlq.reasons.String())
+		b.Queue(errorStmt("unnest($1::text[], $2::text[], $3::text[], $4::bool[]) AS u(id, created_at, reason, stored)", idCond+caCond),
+			dlq.ids.String(), dlq.cas.String(), dlq.reasons.String(), dlq.stored.String())
+		nerr++
 	}
 	if dlqByID.n > 0 {
-		b.Queue(fmt.Sprintf(`UPDATE %s t SET %s FROM unnest($1::text[], $2::text[]) AS u(id, reason) WHERE %s RETURNING u.id`, tq, eset, idCond),
-			dlqByID.ids.String(), dlqByID.reasons.String())
+		b.Queue(errorStmt("unnest($1::text[], $2::text[], $3::bool[]) AS u(id, reason, stored)", idCond),
+			dlqByID.ids.String(), dlqByID.reasons.String(), dlqByID.stored.String())
+		nerr++
+	}
+	// A mark is a primary-key lookup, and its condition on processed is
+	// written so that the partial index on unprocessed rows cannot serve
+	// it: in the index's own form (cdc.Unprocessed) the planner scanned
+	// every unprocessed row of every partition for each batch and joined
+	// the marks to them, so a batch cost grew with the backlog of
+	// unprocessed rows, not with its marks (24 ms per 1,000 marks beside
+	// 60,000 unprocessed rows; 4 s with the 75,000 of the maintenance
+	// bench, planned as a nested loop on stale statistics). IS DISTINCT
+	// FROM true means the same on a NOT NULL and a nullable column, and
+	// no partial index predicate matches it.
+	notMarked := "t.processed IS DISTINCT FROM true"
+	if proc.n > 0 {
+		b.Queue(fmt.Sprintf(`UPDATE %s t SET %s FROM unnest($1::text[], $2::text[], $3::int8[]) AS u(id, created_at, acked_us)
+			WHERE %s%s AND %s`, tq, set, idCond, caCond, notMarked),
+			proc.ids.String(), proc.cas.String(), proc.ats.String())
+	}
+	if procByID.n > 0 {
+		b.Queue(fmt.Sprintf(`UPDATE %s t SET %s FROM unnest($1::text[], $2::int8[]) AS u(id, acked_us)
+			WHERE %s AND %s`, tq, set, idCond, notMarked), procByID.ids.String(), procByID.ats.String())
 	}
 	if b.Len() == 0 {
 		return written{ti: ti, procAll: true, errorAll: true}, nil
@@ -720,7 +761,7 @@ func (s *Sweeper) apply(ctx context.Context, batch []mark) (written, error) {
 	var marked int64
 	w := written{ti: ti}
 	for i := range b.Len() {
-		if i < nproc {
+		if i >= nerr {
 			tag, err := br.Exec()
 			if err != nil {
 				br.Close()
@@ -775,6 +816,15 @@ func (a *arrayLiteral) text(v string) {
 		a.b = append(a.b, v[i])
 	}
 	a.b = append(a.b, '"')
+}
+
+func (a *arrayLiteral) boolean(v bool) {
+	a.next()
+	if v {
+		a.b = append(a.b, 't')
+	} else {
+		a.b = append(a.b, 'f')
+	}
 }
 
 func (a *arrayLiteral) int(v int64) {
@@ -948,16 +998,28 @@ func (s *Sweeper) catchUp(ctx context.Context) error {
 	}
 	var jobs []job
 	if s.tailOnStart.Load() {
-		tail := rb.tail
-		// At least as many of each stream's newest messages as there are
-		// unprocessed rows: a stop while the sweeper yielded (or after
-		// drops) can leave that many delivered rows unmarked, beyond the
-		// mark queue and the publish window that a crash alone leaves.
-		if n, err := s.refreshGauges(ctx); err == nil && n > int64(tail) {
+		// A crash leaves at most this table's mark queue (its own
+		// batch_size's) and the publish window unmarked: that many of its
+		// newest messages in each stream. The read-back counts this
+		// table's messages only, going back past those of other tables
+		// and databases sharing the stream.
+		tail := s.cfg.QueueSize + rb.window
+		// At least as many as there are unprocessed rows: a stop while the
+		// sweeper yielded (or after drops) can leave that many delivered
+		// rows unmarked, beyond the mark queue and the publish window.
+		n, err := s.refreshGauges(ctx)
+		if err == nil && n > int64(tail) {
 			tail = int(min(n, startTailMax))
 		}
-		for _, st := range rb.streams {
-			jobs = append(jobs, job{stream: st, tail: tail})
+		// No unprocessed row: nothing a read-back could mark (a row
+		// delivered but not marked is unprocessed), and a table whose
+		// messages are sparse in a shared stream would read far back.
+		if ti := s.info.Load(); err == nil && n == 0 && ti != nil && ti.processed {
+			s.tailOnStart.Store(false)
+		} else {
+			for _, st := range rb.streams {
+				jobs = append(jobs, job{stream: st, tail: tail})
+			}
 		}
 	}
 	s.mu.Lock()
@@ -969,7 +1031,7 @@ func (s *Sweeper) catchUp(ctx context.Context) error {
 	if len(jobs) == 0 {
 		return nil
 	}
-	var total uint64
+	var total, read uint64
 	for i, j := range jobs {
 		var batch []mark
 		flush := func() error {
@@ -984,14 +1046,25 @@ func (s *Sweeper) catchUp(ctx context.Context) error {
 		}
 		now := time.Now()
 		var applyErr error
-		err := rb.r.ReadBack(ctx, j.stream, rb.source, j.r.first, j.r.last, j.tail, func(table, id, reason string) {
-			if applyErr != nil || id == "" || !s.owns(table) {
-				return
+		rr := relay.ReadBackRange{First: j.r.first, Last: j.r.last, Want: j.tail, ScanMax: startScanMax}
+		err := rb.r.ReadBack(ctx, j.stream, rb.source, rr, func(ev relay.StoredEvent) bool {
+			if ev.ID == "" || !s.owns(ev.Table) {
+				return false
 			}
-			batch = append(batch, mark{id: id, at: now, dlq: reason != "", stored: true, reason: reason})
+			read++
+			if applyErr != nil {
+				return true
+			}
+			// With its created_at the mark's UPDATE looks in the one
+			// partition that holds the row (a start read-back of 10^6 ids
+			// by id alone probes every partition's primary key for each);
+			// without it (no created_at role, or a message from a relay
+			// before walbox set the header) apply matches by id alone.
+			batch = append(batch, mark{id: ev.ID, createdAt: ev.CreatedAt, at: now, dlq: ev.Reason != "", stored: true, reason: ev.Reason})
 			if len(batch) >= 1000 {
 				applyErr = flush()
 			}
+			return true
 		})
 		if err == nil {
 			err = applyErr
@@ -1015,7 +1088,7 @@ func (s *Sweeper) catchUp(ctx context.Context) error {
 		}
 	}
 	s.tailOnStart.Store(false)
-	s.log.Info().Uint64("rows", total).Int("ranges", len(jobs)).
+	s.log.Info().Uint64("rows", total).Uint64("messages", read).Int("ranges", len(jobs)).
 		Msg("caught up dropped marks: rows whose ids were read back from their streams marked processed")
 	return nil
 }
@@ -1030,8 +1103,16 @@ func (s *Sweeper) owns(table string) bool {
 	return table == s.cfg.Table.String()
 }
 
-// startTailMax bounds the messages per stream the read-back at start takes.
-const startTailMax = 1_000_000
+// startTailMax bounds this table's messages per stream the read-back at
+// start looks for; startScanMax the messages it reads per stream (per Kafka
+// partition) to find them, where the table's messages are sparse among other
+// tables' and databases' (or it has unprocessed rows that were never
+// delivered): past it, rows whose marks were lost stay unprocessed (safe,
+// never wrong).
+const (
+	startTailMax = 1_000_000
+	startScanMax = 10 * startTailMax
+)
 
 // unprocessed counts the rows not marked processed and the age of the oldest.
 func unprocessed(ctx context.Context, q querier, ti *tableInfo) (int64, time.Duration, error) {
