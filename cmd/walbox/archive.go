@@ -142,6 +142,10 @@ func printReport(w io.Writer, r *sweep.Report, took time.Duration) {
 		fmt.Fprintf(w, "%s %d rows of [%s, %s) from the default partition into %s\n", verb("moved", "would move"),
 			m.Rows, m.From.Format(time.RFC3339), m.To.Format(time.RFC3339), m.Partition)
 	}
+	if r.DefaultRemoved != "" {
+		fmt.Fprintf(w, "%s the empty default partition %s (an older walbox's: archival then detaches concurrently)\n",
+			verb("removed", "would remove"), r.DefaultRemoved)
+	}
 	for _, p := range r.Resumed {
 		fmt.Fprintf(w, "archived %s (detached by an interrupted run)\n", p)
 	}
@@ -167,6 +171,13 @@ func printReport(w io.Writer, r *sweep.Report, took time.Duration) {
 	}
 	for _, d := range r.Deleted {
 		fmt.Fprintf(w, "%s %s (past archive.delete_after)\n", verb("deleted", "would delete"), d)
+	}
+	for _, p := range r.Postponed {
+		obj := ""
+		if p.Object != "" {
+			obj = " " + p.Object
+		}
+		fmt.Fprintf(w, "postponed: %s%s (%s); a later run does it, producers never wait for it\n", p.Step, obj, p.Why)
 	}
 	for _, e := range r.Errors {
 		fmt.Fprintf(w, "FAILED: %s\n", e)
