@@ -430,7 +430,8 @@ type updateTracer struct {
 	start map[*pgx.Conn]time.Time
 }
 
-func (u *updateTracer) TraceQueryStart(ctx context.Context, c *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+// begin notes when c sent its statement (or batch).
+func (u *updateTracer) begin(ctx context.Context, c *pgx.Conn) context.Context {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if u.start == nil {
@@ -438,6 +439,10 @@ func (u *updateTracer) TraceQueryStart(ctx context.Context, c *pgx.Conn, d pgx.T
 	}
 	u.start[c] = time.Now()
 	return ctx
+}
+
+func (u *updateTracer) TraceQueryStart(ctx context.Context, c *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return u.begin(ctx, c)
 }
 
 func (u *updateTracer) TraceQueryEnd(ctx context.Context, c *pgx.Conn, d pgx.TraceQueryEndData) {
@@ -451,13 +456,7 @@ func (u *updateTracer) TraceQueryEnd(ctx context.Context, c *pgx.Conn, d pgx.Tra
 
 // TraceBatch* see the marks' UPDATEs, sent as one pgx batch.
 func (u *updateTracer) TraceBatchStart(ctx context.Context, c *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	if u.start == nil {
-		u.start = map[*pgx.Conn]time.Time{}
-	}
-	u.start[c] = time.Now()
-	return ctx
+	return u.begin(ctx, c)
 }
 
 func (u *updateTracer) TraceBatchQuery(ctx context.Context, c *pgx.Conn, d pgx.TraceBatchQueryData) {

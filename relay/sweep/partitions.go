@@ -107,18 +107,9 @@ func (s *Sweeper) moveDefault(ctx context.Context, q querier, ti *tableInfo, rep
 	default:
 		return nil
 	}
-	parts, err := partitions(ctx, q, ti.table, ti.partType)
-	if err != nil {
+	parts, def, err := defaultPartition(ctx, q, ti)
+	if err != nil || def == nil {
 		return err
-	}
-	var def *partition
-	for i := range parts {
-		if parts[i].isDefault {
-			def = &parts[i]
-		}
-	}
-	if def == nil {
-		return nil
 	}
 	type rng struct {
 		from, to, suffix string
@@ -218,18 +209,9 @@ func (s *Sweeper) removeDefault(ctx context.Context, q querier, ti *tableInfo, r
 	if !ti.partitioned {
 		return nil
 	}
-	parts, err := partitions(ctx, q, ti.table, ti.partType)
-	if err != nil {
+	_, def, err := defaultPartition(ctx, q, ti)
+	if err != nil || def == nil {
 		return err
-	}
-	var def *partition
-	for i := range parts {
-		if parts[i].isDefault {
-			def = &parts[i]
-		}
-	}
-	if def == nil {
-		return nil
 	}
 	if def.name.Name != ti.table.Name+"_default" {
 		s.warn("dba-default", fmt.Sprintf("%s has a default partition %s that walbox did not create: it stays, and archival detaches partitions under lock_timeout (%s) instead of concurrently (PostgreSQL refuses DETACH ... CONCURRENTLY next to a default partition); see docs/sweeper.md",
@@ -296,6 +278,21 @@ func longLockHolder(ctx context.Context, q querier, table cdc.TableName) (string
 		return "", fmt.Errorf("look for long transactions on %s: %w", table, err)
 	}
 	return who, nil
+}
+
+// defaultPartition lists ti's partitions and picks its default one (nil
+// when it has none).
+func defaultPartition(ctx context.Context, q querier, ti *tableInfo) ([]partition, *partition, error) {
+	parts, err := partitions(ctx, q, ti.table, ti.partType)
+	if err != nil {
+		return nil, nil, err
+	}
+	for i := range parts {
+		if parts[i].isDefault {
+			return parts, &parts[i], nil
+		}
+	}
+	return parts, nil, nil
 }
 
 // freeName returns name, or name_2, name_3, ... when a table of that name
