@@ -106,7 +106,7 @@ func openKafka(ctx context.Context, cfg config.Config, log zerolog.Logger) (*bus
 	b.ensure = func(ctx context.Context) ([]relay.Route, error) {
 		return retryEnsure(ctx, cfg, 15*time.Second,
 			func(ctx context.Context) ([]relay.Route, error) {
-				return kafkasink.EnsureTopics(ctx, sink.Client(), cfg.TopicSpecs())
+				return sink.EnsureTopics(ctx, cfg.TopicSpecs())
 			},
 			func(err error) (retry, permanent error) {
 				var ke *kerr.Error

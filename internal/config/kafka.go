@@ -147,6 +147,9 @@ func validTopic(s string) bool {
 	return true
 }
 
+// dlqBatchOverhead is room for a record batch's header around a dead letter.
+const dlqBatchOverhead = 1024
+
 // TopicSpecs converts kafka.topics, and the dead-letter topic, for the sink.
 func (c *Config) TopicSpecs() []kafkasink.TopicSpec {
 	var out []kafkasink.TopicSpec
@@ -154,7 +157,11 @@ func (c *Config) TopicSpecs() []kafkasink.TopicSpec {
 		out = append(out, kafkasink.TopicSpec{Name: t.Name, Partitions: t.Partitions, ReplicationFactor: t.ReplicationFactor,
 			Manage: t.Manage == nil || *t.Manage})
 	}
-	return append(out, kafkasink.TopicSpec{Name: c.Kafka.DLQTopic, Partitions: 1, Manage: true})
+	// A dead letter keeps its payload up to kafka.max_message_bytes
+	// (relay.Router.DeadLetter), in a batch of one: the batch's own bytes
+	// on top.
+	return append(out, kafkasink.TopicSpec{Name: c.Kafka.DLQTopic, Partitions: 1, Manage: true,
+		MaxMessageBytes: int32(min(c.Kafka.MaxMessageBytes, 1<<30-dlqBatchOverhead) + dlqBatchOverhead)})
 }
 
 // KafkaSinkConfig is the sink's connection config: brokers, TLS, SASL and

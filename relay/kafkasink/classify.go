@@ -70,7 +70,7 @@ func (r Row) Label() string {
 var Table = []Row{
 	// A batch refused for its content: not proof about one record.
 	{Err: kerr.MessageTooLarge, Kind: KindBatchRefused,
-		Why: "the batch is over the topic's max.message.bytes; several records of the partition share it and all fail. franz-go also returns it, before sending, for one record that alone does not fit an empty batch (kafka.max_message_bytes): that one is per record"},
+		Why: "the batch is over the topic's max.message.bytes; several records of the partition share it and all fail. The sink never hands it on bare: it decides per record (kafkasink.ErrRecordTooLarge or kafkasink.ErrBatchTooLarge)"},
 	{Err: kerr.RecordListTooLarge, Kind: KindBatchRefused,
 		Why: "the batch is over the broker's segment size (log.segment.bytes): a property of the batch, not of one record"},
 	{Err: kerr.InvalidRecord, Kind: KindBatchRefused,
@@ -170,6 +170,13 @@ var Table = []Row{
 	{Err: kerr.TransactionAbortable, Kind: KindTransient,
 		Why: "transactions only, which walbox does not use: franz-go recovers with a new producer id"},
 
+	// The sink's verdict on a MESSAGE_TOO_LARGE, per record (limits.go,
+	// decideTooLarge); listed before the Kafka code they wrap.
+	{Err: ErrRecordTooLarge, Name: "kafkasink.ErrRecordTooLarge", Kind: KindPermanent,
+		Why: "MESSAGE_TOO_LARGE for a record that alone, as a batch of one, is over its topic's max.message.bytes (read from the brokers at start) or kafka.max_message_bytes: franz-go refuses it before sending, every time"},
+	{Err: ErrBatchTooLarge, Name: "kafkasink.ErrBatchTooLarge", Kind: KindTransient,
+		Why: "MESSAGE_TOO_LARGE for a record that alone fits its topic's limit: its batch was too large (the topic's limit lowered since walbox read it); resent in order"},
+
 	// franz-go's client errors.
 	{Err: kgo.ErrRecordTimeout, Name: "kgo.ErrRecordTimeout", Kind: KindTransient,
 		Why: "not acked within kafka.ack_timeout (franz-go's retries of a retriable code end here): the record and those behind it in its partition are resent in order"},
@@ -233,7 +240,9 @@ func ErrKind(err error) Kind {
 
 // Classify sorts Kafka produce errors by their row in Table: a record the
 // brokers refuse for itself is permanent (dead-lettered), and so, until
-// issue 35, is a batch refused for its content; everything else, an
+// issue 35, is a batch refused for its content (INVALID_RECORD,
+// CORRUPT_MESSAGE; MESSAGE_TOO_LARGE the sink decides per record);
+// everything else, an
 // unknown topic, a missing ACL and any error the table does not know
 // included, waits and is resent in order.
 func Classify(err error) relay.ErrorClass { return ErrKind(err).Class() }

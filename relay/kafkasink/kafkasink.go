@@ -57,6 +57,7 @@ type Config struct {
 type Sink struct {
 	cfg Config
 	cl  *kgo.Client
+	lim *limits
 
 	mu    sync.Mutex
 	parts map[string]int // partitions of each topic at its last read-back
@@ -92,11 +93,12 @@ func New(cfg Config) (*Sink, error) {
 	if cfg.MaxPayload <= 0 {
 		cfg.MaxPayload = DefaultMaxPayload
 	}
+	lim := &limits{max: int32(min(cfg.MaxPayload, 1<<30))}
 	opts := append(cfg.clientOpts(),
 		kgo.RequiredAcks(kgo.AllISRAcks()), // idempotent writes need it, and a leader alone is not durable
 		kgo.RecordDeliveryTimeout(cfg.AckTimeout),
 		kgo.MaxBufferedRecords(cfg.MaxBuffered),
-		kgo.ProducerBatchMaxBytes(int32(cfg.MaxPayload)),
+		kgo.ProducerBatchMaxBytesFn(lim.batchMax),
 		kgo.RecordPartitioner(newKeyPartitioner()),
 		kgo.ProducerLinger(0),
 	)
@@ -104,7 +106,7 @@ func New(cfg Config) (*Sink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kafka client: %w", err)
 	}
-	return &Sink{cfg: cfg, cl: cl}, nil
+	return &Sink{cfg: cfg, cl: cl, lim: lim}, nil
 }
 
 // Client returns the producer's client (for admin requests).
@@ -168,7 +170,7 @@ func (s *Sink) Publish(m *relay.Msg) (relay.Future, error) {
 	fut, resolve := relay.NewFuture()
 	s.cl.Produce(context.Background(), rec, func(r *kgo.Record, err error) {
 		if err != nil {
-			resolve.Resolve(nil, fmt.Errorf("produce to %s: %w", r.Topic, err))
+			resolve.Resolve(nil, fmt.Errorf("produce to %s: %w", r.Topic, s.lim.decideTooLarge(r, err)))
 			return
 		}
 		// Sequence is 1-based, as JetStream's: offset 0 is sequence 1

@@ -2,14 +2,19 @@ package kafkasink_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"hash/fnv"
+	"math/rand/v2"
 	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/walbox/walbox/internal/kafkatest"
 	"github.com/walbox/walbox/relay"
@@ -294,6 +299,151 @@ func TestTailRangeIsPerPartition(t *testing.T) {
 		r := tail.Ranges[relay.TailKey{Partition: c.part}]
 		if uint64(r.Oldest.CommitLSN) != uint64(c.lsns[0]) || uint64(r.Newest.CommitLSN) != uint64(c.lsns[len(c.lsns)-1]) {
 			t.Fatalf("partition %d: range %s..%s, want 0/%X..0/%X", c.part, r.Oldest.CommitLSN, r.Newest.CommitLSN, c.lsns[0], c.lsns[len(c.lsns)-1])
+		}
+	}
+}
+
+// holdFirstProduce holds the first produce request in the broker until
+// release is closed, so that the records produced meanwhile queue up in
+// the client behind it; held is closed once the request is held.
+func holdFirstProduce(c *kfake.Cluster) (held, release chan struct{}) {
+	held, release = make(chan struct{}), make(chan struct{})
+	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		close(held)
+		c.SleepControl(func() { <-release })
+		c.DropControl()
+		return nil, nil, false
+	})
+	return held, release
+}
+
+// incompressible is n bytes, of their own for each seed, that compression does not shrink, so that a
+// batch's size on the wire is its records'.
+func incompressible(seed string, n int) []byte {
+	b := make([]byte, n)
+	h := fnv.New64a()
+	h.Write([]byte(seed))
+	r := rand.New(rand.NewPCG(h.Sum64(), 35))
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+	return b
+}
+
+// TestBatchOverTheTopicLimitFailsNoRecord (issue 35, item 1): a topic whose
+// max.message.bytes (4,096) is far below kafka.max_message_bytes, and 20
+// records of 520 B queued behind one held produce. Each record alone fits
+// the topic; together they do not. The sink reads the topic's limit and
+// batches within it: every record is stored, none fails, let alone as
+// permanent.
+func TestBatchOverTheTopicLimitFailsNoRecord(t *testing.T) {
+	c := newCluster(t)
+	s := newSink(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	adm := kadm.NewClient(s.Client())
+	if _, err := adm.CreateTopic(ctx, 1, 1, map[string]*string{"max.message.bytes": kadm.StringPtr("4096")}, "orders"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.EnsureTopics(ctx, []kafkasink.TopicSpec{{Name: "orders", Manage: true}}); err != nil {
+		t.Fatal(err)
+	}
+	held, release := holdFirstProduce(c)
+	pub := func(id string, size int) relay.Future {
+		f, err := s.Publish(&relay.Msg{Subject: "orders", Key: "k", Data: incompressible(id, size), Header: relay.Header{relay.HeaderMsgID: {id}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	first := pub("first", 10)
+	select {
+	case <-held:
+	case <-ctx.Done():
+		t.Fatal("no produce reached the broker")
+	}
+	var futs []relay.Future
+	for i := range 20 {
+		futs = append(futs, pub(fmt.Sprintf("e%02d", i), 520))
+	}
+	close(release)
+	if _, err := wait(t, ctx, first); err != nil {
+		t.Fatalf("the held record: %v", err)
+	}
+	failed, permanent := 0, 0
+	var firstErr error
+	for _, f := range futs {
+		if _, err := wait(t, ctx, f); err != nil {
+			failed++
+			if kafkasink.Classify(err) == relay.Permanent {
+				permanent++
+			}
+			if firstErr == nil {
+				firstErr = err
+			}
+		}
+	}
+	if failed > 0 {
+		t.Fatalf("%d of 20 records failed, %d of them as permanent (first: %v)", failed, permanent, firstErr)
+	}
+}
+
+// TestTooLargeIsDecidedPerRecord (issue 35, item 1): MESSAGE_TOO_LARGE is
+// permanent only for a record that alone is over its topic's limit. The
+// topic takes 4,096 bytes: a record of 5,000 B fails alone, permanent. Then
+// the topic's limit is lowered to 2,048 behind walbox's back (walbox still
+// batches up to 4,096): the broker refuses a batch of records that each fit
+// the limit walbox read, and each is transient, resent. The case where the
+// proof fails: a record of 3,000 B, over the new limit but under the one
+// read, is transient too (it waits; it is not dead-lettered on a guess).
+func TestTooLargeIsDecidedPerRecord(t *testing.T) {
+	c := newCluster(t)
+	s := newSink(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	adm := kadm.NewClient(s.Client())
+	if _, err := adm.CreateTopic(ctx, 1, 1, map[string]*string{"max.message.bytes": kadm.StringPtr("4096")}, "orders"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.EnsureTopics(ctx, []kafkasink.TopicSpec{{Name: "orders", Manage: true}}); err != nil {
+		t.Fatal(err)
+	}
+	pub := func(id string, size int) relay.Future {
+		f, err := s.Publish(&relay.Msg{Subject: "orders", Key: "k", Data: incompressible(id, size), Header: relay.Header{relay.HeaderMsgID: {id}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	if _, err := wait(t, ctx, pub("small", 10)); err != nil {
+		t.Fatal(err)
+	}
+	_, err := wait(t, ctx, pub("huge", 5000))
+	if !errors.Is(err, kafkasink.ErrRecordTooLarge) || kafkasink.Classify(err) != relay.Permanent {
+		t.Fatalf("a record alone over the topic's limit: %v (class %v), want ErrRecordTooLarge, permanent", err, kafkasink.Classify(err))
+	}
+	if _, err := adm.AlterTopicConfigs(ctx, []kadm.AlterConfig{{Name: "max.message.bytes", Value: kadm.StringPtr("2048")}}, "orders"); err != nil {
+		t.Fatal(err)
+	}
+	held, release := holdFirstProduce(c)
+	first := pub("first", 10)
+	<-held
+	var futs []relay.Future
+	for i := range 4 {
+		futs = append(futs, pub(fmt.Sprintf("e%02d", i), 520))
+	}
+	futs = append(futs, pub("between", 3000))
+	close(release)
+	if _, err := wait(t, ctx, first); err != nil {
+		t.Fatalf("the held record: %v", err)
+	}
+	for i, f := range futs {
+		_, err := wait(t, ctx, f)
+		if err == nil {
+			t.Fatalf("record %d stored in a batch over the topic's limit", i)
+		}
+		if !errors.Is(err, kafkasink.ErrBatchTooLarge) || kafkasink.Classify(err) != relay.Transient {
+			t.Errorf("record %d: %v (class %v), want ErrBatchTooLarge, transient", i, err, kafkasink.Classify(err))
 		}
 	}
 }

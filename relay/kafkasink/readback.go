@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -20,6 +21,66 @@ type TopicSpec struct {
 	// Manage: create the topic when it is missing (true), or only check it
 	// exists where the platform team owns topics (false).
 	Manage bool
+	// MaxMessageBytes, when set, is the least max.message.bytes the topic
+	// needs: a managed topic is created with it, and raised to it when it
+	// has less (the dead-letter topic, whose dead letters keep payloads up
+	// to kafka.max_message_bytes).
+	MaxMessageBytes int32
+}
+
+// EnsureTopics is EnsureTopics with the sink's client, and then reads the
+// brokers' message.max.bytes and each topic's max.message.bytes, which cap
+// the producer's batches from then on (franz-go takes a partition's cap when
+// it first produces to it).
+func (s *Sink) EnsureTopics(ctx context.Context, topics []TopicSpec) ([]relay.Route, error) {
+	routes, err := EnsureTopics(ctx, s.cl, topics)
+	if err != nil {
+		return nil, err
+	}
+	names := make([]string, 0, len(topics))
+	for _, t := range topics {
+		names = append(names, t.Name)
+	}
+	if err := s.lim.read(ctx, kadm.NewClient(s.cl), names); err != nil {
+		return nil, err
+	}
+	return routes, nil
+}
+
+// raiseLimit raises a managed topic's max.message.bytes to t.MaxMessageBytes
+// when it is lower.
+func raiseLimit(ctx context.Context, adm *kadm.Client, t TopicSpec) error {
+	rcs, err := adm.DescribeTopicConfigs(ctx, t.Name)
+	if err != nil {
+		return fmt.Errorf("read max.message.bytes of topic %s: %w", t.Name, err)
+	}
+	rc, err := rcs.On(t.Name, nil)
+	if err == nil {
+		err = rc.Err
+	}
+	if err != nil {
+		return fmt.Errorf("read max.message.bytes of topic %s: %w", t.Name, err)
+	}
+	if v := configInt(rc.Configs, "max.message.bytes"); v >= t.MaxMessageBytes {
+		return nil
+	}
+	resp, err := adm.AlterTopicConfigs(ctx, []kadm.AlterConfig{{Name: "max.message.bytes", Value: kadm.StringPtr(strconv.Itoa(int(t.MaxMessageBytes)))}}, t.Name)
+	if err == nil {
+		for _, r := range resp {
+			if r.Err != nil {
+				err = fmt.Errorf("%w %s", r.Err, r.ErrMessage)
+			}
+		}
+	}
+	if errors.Is(err, kerr.TopicAuthorizationFailed) || errors.Is(err, kerr.ClusterAuthorizationFailed) || errors.Is(err, kerr.PolicyViolation) {
+		// Not walbox's to change here: the topic keeps its limit, and
+		// what it refuses as too large goes without its payload.
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("raise max.message.bytes of topic %s to %d: %w", t.Name, t.MaxMessageBytes, err)
+	}
+	return nil
 }
 
 // EnsureTopics creates the missing topics that walbox manages (with
@@ -55,9 +116,12 @@ func EnsureTopics(ctx context.Context, cl *kgo.Client, topics []TopicSpec) ([]re
 			}
 			// With three or more replicas, acks=all is only worth it when
 			// a write needs two of them in sync.
-			var configs map[string]*string
+			configs := map[string]*string{}
 			if t.ReplicationFactor >= 3 {
-				configs = map[string]*string{"min.insync.replicas": kadm.StringPtr("2")}
+				configs["min.insync.replicas"] = kadm.StringPtr("2")
+			}
+			if t.MaxMessageBytes > 0 {
+				configs["max.message.bytes"] = kadm.StringPtr(strconv.Itoa(int(t.MaxMessageBytes)))
 			}
 			resp, err := adm.CreateTopics(ctx, parts, rf, configs, t.Name)
 			if err != nil {
@@ -67,6 +131,11 @@ func EnsureTopics(ctx context.Context, cl *kgo.Client, topics []TopicSpec) ([]re
 				if r.Err != nil && !errors.Is(r.Err, kerr.TopicAlreadyExists) {
 					return nil, fmt.Errorf("create topic %s: %w %s", t.Name, r.Err, r.ErrMessage)
 				}
+			}
+		}
+		if ok && d.Err == nil && t.Manage && t.MaxMessageBytes > 0 {
+			if err := raiseLimit(ctx, adm, t); err != nil {
+				return nil, err
 			}
 		}
 		routes = append(routes, relay.Route{Stream: t.Name, Subjects: []string{t.Name}})
