@@ -608,9 +608,18 @@ func (l *loop) failed(p *pending, err error, known bool) {
 	if p.dlq && class == Permanent {
 		// A dead letter is confirmed only once the dead-letter stream has
 		// stored it: for a table-less event it is the only record. Wait and
-		// resend like any transient failure, and say why it waits.
-		l.r.log.Error().Err(err).Str("id", p.ev.ID).Str("reason", p.reason).
-			Msg("the dead-letter stream refused a dead letter; publishing waits and resends it (check nats.dlq.stream)")
+		// resend like any transient failure, and say why it waits. Refused
+		// for itself with its payload (a dead-letter stream or topic that
+		// takes less than the events' limit), it is resent without the
+		// payload, which its row keeps (issue 35, item 2).
+		if len(p.msg.Data) > 0 && p.msg.Header.Get(HeaderDLQPayloadDropped) == "" {
+			l.r.log.Error().Err(err).Str("id", p.ev.ID).Int("payload_bytes", len(p.msg.Data)).
+				Msg("the dead-letter stream refused a dead letter; resending it without its payload (the row keeps it)")
+			dropPayload(p.msg, err.Error())
+		} else {
+			l.r.log.Error().Err(err).Str("id", p.ev.ID).Str("reason", p.reason).
+				Msg("the dead-letter stream refused a dead letter; publishing waits and resends it (check nats.dlq.stream or kafka.dlq_topic)")
+		}
 		class = Transient
 	}
 	if l.failing {

@@ -60,6 +60,12 @@ const (
 	// its subject template): the topic and the headers column.
 	HeaderDLQOriginalTopic = "Walbox-Dlq-Original-Topic"
 	HeaderDLQHeaders       = "Walbox-Dlq-Headers"
+	// HeaderDLQPayloadDropped is set on a dead letter stored without its
+	// payload: the payload's size in bytes; the row keeps the payload.
+	// HeaderDLQPayloadDroppedReason says why when the dead-letter stream
+	// refused it with the payload.
+	HeaderDLQPayloadDropped       = "Walbox-Dlq-Payload-Dropped"
+	HeaderDLQPayloadDroppedReason = "Walbox-Dlq-Payload-Dropped-Reason"
 )
 
 // PoisonError marks an event that can never be published as it is. It is
@@ -502,9 +508,19 @@ func (r *Router) DeadLetter(ev *cdc.Event, dlqPrefix, reason string) *Msg {
 	data := ev.Payload
 	if r.maxBytes > 0 && len(data)+headerSize(h) > r.maxBytes {
 		data = nil
-		h["Walbox-Dlq-Payload-Dropped"] = []string{strconv.Itoa(len(ev.Payload))}
+		h[HeaderDLQPayloadDropped] = []string{strconv.Itoa(len(ev.Payload))}
 	}
 	return &Msg{Subject: dlqPrefix + suffix, Key: partitionKey(ev), Data: data, Header: h}
+}
+
+// dropPayload takes the payload off dead letter m, which the dead-letter
+// stream refused with it for why, and says so in its headers.
+func dropPayload(m *Msg, why string) {
+	m.Header[HeaderDLQPayloadDropped] = []string{strconv.Itoa(len(m.Data))}
+	if why = strings.TrimSpace(sanitizeHeader(why)); why != "" && HeaderSafe(why) {
+		m.Header[HeaderDLQPayloadDroppedReason] = []string{why}
+	}
+	m.Data = nil
 }
 
 func sanitizeHeader(s string) string {
