@@ -33,8 +33,11 @@ type fakeStream struct {
 	publishes int
 	// lose: publish numbers (1-based) that vanish: never stored, and their
 	// ack times out (or, while hold is on, fails when the test says so).
-	lose   map[int]bool
-	reject map[string]int // event ids always refused with this JetStream error code
+	lose map[int]bool
+	// storeLose: of the lost publishes, these are stored all the same (a
+	// broker that stored the record and whose answer was lost).
+	storeLose map[int]bool
+	reject    map[string]int // event ids always refused with this JetStream error code
 	// refuseNext: this many publishes (any event) are refused with
 	// refuseCode: a condition of the server's that every message meets.
 	refuseNext, refuseCode int
@@ -151,7 +154,7 @@ func (st *fakeStream) published() []string {
 }
 
 func newFakeStream() *fakeStream {
-	return &fakeStream{seqOf: map[string]uint64{}, lose: map[int]bool{}, reject: map[string]int{}, foreign: map[int]bool{},
+	return &fakeStream{seqOf: map[string]uint64{}, lose: map[int]bool{}, storeLose: map[int]bool{}, reject: map[string]int{}, foreign: map[int]bool{},
 		reconnectDuring: map[int]bool{}, callFails: map[int]error{}, acked: map[string]int{}, readBack: map[string]bool{}}
 }
 
@@ -217,6 +220,13 @@ func (s *fakeSink) Publish(m *Msg) (Future, error) {
 		return fut, nil
 	}
 	if st.lose[n] {
+		if st.storeLose[n] {
+			h := Header{}
+			for k, v := range m.Header {
+				h[k] = append([]string(nil), v...)
+			}
+			st.store(id, h)
+		}
 		if st.hold {
 			st.held = append(st.held, &heldAck{pub: pub, f: f})
 			return fut, nil
@@ -288,6 +298,9 @@ func (s *fakeSink) Classify(err error) ErrorClass {
 	return Transient
 }
 
+// fakeDLQStream is the dead-letter stream's name when a test routes it.
+const fakeDLQStream = "DLQ"
+
 // StoredIdentity implements DuplicateChecker from the stored headers.
 func (s *fakeSink) StoredIdentity(_ context.Context, stream string, seq uint64) (string, string, error) {
 	st := s.st
@@ -316,9 +329,13 @@ func (s *fakeSink) ErrorCode(err error) string {
 func (s *fakeSink) MaxPayload() int { return 1 << 20 }
 func (s *fakeSink) Epoch() uint64   { return s.epoch.Load() }
 
-// StoredTail implements Sink over the whole stream.
+// StoredTail implements Sink over the whole stream (the dead-letter
+// stream for fakeDLQStream).
 func (s *fakeSink) StoredTail(_ context.Context, stream, source string, n int) (StoredTail, error) {
 	st := s.st
+	if stream == fakeDLQStream {
+		st = s.dlq
+	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	s.tailReads++

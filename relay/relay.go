@@ -224,8 +224,11 @@ type loop struct {
 	curPos int
 	held   int64 // bytes of the events published and not done (window and resend list)
 
-	tails  map[string]StoredTail // what each stream holds of this source, for the resume check
-	origin *cdc.Origin           // WAL history of the changes being read (KindOrigin)
+	tails map[string]StoredTail // what each stream holds of this source, for the resume check
+	// dlqTail is what the dead-letter topic holds of this source (Kafka,
+	// where nothing drops a resent dead letter); identities only.
+	dlqTail StoredTail
+	origin  *cdc.Origin // WAL history of the changes being read (KindOrigin)
 	// walSeen is how far this server's WAL has been seen to reach in this
 	// session: IDENTIFY_SYSTEM's position at its start, or the end of a
 	// transaction read since. A stored position at or past it is not of

@@ -170,11 +170,16 @@ func PositionFromHeaders(h Header, source string) (cdc.Position, StoredOrigin, b
 // so the caller backs off and tries again.
 func (l *loop) refreshResume() bool {
 	l.tails = make(map[string]StoredTail)
+	l.dlqTail = StoredTail{}
 	l.lastSeq = make(map[string]uint64)
 	complete := true
 	for _, rt := range l.r.router.routes {
-		if slices.Contains(rt.Subjects, l.r.cfg.DLQPrefix+">") || (l.r.cfg.DLQSubject != "" && slices.Contains(rt.Subjects, l.r.cfg.DLQSubject)) {
-			continue // dead letters are never skipped
+		dlq := l.r.cfg.DLQSubject != "" && slices.Contains(rt.Subjects, l.r.cfg.DLQSubject)
+		if slices.Contains(rt.Subjects, l.r.cfg.DLQPrefix+">") && !dlq {
+			// JetStream's dead-letter stream drops a resent dead letter by
+			// its Nats-Msg-Id, and holds consumer groups' dead letters
+			// (copies of stored events) beside the relay's.
+			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		tail, err := l.r.sink.StoredTail(ctx, rt.Stream, l.r.router.source, 2*l.r.cfg.Window)
@@ -198,6 +203,13 @@ func (l *loop) refreshResume() bool {
 			// the stream now holds a message of another source past e:
 			// someone else writes there.
 			l.otherWriter(rt.Stream, tail.NewestForeign)
+		}
+		if dlq {
+			// Kafka's dead-letter topic: read back like any topic, so that
+			// a resent dead letter whose first publish was stored is not
+			// stored again (alreadyStored, by identity alone).
+			l.dlqTail = tail
+			continue
 		}
 		if tail.Found {
 			l.tails[rt.Stream] = tail
@@ -302,8 +314,20 @@ func (l *loop) reportOnce(key string, log func()) {
 // before it, or publishing would have stopped there. An event inside the
 // tail's range whose id is not there is published again: a gap can only
 // sit inside the tail.
+//
+// A dead letter is stored when its identity was read back from the
+// dead-letter topic (Kafka; loop.dlqTail). Never by position: only some
+// events go to the dead-letter topic, so one older than its tail may never
+// have been sent there.
 func (l *loop) alreadyStored(p *pending) bool {
-	if p.dlq || p.stream == "" {
+	if p.dlq {
+		if l.dlqTail.Found && l.identityRead(l.dlqTail, p) {
+			l.skipped("dead letter id read back", p)
+			return true
+		}
+		return false
+	}
+	if p.stream == "" {
 		return false
 	}
 	tail, ok := l.tails[p.stream]

@@ -44,6 +44,9 @@ type DeadLetter struct {
 	Partition int32       `json:"partition,omitempty"`
 	msg       *nats.Msg   // with payload, for retry
 	rec       *kgo.Record // sink: kafka
+	// copies are the other records of the dead-letter topic that hold the
+	// same event (sink: kafka; a resend stored twice): retried with it.
+	copies []kafkaRef
 }
 
 // DLQList reads up to limit dead letters (oldest first; limit <= 0: all)
@@ -145,6 +148,9 @@ type DLQRetryOptions struct {
 	// Out receives one line per dead letter (and the question).
 	Out io.Writer
 	TTY bool
+	// afterRead, set by tests, runs once the dead letters to retry are
+	// read, before the first is republished.
+	afterRead func()
 }
 
 // DLQRetryResult counts a retry.
@@ -153,6 +159,50 @@ type DLQRetryResult struct {
 	AlreadyStored int `json:"already_stored"` // the stream had the id (duplicate): deleted from the DLQ
 	Skipped       int `json:"skipped"`        // left in the DLQ
 }
+
+// ErrDLQRetryRunning: another `walbox dlq retry` of the same dead-letter
+// stream or topic holds the lease.
+var ErrDLQRetryRunning = errors.New("another walbox dlq retry is running")
+
+// dlqRetryLease takes the lease a retry holds from before it reads the
+// dead letters until it has deleted or marked the last one it republished:
+// a session advisory lock in PostgreSQL whose key is derived from the
+// dead-letter stream's (topic's) name, on a connection of its own. Two
+// retries that both read the dead letters before either marked them would
+// both republish them: Kafka keeps both copies, and JetStream drops the
+// second only inside its duplicate window. A second retry does not wait:
+// it fails with ErrDLQRetryRunning, and run again once the first is done
+// finds what that one retried gone. The lock ends with the session, so a
+// retry that dies holds nothing.
+func dlqRetryLease(ctx context.Context, cfg config.Config) (release func(), err error) {
+	name := DLQName(cfg)
+	conn, err := connectPG(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("take the lease of dlq retry on %s: %w", name, err)
+	}
+	var got bool
+	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock("+dlqRetryLockKeySQL+")", name).Scan(&got); err != nil {
+		closePG(ctx, conn)
+		return nil, fmt.Errorf("take the lease of dlq retry on %s (a PostgreSQL advisory lock): %w", name, err)
+	}
+	if !got {
+		closePG(ctx, conn)
+		return nil, fmt.Errorf("%w on %s (it holds the PostgreSQL advisory lock %s for %q): run this one again once it is done", ErrDLQRetryRunning, name, dlqRetryLockKeySQL, name)
+	}
+	return func() {
+		// Closing the session releases the lock; unlock first so that a
+		// slow close does not hold it.
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_, _ = conn.Exec(uctx, "SELECT pg_advisory_unlock("+dlqRetryLockKeySQL+")", name)
+		closePG(ctx, conn)
+	}, nil
+}
+
+// dlqRetryLockKeySQL is the advisory lock key of dlq retry on $1 (the
+// dead-letter stream or topic). Leadership's keys are 'walbox:' || slot,
+// and a slot name has no ':' or '-'.
+const dlqRetryLockKeySQL = "hashtextextended('walbox:dlq-retry:' || $1, 0)"
 
 // retryConfirmed says whether a retry of n dead letters goes on: not when
 // there are none (it prints empty), and otherwise only with --yes or the
@@ -177,6 +227,11 @@ func DLQRetry(ctx context.Context, cfg config.Config, opts DLQRetryOptions) (*DL
 	if opts.All == (len(opts.Seqs) > 0) {
 		return nil, errors.New("say which dead letters to retry: --seq N (repeatable) or --all")
 	}
+	release, err := dlqRetryLease(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	if cfg.Sink == config.SinkKafka {
 		return dlqRetryKafka(ctx, cfg, opts)
 	}
@@ -206,6 +261,9 @@ func DLQRetry(ctx context.Context, cfg config.Config, opts DLQRetryOptions) (*DL
 			fillDeadLetter(&dl, raw.Header)
 			dls = append(dls, dl)
 		}
+	}
+	if opts.afterRead != nil {
+		opts.afterRead()
 	}
 	res := &DLQRetryResult{}
 	if ok, err := retryConfirmed(opts, len(dls), name+" is empty: nothing to retry",

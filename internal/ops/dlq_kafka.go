@@ -91,16 +91,58 @@ func readKafkaDLQ(ctx context.Context, cfg config.Config, adm *kadm.Client) (*ka
 	if err != nil {
 		return nil, err
 	}
-	for _, dl := range all {
-		if !d.parts[dl.Partition].handled[int64(dl.Seq)-1] {
-			d.pending = append(d.pending, dl)
-		}
-	}
-	sort.SliceStable(d.pending, func(i, j int) bool {
-		a, b := d.pending[i], d.pending[j]
+	sort.SliceStable(all, func(i, j int) bool {
+		a, b := all[i], all[j]
 		return a.Partition < b.Partition || a.Partition == b.Partition && a.Seq < b.Seq
 	})
+	// One dead letter per event: a resend stores another copy (Kafka has
+	// no Nats-Msg-Id). The oldest copy stands for the others, and an event
+	// of which one copy was retried is retried.
+	retried := map[string]bool{}
+	for _, dl := range all {
+		if k := deadLetterIdentity(dl); k != "" && d.parts[dl.Partition].handled[int64(dl.Seq)-1] {
+			retried[k] = true
+		}
+	}
+	first := map[string]int{}
+	for _, dl := range all {
+		part := d.parts[dl.Partition]
+		off := int64(dl.Seq) - 1
+		if part.handled[off] {
+			continue
+		}
+		k := deadLetterIdentity(dl)
+		switch i, seen := first[k]; {
+		case k == "":
+		case retried[k]:
+			part.handled[off] = true
+			continue
+		case seen:
+			d.pending[i].copies = append(d.pending[i].copies, kafkaRef{dl.Partition, off})
+			continue
+		default:
+			first[k] = len(d.pending)
+		}
+		d.pending = append(d.pending, dl)
+	}
 	return d, nil
+}
+
+// kafkaRef is a record of the dead-letter topic.
+type kafkaRef struct {
+	partition int32
+	offset    int64
+}
+
+// deadLetterIdentity is a relay dead letter's event: its source, table and
+// id (DESIGN.md, "Evidence"); "" when it has no id, or is a consumer
+// group's.
+func deadLetterIdentity(dl DeadLetter) string {
+	if dl.ID == "" || dl.Group != "" || dl.rec == nil {
+		return ""
+	}
+	h := kafkasink.FromKafkaHeaders(dl.rec.Headers)
+	return h.Get(relay.HeaderSource) + "\x00" + relay.IdentityKey(h.Get(relay.HeaderTable), dl.ID)
 }
 
 // commitHandled commits, per partition, the offset past the retried dead
@@ -165,7 +207,11 @@ func dlqRetryKafka(ctx context.Context, cfg config.Config, opts DLQRetryOptions)
 		for _, seq := range opts.Seqs {
 			var found []DeadLetter
 			for _, dl := range d.pending {
-				if dl.Seq == seq {
+				match := dl.Seq == seq
+				for _, c := range dl.copies {
+					match = match || uint64(c.offset)+1 == seq
+				}
+				if match {
 					found = append(found, dl)
 				}
 			}
@@ -178,6 +224,9 @@ func dlqRetryKafka(ctx context.Context, cfg config.Config, opts DLQRetryOptions)
 				return nil, fmt.Errorf("seq %d is in %d partitions of %s: retry with --all, or give %s one partition", seq, len(found), name, name)
 			}
 		}
+	}
+	if opts.afterRead != nil {
+		opts.afterRead()
 	}
 	res := &DLQRetryResult{}
 	if ok, err := retryConfirmed(opts, len(dls), name+" holds no dead letter to retry",
@@ -200,10 +249,11 @@ func dlqRetryKafka(ctx context.Context, cfg config.Config, opts DLQRetryOptions)
 		})
 	}
 	defer bar.finish()
-	routers := map[string]*relay.Router{}
+	rc := &kafkaRetry{cfg: cfg, cl: cl, sink: sink, d: d, routes: routes, res: res, out: opts.Out,
+		routers: map[string]*relay.Router{}, stored: map[string]map[string]bool{}}
 	err = func() error {
 		for _, dl := range dls {
-			if err := retryOneKafka(ctx, cfg, cl, sink, d, dl, routers, routes, res, opts.Out); err != nil {
+			if err := rc.retryOne(ctx, dl); err != nil {
 				return err
 			}
 			bar.add(1)
@@ -221,50 +271,122 @@ func dlqRetryKafka(ctx context.Context, cfg config.Config, opts DLQRetryOptions)
 	return res, err
 }
 
-// retryOneKafka republishes one dead letter and marks it retried.
-func retryOneKafka(ctx context.Context, cfg config.Config, cl *kgo.Client, sink *kafkasink.Sink, d *kafkaDLQ, dl DeadLetter,
-	routers map[string]*relay.Router, routes []relay.Route, res *DLQRetryResult, out io.Writer) error {
-	name := d.topic
-	src := kafkasink.FromKafkaHeaders(dl.rec.Headers).Get(relay.HeaderSource)
-	rt, ok := routers[src]
-	if !ok {
-		rt, _ = kafkaRouter(cfg, src, routes)
-		routers[src] = rt
+// kafkaRetry is one run of dlq retry on Kafka.
+type kafkaRetry struct {
+	cfg     config.Config
+	cl      *kgo.Client
+	sink    *kafkasink.Sink
+	d       *kafkaDLQ
+	routes  []relay.Route
+	routers map[string]*relay.Router
+	// stored: per topic and source, the identities (relay.IdentityKey)
+	// read back from the topic's newest records.
+	stored map[string]map[string]bool
+	res    *DLQRetryResult
+	out    io.Writer
+}
+
+// retryTailRecords is how many of a source's newest records of each
+// partition of a topic dlq retry reads back before it republishes to the
+// topic (at least; twice the relay's window where that is more).
+const retryTailRecords = 1000
+
+// storedIn reads back, once per topic and source, the identities the
+// topic's newest records of source hold.
+func (rc *kafkaRetry) storedIn(ctx context.Context, topic, source string) (map[string]bool, error) {
+	k := topic + "\x00" + source
+	if ids, ok := rc.stored[k]; ok {
+		return ids, nil
 	}
-	m, why := kafkaRetryMessage(dl, name, rt, routes)
+	ids := map[string]bool{}
+	want := max(retryTailRecords, 2*rc.cfg.NATS.Window)
+	err := rc.sink.ReadBack(ctx, topic, source, relay.ReadBackRange{Want: want, ScanMax: 10 * want}, func(ev relay.StoredEvent) bool {
+		ids[relay.IdentityKey(ev.Table, ev.ID)] = true
+		return true
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read back the newest records of %s: %w", topic, err)
+	}
+	rc.stored[k] = ids
+	return ids, nil
+}
+
+// retryOne republishes one dead letter, unless its topic's newest records
+// hold its event already, and marks it (and its copies) retried.
+func (rc *kafkaRetry) retryOne(ctx context.Context, dl DeadLetter) error {
+	name := rc.d.topic
+	h := kafkasink.FromKafkaHeaders(dl.rec.Headers)
+	src := h.Get(relay.HeaderSource)
+	rt, ok := rc.routers[src]
+	if !ok {
+		rt, _ = kafkaRouter(rc.cfg, src, rc.routes)
+		rc.routers[src] = rt
+	}
+	m, why := kafkaRetryMessage(dl, name, rt, rc.routes)
 	if why != "" {
-		res.Skipped++
-		fmt.Fprintf(out, "seq %d %s: skipped: %s\n", dl.Seq, orDash(dl.OriginalSubject), why)
+		rc.res.Skipped++
+		fmt.Fprintf(rc.out, "seq %d %s: skipped: %s\n", dl.Seq, orDash(dl.OriginalSubject), why)
 		return nil
 	}
-	f, err := sink.Publish(m)
+	// The same evidence as the relay's: the event's identity read back
+	// from the topic (a retry that died before its marker, a replay, a
+	// relay that stored it after all).
+	ident := relay.IdentityKey(h.Get(relay.HeaderTable), dl.ID)
+	ids, err := rc.storedIn(ctx, m.Subject, src)
+	if err != nil {
+		return fmt.Errorf("dead letter %d: %w (it stays in %s)", dl.Seq, err, name)
+	}
+	if ids[ident] {
+		if err := rc.mark(ctx, dl, ""); err != nil {
+			return fmt.Errorf("dead letter %d is stored in %s already but was not marked retried in %s: %w", dl.Seq, m.Subject, name, err)
+		}
+		rc.res.AlreadyStored++
+		fmt.Fprintf(rc.out, "seq %d %s: %s already holds id %s; marked retried in %s\n", dl.Seq, dl.OriginalSubject, m.Subject, dl.ID, name)
+		return nil
+	}
+	f, err := rc.sink.Publish(m)
 	if err != nil {
 		return fmt.Errorf("republish dead letter %d to %s: %w (it stays in %s)", dl.Seq, m.Subject, err, name)
 	}
-	pctx, cancel := context.WithTimeout(ctx, cfg.Kafka.AckTimeout+connectTimeout)
+	pctx, cancel := context.WithTimeout(ctx, rc.cfg.Kafka.AckTimeout+connectTimeout)
 	ack, err := relay.Await(pctx, f)
 	cancel()
 	if err != nil {
 		return fmt.Errorf("republish dead letter %d to %s: %w (it stays in %s)", dl.Seq, m.Subject, err, name)
 	}
-	off := int64(dl.Seq) - 1
-	marker := &kgo.Record{Topic: name, Partition: dl.Partition, Headers: []kgo.RecordHeader{
-		{Key: headerDLQRetried, Value: []byte(strconv.FormatInt(off, 10))},
-		{Key: kafkasink.HeaderEventID, Value: []byte(dl.ID)},
-		{Key: HeaderDLQRetriedFrom, Value: []byte(ack.Stream + "/" + strconv.FormatUint(ack.Sequence, 10))},
-	}}
-	pctx, cancel = context.WithTimeout(ctx, cfg.Kafka.AckTimeout+connectTimeout)
-	mr, err := cl.ProduceSync(pctx, marker).First()
-	cancel()
-	if err != nil {
-		return fmt.Errorf("dead letter %d was republished (%s partition %d seq %d) but not marked retried in %s: %w; do not retry it again, or it is stored twice",
-			dl.Seq, ack.Stream, ack.Partition, ack.Sequence, name, err)
+	ids[ident] = true
+	if err := rc.mark(ctx, dl, ack.Stream+"/"+strconv.FormatUint(ack.Sequence, 10)); err != nil {
+		return fmt.Errorf("dead letter %d was republished (%s partition %d seq %d) but not marked retried in %s: %w; a retry reads %s back and does not store it again while it is among the newest %d records of its partition",
+			dl.Seq, ack.Stream, ack.Partition, ack.Sequence, name, err, ack.Stream, max(retryTailRecords, 2*rc.cfg.NATS.Window))
 	}
-	part := d.parts[dl.Partition]
-	part.handled[off], part.handled[mr.Offset] = true, true
-	res.Retried++
-	fmt.Fprintf(out, "seq %d %s: republished to %s (partition %d, seq %d, id %s); marked retried in %s\n",
+	rc.res.Retried++
+	fmt.Fprintf(rc.out, "seq %d %s: republished to %s (partition %d, seq %d, id %s); marked retried in %s\n",
 		dl.Seq, dl.OriginalSubject, ack.Stream, ack.Partition, ack.Sequence, dl.ID, name)
+	return nil
+}
+
+// mark writes a marker for dl and for each of its copies, in the
+// partition of the record it names; from is where the event was
+// republished ("" when it was found stored).
+func (rc *kafkaRetry) mark(ctx context.Context, dl DeadLetter, from string) error {
+	refs := append([]kafkaRef{{dl.Partition, int64(dl.Seq) - 1}}, dl.copies...)
+	for _, ref := range refs {
+		marker := &kgo.Record{Topic: rc.d.topic, Partition: ref.partition, Headers: []kgo.RecordHeader{
+			{Key: headerDLQRetried, Value: []byte(strconv.FormatInt(ref.offset, 10))},
+			{Key: kafkasink.HeaderEventID, Value: []byte(dl.ID)},
+		}}
+		if from != "" {
+			marker.Headers = append(marker.Headers, kgo.RecordHeader{Key: HeaderDLQRetriedFrom, Value: []byte(from)})
+		}
+		pctx, cancel := context.WithTimeout(ctx, rc.cfg.Kafka.AckTimeout+connectTimeout)
+		mr, err := rc.cl.ProduceSync(pctx, marker).First()
+		cancel()
+		if err != nil {
+			return fmt.Errorf("mark record %d/%d: %w", ref.partition, ref.offset, err)
+		}
+		part := rc.d.parts[ref.partition]
+		part.handled[ref.offset], part.handled[mr.Offset] = true, true
+	}
 	return nil
 }
 
