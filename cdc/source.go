@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/rs/zerolog"
@@ -292,6 +293,43 @@ func connectReplication(ctx context.Context, connString string) (*pgconn.PgConn,
 	return conn, nil
 }
 
+// awaitSlotReleased waits, at shutdown, until the walsender that served
+// this process has let go of the slot. Closing the replication connection
+// returns before the server's walsender has noticed and released the slot,
+// so without this wait a clean stop could exit with the slot still active:
+// `walbox slot drop` right after it (the pg_upgrade procedure,
+// docs/operations.md §5) refused it, and a standby's takeover found it held.
+// Bounded at 5 s; a slot still held then is logged.
+func (s *Source) awaitSlotReleased(walsender uint32) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, s.cfg.ConnString)
+	if err != nil {
+		s.log.Warn().Err(err).Msg("could not check that the slot was released at shutdown")
+		return
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	for {
+		var held bool
+		err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active_pid = $2)`,
+			s.cfg.Slot, int64(walsender)).Scan(&held)
+		if err != nil {
+			s.log.Warn().Err(err).Msg("could not check that the slot was released at shutdown")
+			return
+		}
+		if !held {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			s.log.Warn().Uint32("walsender_pid", walsender).Str("slot", s.cfg.Slot).
+				Msg("the server's walsender still holds the slot 5 s after walbox closed its connection")
+			return
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
 // replicationURL adds replication=database to a connection string.
 func replicationConfig(connString string) (*pgconn.Config, error) {
 	cfg, err := pgconn.ParseConfig(connString)
@@ -324,10 +362,14 @@ func (s *Source) session(ctx context.Context, out chan<- []Change) (streamed boo
 	if err != nil {
 		return false, err
 	}
+	walsender := conn.PID()
 	defer func() {
 		closeCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		conn.Close(closeCtx)
 		cancel()
+		if ctx.Err() != nil {
+			s.awaitSlotReleased(walsender)
+		}
 	}()
 
 	if err := checkServer(ctx, conn); err != nil {
