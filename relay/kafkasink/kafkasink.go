@@ -20,9 +20,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl"
 
+	promf "github.com/walbox/walbox/internal/metrics"
 	"github.com/walbox/walbox/relay"
 )
 
@@ -51,6 +54,28 @@ type Config struct {
 	MaxBuffered int
 	// MaxPayload is the largest record the brokers take (message.max.bytes).
 	MaxPayload int
+	// Log receives the sink's errors and the client's warnings (the zero
+	// Logger discards them).
+	Log zerolog.Logger
+	// Registerer is where the sink's metrics are registered (nil:
+	// unregistered).
+	Registerer prometheus.Registerer
+}
+
+// metrics are the sink's own series, next to the relay's.
+type metrics struct {
+	dataLoss     *prometheus.CounterVec
+	partsChanged *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	f := promf.On(reg)
+	return &metrics{
+		dataLoss: f.CounterVec("walbox_kafka_data_loss_total",
+			"Times a broker answered a produce with OUT_OF_ORDER_SEQUENCE_NUMBER or UNKNOWN_PRODUCER_ID, i.e. lost records it had acked, by topic.", "topic"),
+		partsChanged: f.CounterVec("walbox_kafka_partition_count_changed_total",
+			"Times a topic's partition count was found changed since walbox recorded it; publishing to the topic stops until walbox restarts, by topic.", "topic"),
+	}
 }
 
 // Sink produces to Kafka. It implements relay.Sink and sweep.StreamReader.
@@ -58,6 +83,8 @@ type Sink struct {
 	cfg Config
 	cl  *kgo.Client
 	lim *limits
+	m   *metrics
+	isr minISRGuard
 
 	mu    sync.Mutex
 	parts map[string]int // partitions of each topic at its last read-back
@@ -94,7 +121,10 @@ func New(cfg Config) (*Sink, error) {
 		cfg.MaxPayload = DefaultMaxPayload
 	}
 	lim := &limits{max: int32(min(cfg.MaxPayload, 1<<30))}
+	m := newMetrics(cfg.Registerer)
 	opts := append(cfg.clientOpts(),
+		kgo.WithLogger(kgoLogger{cfg.Log}),
+		kgo.ProducerOnDataLossDetected(onDataLoss(cfg.Log, m)),
 		kgo.RequiredAcks(kgo.AllISRAcks()), // idempotent writes need it, and a leader alone is not durable
 		kgo.RecordDeliveryTimeout(cfg.AckTimeout),
 		kgo.MaxBufferedRecords(cfg.MaxBuffered),
@@ -106,7 +136,7 @@ func New(cfg Config) (*Sink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kafka client: %w", err)
 	}
-	return &Sink{cfg: cfg, cl: cl, lim: lim}, nil
+	return &Sink{cfg: cfg, cl: cl, lim: lim, m: m}, nil
 }
 
 // Client returns the producer's client (for admin requests).
