@@ -117,7 +117,7 @@ func checkKafkaTopic(sp kafkasink.TopicSpec, key, bootstrap string, details kadm
 	case sp.Partitions > 0 && parts != int(sp.Partitions):
 		fix := fmt.Sprintf("set %s.partitions: %d", key, parts)
 		if parts < int(sp.Partitions) {
-			fix = fmt.Sprintf("kafka-topics.sh --bootstrap-server %s --alter --topic %s --partitions %d (keys then map to other partitions: order holds only per key from then on), or %s", bootstrap, sp.Name, sp.Partitions, fix)
+			fix = fmt.Sprintf("kafka-topics.sh --bootstrap-server %s --alter --topic %s --partitions %d with walbox stopped and the topic's consumers caught up (keys then map to other partitions; README, Kafka: adding partitions), or %s", bootstrap, sp.Name, sp.Partitions, fix)
 		}
 		r.add(name, Warn, fmt.Sprintf("%s, but %s.partitions is %d", detail, key, sp.Partitions), fix)
 	case sp.ReplicationFactor > 0 && rf > int(sp.ReplicationFactor):

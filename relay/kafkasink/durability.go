@@ -79,14 +79,10 @@ func (g *minISRGuard) first(topic string) bool {
 // alone, and losing that broker loses acked records. It sets 2 on the
 // topics walbox manages, and warns once, with the fix, about the others
 // (and about a managed topic it may not change).
-func (s *Sink) ensureMinISR(ctx context.Context, adm *kadm.Client, topics []TopicSpec) error {
+func (s *Sink) ensureMinISR(ctx context.Context, adm *kadm.Client, topics []TopicSpec, details map[string]topicShape) error {
 	names := make([]string, 0, len(topics))
 	for _, t := range topics {
 		names = append(names, t.Name)
-	}
-	details, err := describeTopics(ctx, s.cl, names)
-	if err != nil {
-		return err
 	}
 	rcs, err := adm.DescribeTopicConfigs(ctx, names...)
 	if err != nil {

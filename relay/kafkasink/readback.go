@@ -46,7 +46,14 @@ func (s *Sink) EnsureTopics(ctx context.Context, topics []TopicSpec) ([]relay.Ro
 	if err := s.lim.read(ctx, adm, names); err != nil {
 		return nil, err
 	}
-	if err := s.ensureMinISR(ctx, adm, topics); err != nil {
+	shapes, err := describeTopics(ctx, s.cl, names)
+	if err != nil {
+		return nil, err
+	}
+	for t, sh := range shapes {
+		s.counts.see(t, sh.partitions) // recorded: keys are hashed over it from now on
+	}
+	if err := s.ensureMinISR(ctx, adm, topics, shapes); err != nil {
 		return nil, err
 	}
 	return routes, nil
