@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"github.com/twmb/franz-go/pkg/kerr"
 
@@ -43,9 +44,10 @@ type bus struct {
 }
 
 // openBus connects the configured sink. Kafka is contacted only by ensure.
-func openBus(ctx context.Context, cfg config.Config, log zerolog.Logger, metrics *relay.Metrics) (*bus, error) {
+// reg takes the sink's own metrics (Kafka's).
+func openBus(ctx context.Context, cfg config.Config, log zerolog.Logger, metrics *relay.Metrics, reg prometheus.Registerer) (*bus, error) {
 	if cfg.Sink == config.SinkKafka {
-		return openKafka(ctx, cfg, log)
+		return openKafka(ctx, cfg, log, reg)
 	}
 	var natsErr atomic.Pointer[error] // the last failed connection attempt, for the logs
 	nc, err := connectNATS(ctx, cfg, log, metrics, &natsErr)
@@ -68,11 +70,12 @@ func openBus(ctx context.Context, cfg config.Config, log zerolog.Logger, metrics
 	}, nil
 }
 
-func openKafka(ctx context.Context, cfg config.Config, log zerolog.Logger) (*bus, error) {
+func openKafka(ctx context.Context, cfg config.Config, log zerolog.Logger, reg prometheus.Registerer) (*bus, error) {
 	sc, err := cfg.KafkaSinkConfig(cfg.NATS.Window)
 	if err != nil {
 		return nil, &config.Error{Key: "kafka", Msg: err.Error()}
 	}
+	sc.Log, sc.Registerer = log.With().Str("sink", "kafka").Logger(), reg
 	sink, err := kafkasink.New(sc)
 	if err != nil {
 		return nil, &config.Error{Key: "kafka.brokers", Msg: err.Error()}

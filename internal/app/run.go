@@ -59,7 +59,8 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
 	// The relay's metrics keep their names on both buses, with a sink label.
-	metrics := relay.NewMetrics(prometheus.WrapRegistererWith(prometheus.Labels{"sink": cfg.Sink}, reg))
+	sinkReg := prometheus.WrapRegistererWith(prometheus.Labels{"sink": cfg.Sink}, reg)
+	metrics := relay.NewMetrics(sinkReg)
 	ts := &tableSet{cfg: cfg, log: log, reg: reg, tables: tables, reload: opts.Reload}
 
 	// The leader lock of the current term: the source checks it before
@@ -70,7 +71,7 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 		return err
 	}
 
-	bus, err := openBus(ctx, cfg, log, metrics)
+	bus, err := openBus(ctx, cfg, log, metrics, sinkReg)
 	if err != nil {
 		return err
 	}

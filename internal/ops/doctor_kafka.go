@@ -60,6 +60,7 @@ func doctorKafka(ctx context.Context, cfg config.Config, r *DoctorReport) {
 	}
 	var existing []string
 	rfs := map[string]int{}
+	managed := map[string]bool{}
 	for i, sp := range specs {
 		key := fmt.Sprintf("kafka.topics[%d]", i)
 		if i == len(specs)-1 {
@@ -68,9 +69,10 @@ func doctorKafka(ctx context.Context, cfg config.Config, r *DoctorReport) {
 		if rf, ok := checkKafkaTopic(sp, key, bootstrap, details, r); ok {
 			existing = append(existing, sp.Name)
 			rfs[sp.Name] = rf
+			managed[sp.Name] = sp.Manage
 		}
 	}
-	checkMinISR(cctx, adm, existing, rfs, bootstrap, r)
+	checkMinISR(cctx, adm, existing, rfs, managed, bootstrap, r)
 }
 
 // checkKafkaTopic reports one topic and returns its replication factor and
@@ -117,7 +119,7 @@ func checkKafkaTopic(sp kafkasink.TopicSpec, key, bootstrap string, details kadm
 	case sp.Partitions > 0 && parts != int(sp.Partitions):
 		fix := fmt.Sprintf("set %s.partitions: %d", key, parts)
 		if parts < int(sp.Partitions) {
-			fix = fmt.Sprintf("kafka-topics.sh --bootstrap-server %s --alter --topic %s --partitions %d (keys then map to other partitions: order holds only per key from then on), or %s", bootstrap, sp.Name, sp.Partitions, fix)
+			fix = fmt.Sprintf("kafka-topics.sh --bootstrap-server %s --alter --topic %s --partitions %d with walbox stopped and the topic's consumers caught up (keys then map to other partitions; README, Kafka: adding partitions), or %s", bootstrap, sp.Name, sp.Partitions, fix)
 		}
 		r.add(name, Warn, fmt.Sprintf("%s, but %s.partitions is %d", detail, key, sp.Partitions), fix)
 	case sp.ReplicationFactor > 0 && rf > int(sp.ReplicationFactor):
@@ -130,8 +132,10 @@ func checkKafkaTopic(sp kafkasink.TopicSpec, key, bootstrap string, details kadm
 }
 
 // checkMinISR: with acks=all an ack means every in-sync replica stored
-// the record, and min.insync.replicas is how few that may be.
-func checkMinISR(ctx context.Context, adm *kadm.Client, topics []string, rfs map[string]int, bootstrap string, r *DoctorReport) {
+// the record, and min.insync.replicas is how few that may be. Every topic
+// is checked by its actual replication factor, the brokers' default
+// included; walbox run sets 2 itself on the topics it manages.
+func checkMinISR(ctx context.Context, adm *kadm.Client, topics []string, rfs map[string]int, managed map[string]bool, bootstrap string, r *DoctorReport) {
 	if len(topics) == 0 {
 		return
 	}
@@ -161,7 +165,11 @@ func checkMinISR(ctx context.Context, adm *kadm.Client, topics []string, rfs map
 		case minISR < 0:
 			r.add(name, Skip, fmt.Sprintf("the brokers did not report min.insync.replicas of %s", t), "")
 		case rf >= 3 && minISR < 2:
-			r.add(name, Warn, fmt.Sprintf("min.insync.replicas = %d with replication factor %d: acks=all is then as durable as one broker (an ack may come from a leader alone)", minISR, rf),
+			detail := fmt.Sprintf("min.insync.replicas = %d with replication factor %d: acks=all is then as durable as one broker (an ack may come from a leader alone)", minISR, rf)
+			if managed[t] {
+				detail += "; walbox run sets 2 at start, as it manages the topic (where the brokers let it)"
+			}
+			r.add(name, Warn, detail,
 				fmt.Sprintf("kafka-configs.sh --bootstrap-server %s --alter --entity-type topics --entity-name %s --add-config min.insync.replicas=2", bootstrap, t))
 		default:
 			r.add(name, OK, fmt.Sprintf("min.insync.replicas = %d, replication factor %d", minISR, rf), "")

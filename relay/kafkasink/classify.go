@@ -177,6 +177,10 @@ var Table = []Row{
 	{Err: ErrBatchTooLarge, Name: "kafkasink.ErrBatchTooLarge", Kind: KindTransient,
 		Why: "MESSAGE_TOO_LARGE for a record that alone fits its topic's limit: its batch was too large (the topic's limit lowered since walbox read it); resent in order"},
 
+	// The sink's guard of per-key order (partitions.go).
+	{Err: ErrPartitionCountChanged, Name: "kafkasink.ErrPartitionCountChanged", Kind: KindConfig,
+		Why: "the topic's partition count changed since walbox started (partitions added): keys would move to other partitions, so nothing more is published to the topic until walbox restarts and records the new count"},
+
 	// franz-go's client errors.
 	{Err: kgo.ErrRecordTimeout, Name: "kgo.ErrRecordTimeout", Kind: KindTransient,
 		Why: "not acked within kafka.ack_timeout (franz-go's retries of a retriable code end here): the record and those behind it in its partition are resent in order"},

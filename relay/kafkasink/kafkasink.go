@@ -20,9 +20,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl"
 
+	promf "github.com/walbox/walbox/internal/metrics"
 	"github.com/walbox/walbox/relay"
 )
 
@@ -51,6 +54,28 @@ type Config struct {
 	MaxBuffered int
 	// MaxPayload is the largest record the brokers take (message.max.bytes).
 	MaxPayload int
+	// Log receives the sink's errors and the client's warnings (the zero
+	// Logger discards them).
+	Log zerolog.Logger
+	// Registerer is where the sink's metrics are registered (nil:
+	// unregistered).
+	Registerer prometheus.Registerer
+}
+
+// metrics are the sink's own series, next to the relay's.
+type metrics struct {
+	dataLoss     *prometheus.CounterVec
+	partsChanged *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	f := promf.On(reg)
+	return &metrics{
+		dataLoss: f.CounterVec("walbox_kafka_data_loss_total",
+			"Times a broker answered a produce with OUT_OF_ORDER_SEQUENCE_NUMBER or UNKNOWN_PRODUCER_ID, i.e. lost records it had acked, by topic.", "topic"),
+		partsChanged: f.CounterVec("walbox_kafka_partition_count_changed_total",
+			"Times a topic's partition count was found changed since walbox recorded it; publishing to the topic stops until walbox restarts, by topic.", "topic"),
+	}
 }
 
 // Sink produces to Kafka. It implements relay.Sink and sweep.StreamReader.
@@ -58,6 +83,11 @@ type Sink struct {
 	cfg Config
 	cl  *kgo.Client
 	lim *limits
+	m   *metrics
+	isr minISRGuard
+	// counts: each topic's partition count as recorded at start; the
+	// producer hashes keys over it only.
+	counts *partCounts
 
 	mu    sync.Mutex
 	parts map[string]int // partitions of each topic at its last read-back
@@ -94,19 +124,28 @@ func New(cfg Config) (*Sink, error) {
 		cfg.MaxPayload = DefaultMaxPayload
 	}
 	lim := &limits{max: int32(min(cfg.MaxPayload, 1<<30))}
+	m := newMetrics(cfg.Registerer)
+	counts := &partCounts{onChange: func(topic string, was, now int) {
+		m.partsChanged.WithLabelValues(topic).Inc()
+		cfg.Log.Error().Str("topic", topic).Int("partitions_recorded", was).Int("partitions_now", now).
+			Msg("Kafka topic's partition count changed while walbox runs: publishing to it stops, as keys would move to other partitions and their order break. " +
+				"Let the topic's consumers read everything up to now, then restart walbox, which records the new count (README, Kafka: adding partitions)")
+	}}
 	opts := append(cfg.clientOpts(),
+		kgo.WithLogger(kgoLogger{cfg.Log}),
+		kgo.ProducerOnDataLossDetected(onDataLoss(cfg.Log, m)),
 		kgo.RequiredAcks(kgo.AllISRAcks()), // idempotent writes need it, and a leader alone is not durable
 		kgo.RecordDeliveryTimeout(cfg.AckTimeout),
 		kgo.MaxBufferedRecords(cfg.MaxBuffered),
 		kgo.ProducerBatchMaxBytesFn(lim.batchMax),
-		kgo.RecordPartitioner(newKeyPartitioner()),
+		kgo.RecordPartitioner(newKeyPartitioner(counts)),
 		kgo.ProducerLinger(0),
 	)
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("kafka client: %w", err)
 	}
-	return &Sink{cfg: cfg, cl: cl, lim: lim}, nil
+	return &Sink{cfg: cfg, cl: cl, lim: lim, m: m, counts: counts}, nil
 }
 
 // Client returns the producer's client (for admin requests).
@@ -118,22 +157,37 @@ func (s *Sink) Close() { s.cl.Close() }
 
 // keyPartitioner is Kafka's own key hashing (murmur2, as the Java client),
 // and partition 0 for records without a key, so that they keep their order
-// too instead of being spread at random.
-type keyPartitioner struct{ keyed kgo.Partitioner }
+// too instead of being spread at random. With counts, it hashes over a
+// topic's recorded partition count only: when the client sees another
+// count, it fails the record (an invalid choice, -1) instead of moving its
+// key to another partition, and Publish says why.
+type keyPartitioner struct {
+	keyed  kgo.Partitioner
+	counts *partCounts // nil: hash over the count given
+}
 
 // newKeyPartitioner is the partitioner the producer uses, and PartitionOf
 // asks: one definition, so the two never disagree.
-func newKeyPartitioner() keyPartitioner { return keyPartitioner{kgo.StickyKeyPartitioner(nil)} }
-
-func (p keyPartitioner) ForTopic(topic string) kgo.TopicPartitioner {
-	return keyTopicPartitioner{p.keyed.ForTopic(topic)}
+func newKeyPartitioner(counts *partCounts) keyPartitioner {
+	return keyPartitioner{keyed: kgo.StickyKeyPartitioner(nil), counts: counts}
 }
 
-type keyTopicPartitioner struct{ keyed kgo.TopicPartitioner }
+func (p keyPartitioner) ForTopic(topic string) kgo.TopicPartitioner {
+	return keyTopicPartitioner{keyed: p.keyed.ForTopic(topic), topic: topic, counts: p.counts}
+}
+
+type keyTopicPartitioner struct {
+	keyed  kgo.TopicPartitioner
+	topic  string
+	counts *partCounts
+}
 
 func (p keyTopicPartitioner) RequiresConsistency(*kgo.Record) bool { return true }
 
 func (p keyTopicPartitioner) Partition(r *kgo.Record, n int) int {
+	if p.counts != nil && !p.counts.see(p.topic, n) {
+		return -1
+	}
 	if len(r.Key) == 0 {
 		return 0
 	}
@@ -142,13 +196,17 @@ func (p keyTopicPartitioner) Partition(r *kgo.Record, n int) int {
 
 // PartitionOf implements relay.Partitioner: the partition Kafka's key
 // hashing (keyPartitioner) puts m in, for the partition count of m's topic
-// at its last read-back (StoredTail). Unknown before one. The limit: when
-// partitions are added while the relay runs, keys move (Kafka's own per-key
-// order breaks there too) and this answer is stale until the next read-back.
+// walbox recorded (at start, see partCounts), or else the one of its last
+// read-back (StoredTail). Unknown before either. The sink publishes to no
+// other count: when partitions are added, publishing to the topic waits
+// (ErrPartitionCountChanged).
 func (s *Sink) PartitionOf(m *relay.Msg) (int32, bool) {
-	s.mu.Lock()
-	n, ok := s.parts[m.Subject]
-	s.mu.Unlock()
+	n, ok := s.counts.count(m.Subject)
+	if !ok {
+		s.mu.Lock()
+		n, ok = s.parts[m.Subject]
+		s.mu.Unlock()
+	}
 	if !ok || n <= 0 {
 		return 0, false
 	}
@@ -156,13 +214,16 @@ func (s *Sink) PartitionOf(m *relay.Msg) (int32, bool) {
 	if m.Key != "" {
 		rec.Key = []byte(m.Key)
 	}
-	p := newKeyPartitioner().ForTopic(m.Subject).Partition(rec, n)
+	p := newKeyPartitioner(nil).ForTopic(m.Subject).Partition(rec, n)
 	return int32(p), true
 }
 
 // Publish implements relay.Sink. The future resolves from the produce
 // promise: per partition in order, and for every record.
 func (s *Sink) Publish(m *relay.Msg) (relay.Future, error) {
+	if err := s.counts.err(m.Subject); err != nil {
+		return nil, err
+	}
 	rec := &kgo.Record{Topic: m.Subject, Value: m.Data, Headers: ToKafkaHeaders(m.Header)}
 	if m.Key != "" {
 		rec.Key = []byte(m.Key)
@@ -170,6 +231,10 @@ func (s *Sink) Publish(m *relay.Msg) (relay.Future, error) {
 	fut, resolve := relay.NewFuture()
 	s.cl.Produce(context.Background(), rec, func(r *kgo.Record, err error) {
 		if err != nil {
+			if cerr := s.counts.err(r.Topic); cerr != nil {
+				// The partitioner refused it: the count changed.
+				err = cerr
+			}
 			resolve.Resolve(nil, fmt.Errorf("produce to %s: %w", r.Topic, s.lim.decideTooLarge(r, err)))
 			return
 		}

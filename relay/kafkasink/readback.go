@@ -31,7 +31,8 @@ type TopicSpec struct {
 // EnsureTopics is EnsureTopics with the sink's client, and then reads the
 // brokers' message.max.bytes and each topic's max.message.bytes, which cap
 // the producer's batches from then on (franz-go takes a partition's cap when
-// it first produces to it).
+// it first produces to it), and sees that every topic replicated three
+// times or more needs two in-sync replicas for an ack (ensureMinISR).
 func (s *Sink) EnsureTopics(ctx context.Context, topics []TopicSpec) ([]relay.Route, error) {
 	routes, err := EnsureTopics(ctx, s.cl, topics)
 	if err != nil {
@@ -41,7 +42,18 @@ func (s *Sink) EnsureTopics(ctx context.Context, topics []TopicSpec) ([]relay.Ro
 	for _, t := range topics {
 		names = append(names, t.Name)
 	}
-	if err := s.lim.read(ctx, kadm.NewClient(s.cl), names); err != nil {
+	adm := kadm.NewClient(s.cl)
+	if err := s.lim.read(ctx, adm, names); err != nil {
+		return nil, err
+	}
+	shapes, err := describeTopics(ctx, s.cl, names)
+	if err != nil {
+		return nil, err
+	}
+	for t, sh := range shapes {
+		s.counts.see(t, sh.partitions) // recorded: keys are hashed over it from now on
+	}
+	if err := s.ensureMinISR(ctx, adm, topics, shapes); err != nil {
 		return nil, err
 	}
 	return routes, nil
