@@ -115,7 +115,7 @@ func doctorPostgres(ctx context.Context, cfg config.Config, r *DoctorReport) {
 	pgNames := []string{"postgres.version", "postgres.wal_level", "postgres.pending_restart", "postgres.max_replication_slots",
 		"postgres.max_wal_senders", "postgres.role", "postgres.replication_connection", "postgres.outbox_table",
 		"postgres.outbox_privileges", "postgres.publication", "postgres.slot", "postgres.failover",
-		"postgres.direct", "postgres.max_slot_wal_keep_size", "postgres.idle_replication_slot_timeout", "postgres.sweeper_maintain", "postgres.track_commit_timestamp", "postgres.walbox_schema"}
+		"postgres.direct", "postgres.max_slot_wal_keep_size", "postgres.idle_replication_slot_timeout", "postgres.sweeper_maintain", "postgres.outbox_partitions", "postgres.unprocessed_index", "postgres.track_commit_timestamp", "postgres.walbox_schema"}
 	skipRest := func(why string) {
 		for _, n := range pgNames {
 			r.add(n, Skip, why, "")
@@ -158,6 +158,8 @@ func doctorPostgres(ctx context.Context, cfg config.Config, r *DoctorReport) {
 	checkKeepSize(ctx, conn, r)
 	checkIdleSlotTimeout(ctx, conn, f, r)
 	checkMaintain(ctx, conn, cfg, f, r)
+	checkPartitions(ctx, conn, cfg, f, r)
+	checkUnprocessedIndex(ctx, conn, f, r)
 	checkCommitTimestamp(ctx, conn, r)
 	checkWalboxSchema(ctx, conn, f, r)
 }
@@ -603,6 +605,100 @@ func checkMaintain(ctx context.Context, conn *pgx.Conn, cfg config.Config, f pgF
 		return
 	}
 	r.add(name, OK, fmt.Sprintf("%s owns %s: walbox keeps partitions ahead and archives", f.user, f.table), "")
+}
+
+// checkPartitions: without a default partition an INSERT past the newest
+// partition fails, and a default partition keeps archival from detaching
+// concurrently (docs/sweeper.md, The default partition).
+func checkPartitions(ctx context.Context, conn *pgx.Conn, cfg config.Config, f pgFacts, r *DoctorReport) {
+	const name = "postgres.outbox_partitions"
+	if f.tableOID == 0 {
+		r.add(name, Skip, "no outbox table to check", "")
+		return
+	}
+	var partitioned bool
+	var dated int
+	var newest *time.Time
+	var ahead *float64
+	var def *string
+	err := conn.QueryRow(ctx, `
+		SELECT c.relkind = 'p',
+		       (SELECT count(*) FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhrelid
+		         WHERE i.inhparent = c.oid AND pg_get_expr(p.relpartbound, p.oid) <> 'DEFAULT')::int,
+		       (SELECT max(b[1]::timestamptz) FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhrelid,
+		               regexp_match(pg_get_expr(p.relpartbound, p.oid), 'TO \(''([^'']*)''\)') b
+		         WHERE i.inhparent = c.oid AND NOT i.inhdetachpending),
+		       (SELECT p.oid::regclass::text FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhrelid
+		         WHERE i.inhparent = c.oid AND pg_get_expr(p.relpartbound, p.oid) = 'DEFAULT')
+		FROM pg_class c WHERE c.oid = $1`, f.tableOID).Scan(&partitioned, &dated, &newest, &def)
+	if err != nil {
+		r.add(name, Skip, fmt.Sprintf("cannot read the partitions of %s: %v", f.table, err), "")
+		return
+	}
+	if !partitioned {
+		r.add(name, OK, fmt.Sprintf("%s is not partitioned: nothing to keep ahead", f.table), "")
+		return
+	}
+	if newest != nil {
+		d := time.Until(*newest).Hours() / 24
+		ahead = &d
+	}
+	ensure := fmt.Sprintf("SELECT walbox.ensure_partitions(%s::regclass); as the table's owner (walbox run does it every 10 minutes with sweeper.maintain and ownership)",
+		cdc.QuoteLiteral(f.table.String()))
+	if def == nil && (ahead == nil || *ahead < 2) {
+		when := "no dated partition"
+		if ahead != nil {
+			when = fmt.Sprintf("the newest partition ends %s (%.1f days from now)", newest.Format(time.DateOnly), *ahead)
+		}
+		r.add(name, Fail, fmt.Sprintf("%s: %s, and there is no default partition: INSERTs past it fail", f.table, when), ensure)
+		return
+	}
+	if def != nil {
+		walboxOwn := *def == f.table.Name+"_default" || strings.HasSuffix(*def, "."+f.table.Name+"_default") ||
+			strings.HasSuffix(*def, `."`+f.table.Name+`_default"`)
+		if walboxOwn && cfg.Sweeper.Maintain {
+			r.add(name, OK, fmt.Sprintf("%s has the default partition %s an older walbox made: the sweeper moves its rows out and removes it at its next maintenance", f.table, *def), "")
+			return
+		}
+		r.add(name, Warn, fmt.Sprintf("%s has a default partition %s: PostgreSQL refuses DETACH ... CONCURRENTLY next to it, so archival takes ACCESS EXCLUSIVE on the outbox (up to sweeper.lock_timeout per attempt)", f.table, *def),
+			fmt.Sprintf("once it is empty: ALTER TABLE %s DETACH PARTITION %s; DROP TABLE %s; (walbox keeps partitions %d days ahead instead)", f.table, *def, *def, cfg.Sweeper.PartitionsAhead))
+		return
+	}
+	r.add(name, OK, fmt.Sprintf("%d dated partitions, the newest ending %s (%.1f days ahead); no default partition", dated, newest.Format(time.DateOnly), *ahead), "")
+}
+
+// checkUnprocessedIndex: the queries for unprocessed rows are answered by a
+// partial index only if its predicate is written as they are
+// (cdc.Unprocessed): NOT processed on a NOT NULL column, processed IS NOT
+// TRUE on a nullable one.
+func checkUnprocessedIndex(ctx context.Context, conn *pgx.Conn, f pgFacts, r *DoctorReport) {
+	const name = "postgres.unprocessed_index"
+	if f.tableOID == 0 {
+		r.add(name, Skip, "no outbox table to check", "")
+		return
+	}
+	exists, notNull, err := cdc.ProcessedFlag(ctx, conn, f.table)
+	if err != nil {
+		r.add(name, Skip, err.Error(), "")
+		return
+	}
+	if !exists {
+		r.add(name, OK, fmt.Sprintf("%s has no boolean processed column: nothing to index", f.table), "")
+		return
+	}
+	want := cdc.Unprocessed("", notNull)
+	var found bool
+	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = $1 AND i.indpred IS NOT NULL
+		AND pg_get_expr(i.indpred, i.indrelid) IN ($2, '(' || $2 || ')'))`, f.tableOID, want).Scan(&found); err != nil {
+		r.add(name, Skip, fmt.Sprintf("cannot read the indexes of %s: %v", f.table, err), "")
+		return
+	}
+	if !found {
+		r.add(name, Warn, fmt.Sprintf("no partial index of %s has the predicate %s: the sweeper's gauges and counts, status and a backfill read every partition in full", f.table, want),
+			fmt.Sprintf("CREATE INDEX ON %s (created_at) WHERE %s; (per partition with CONCURRENTLY on a busy table: docs/sweeper.md, Indexes)", f.table, want))
+		return
+	}
+	r.add(name, OK, fmt.Sprintf("a partial index of %s answers %s", f.table, want), "")
 }
 
 // checkIdleSlotTimeout: PostgreSQL 18 invalidates a slot that has had no

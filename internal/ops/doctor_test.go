@@ -56,6 +56,8 @@ func TestDoctorGoodSetup(t *testing.T) {
 	// warnings with their fix.
 	wantCheck(t, rep, "postgres.max_slot_wal_keep_size", Warn, "max_slot_wal_keep_size")
 	wantCheck(t, rep, "postgres.sweeper_maintain", OK, "")
+	wantCheck(t, rep, "postgres.outbox_partitions", OK, "")
+	wantCheck(t, rep, "postgres.unprocessed_index", OK, "")
 	wantCheck(t, rep, "postgres.idle_replication_slot_timeout", OK, "")
 	c := checkOf(t, rep, "nats.stream.ORDERS.durability")
 	if c.Status != Warn || !strings.Contains(c.Detail, "R1 stream: acks are durable only with sync_interval: always on the server; use replicas: 3 for durability") {
@@ -143,6 +145,43 @@ func TestFilterCovers(t *testing.T) {
 // TestDoctorPublicationViaRoot: publish_via_partition_root off, as a
 // Debezium publication has it, is fine for an outbox that is not
 // partitioned and a failure for one that is.
+// The partitions the outbox has left, its default partition and its index
+// for unprocessed rows: each bad state with its fix (docs/sweeper.md).
+func TestDoctorPartitionsAndUnprocessedIndex(t *testing.T) {
+	e := newEnv(t)
+	ctx := testCtx(t)
+	// An older walbox's default partition: the sweeper removes it.
+	e.exec(`CREATE TABLE outbox_events_default PARTITION OF outbox_events DEFAULT`)
+	if c := checkOf(t, Doctor(ctx, e.cfg), "postgres.outbox_partitions"); c.Status != OK || !strings.Contains(c.Detail, "removes it") {
+		t.Errorf("an older walbox's default partition: %+v", c)
+	}
+	// A default partition of the DBA's: kept, and archival cannot detach
+	// concurrently next to it.
+	e.exec(`ALTER TABLE outbox_events_default RENAME TO outbox_events_catchall`)
+	if c := checkOf(t, Doctor(ctx, e.cfg), "postgres.outbox_partitions"); c.Status != Warn || !strings.Contains(c.Fix, "DETACH PARTITION") {
+		t.Errorf("a DBA's default partition: %+v", c)
+	}
+	e.exec(`DROP TABLE outbox_events_catchall`)
+	// Partitions running out: only yesterday's and today's left.
+	e.exec(`DO $$ DECLARE p text; BEGIN
+		FOR p IN SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+		         WHERE i.inhparent = 'outbox_events'::regclass AND c.relname > 'outbox_events_p' || to_char(now(), 'YYYYMMDD') LOOP
+			EXECUTE format('DROP TABLE %I', p);
+		END LOOP; END $$`)
+	if c := checkOf(t, Doctor(ctx, e.cfg), "postgres.outbox_partitions"); c.Status != Fail || !strings.Contains(c.Fix, "walbox.ensure_partitions") {
+		t.Errorf("partitions running out: %+v", c)
+	}
+	// No index for unprocessed rows in the queries' form.
+	e.exec(`DO $$ DECLARE i text; BEGIN
+		FOR i IN SELECT indexrelid::regclass::text FROM pg_index WHERE indrelid = 'outbox_events'::regclass AND indpred IS NOT NULL LOOP
+			EXECUTE 'DROP INDEX ' || i;
+		END LOOP; END $$`)
+	e.exec(`CREATE INDEX outbox_events_wrong_form ON outbox_events (created_at) WHERE processed IS NOT TRUE`)
+	if c := checkOf(t, Doctor(ctx, e.cfg), "postgres.unprocessed_index"); c.Status != Warn || !strings.Contains(c.Fix, "WHERE NOT processed") {
+		t.Errorf("index in the wrong form: %+v", c)
+	}
+}
+
 func TestDoctorPublicationViaRoot(t *testing.T) {
 	e := debeziumEnv(t)
 	ctx := testCtx(t)
