@@ -19,6 +19,7 @@ import (
 
 func newArchiveCmd() *cobra.Command {
 	var dryRun, now, asJSON bool
+	var waitPostponed time.Duration
 	cmd := &cobra.Command{
 		Use:   "archive",
 		Short: "Show (--dry-run) or do (--now) partition upkeep, archival, export and deletion",
@@ -37,7 +38,12 @@ table that fails does not stop the others; the exit code is 1 if any failed.
 --json prints a JSON array of the reports.
 
 --dry-run shows what would be done and changes nothing; --now does it, waiting
-for a running relay's maintenance of the same table to finish first.`,
+for a running relay's maintenance of the same table to finish first.
+
+A step that needs a lock another session holds (a pg_dump, a long report) is
+postponed rather than queued ahead of the producers' INSERTs; --now runs the
+maintenance again every 5 s until nothing is postponed, for at most
+--wait-postponed (default 2m; 0: report it and return), printing each run.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if dryRun == now {
 				return errors.New("say --dry-run (show what would be done) or --now (do it)")
@@ -75,12 +81,27 @@ for a running relay's maintenance of the same table to finish first.`,
 					}
 					continue
 				}
-				rep, err := archiveTable(cmd.Context(), cfg, t, log, sweep.MaintainOptions{DryRun: dryRun, Wait: true, Progress: progress}, out, asJSON)
-				if rep != nil {
-					reps = append(reps, rep)
-				}
-				if err != nil {
-					errs = append(errs, fmt.Errorf("%s: %w", t.Name, err))
+				deadline := time.Now().Add(waitPostponed)
+				for {
+					rep, err := archiveTable(cmd.Context(), cfg, t, log, sweep.MaintainOptions{DryRun: dryRun, Wait: true, Progress: progress}, out, asJSON)
+					if rep != nil {
+						reps = append(reps, rep)
+					}
+					if err != nil {
+						errs = append(errs, fmt.Errorf("%s: %w", t.Name, err))
+						break
+					}
+					if dryRun || rep == nil || len(rep.Postponed) == 0 || time.Now().Add(postponedPause).After(deadline) {
+						break
+					}
+					if !asJSON {
+						fmt.Fprintf(out, "waiting %s for the postponed steps (at most %s more)\n", postponedPause, time.Until(deadline).Round(time.Second))
+					}
+					select {
+					case <-cmd.Context().Done():
+						return cmd.Context().Err()
+					case <-time.After(postponedPause):
+					}
 				}
 			}
 			err = errors.Join(errs...)
@@ -94,9 +115,14 @@ for a running relay's maintenance of the same table to finish first.`,
 	}
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "show what would be done, change nothing")
 	cmd.Flags().BoolVar(&now, "now", false, "do it now")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON (one report per table and run)")
+	cmd.Flags().DurationVar(&waitPostponed, "wait-postponed", 2*time.Minute, "with --now: run again every 5 s while steps are postponed for a lock another session holds, at most this long (0: do not wait)")
 	return cmd
 }
+
+// postponedPause is how long --now waits before running a table's
+// maintenance again while some step is postponed.
+const postponedPause = 5 * time.Second
 
 // archiveTable runs the maintenance of table t once and, unless asJSON,
 // prints its report.

@@ -122,3 +122,91 @@ metrics:
 		t.Errorf("walbox archive --dry-run --json after the run: %+v, want an empty report of each table", reps)
 	}
 }
+
+// walbox archive --now behind a reader holding the outbox (a pg_dump):
+// without waiting it reports the archival postponed (producers never queue
+// behind it); with --wait-postponed it runs again until the reader has
+// ended and the partition is archived.
+func TestArchiveNowWaitsForPostponedSteps(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	url := freshDB(ctx, t)
+	path := filepath.Join(t.TempDir(), "walbox.yaml")
+	yaml := fmt.Sprintf(`postgres:
+  url: %q
+archive:
+  after: 24h
+metrics:
+  listen: ""
+`, url)
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := runCLI(ctx, "", "migrate", "--config", path); err != nil {
+		t.Fatalf("walbox migrate: %v\n%s", err, out)
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var old string
+	if err := conn.QueryRow(ctx, `SELECT 'outbox_events_p' || to_char((now() - interval '3 days')::date, 'YYYYMMDD')`).Scan(&old); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, fmt.Sprintf(`CREATE TABLE %s PARTITION OF outbox_events FOR VALUES FROM ((now() - interval '3 days')::date) TO ((now() - interval '2 days')::date)`, old)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `INSERT INTO outbox_events (created_at, topic, payload, processed, processed_at)
+		SELECT (now() - interval '3 days')::date + g * interval '1 minute', 'orders.x', '{}', true, now() FROM generate_series(0, 9) g`); err != nil {
+		t.Fatal(err)
+	}
+	parent := func() string {
+		var p string
+		if err := conn.QueryRow(ctx, `SELECT coalesce((SELECT inhparent::regclass::text FROM pg_inherits WHERE inhrelid = to_regclass($1)), '')`, old).Scan(&p); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+
+	// The reader: ACCESS SHARE on the outbox and its partitions, until 4 s
+	// into the second command (whose first run postpones at once, within
+	// lock_timeout, and whose next run comes 5 s later).
+	reader, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Close(context.WithoutCancel(ctx))
+	tx, err := reader.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `LOCK TABLE outbox_events IN ACCESS SHARE MODE`); err != nil {
+		t.Fatal(err)
+	}
+
+	out, err := runCLI(ctx, "", "archive", "--now", "--wait-postponed", "0", "--config", path)
+	if err != nil {
+		t.Fatalf("walbox archive --now --wait-postponed 0: %v\n%s", err, out)
+	}
+	if !strings.Contains(out, "postponed: archive public."+old) || parent() == "walbox.outbox_events_archive" {
+		t.Fatalf("behind the reader, the archival of %s is not reported postponed (parent %q):\n%s", old, parent(), out)
+	}
+	release, released := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(released)
+		select {
+		case <-release:
+		case <-time.After(4 * time.Second):
+		}
+		tx.Commit(context.WithoutCancel(ctx))
+	}()
+	defer func() { close(release); <-released }() // the reader's connection is used by one goroutine at a time
+	out, err = runCLI(ctx, "", "archive", "--now", "--wait-postponed", "60s", "--config", path)
+	if err != nil {
+		t.Fatalf("walbox archive --now --wait-postponed 60s: %v\n%s", err, out)
+	}
+	if p := parent(); p != "walbox.outbox_events_archive" || !strings.Contains(out, "waiting 5s for the postponed steps") {
+		t.Fatalf("after the reader ended %s belongs to %q; want the archive, reached by waiting:\n%s", old, p, out)
+	}
+}
