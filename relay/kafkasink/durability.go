@@ -79,47 +79,29 @@ func (g *minISRGuard) first(topic string) bool {
 // alone, and losing that broker loses acked records. It sets 2 on the
 // topics walbox manages, and warns once, with the fix, about the others
 // (and about a managed topic it may not change).
-func (s *Sink) ensureMinISR(ctx context.Context, adm *kadm.Client, topics []TopicSpec, details map[string]topicShape) error {
-	names := make([]string, 0, len(topics))
-	for _, t := range topics {
-		names = append(names, t.Name)
-	}
-	rcs, err := adm.DescribeTopicConfigs(ctx, names...)
-	if err != nil {
-		return fmt.Errorf("read the topics' min.insync.replicas: %w", err)
-	}
+func (s *Sink) ensureMinISR(ctx context.Context, adm *kadm.Client, topics []TopicSpec, details map[string]topicShape, rcs kadm.ResourceConfigs) error {
 	for _, t := range topics {
 		d, ok := details[t.Name]
 		if !ok {
 			continue // EnsureTopics reported it
 		}
 		rf := d.replicas
-		rc, err := rcs.On(t.Name, nil)
-		if err == nil {
-			err = rc.Err
-		}
+		cs, err := topicConfigs(rcs, t.Name)
 		if err != nil {
 			return fmt.Errorf("read min.insync.replicas of topic %s: %w", t.Name, err)
 		}
-		isr := configInt(rc.Configs, "min.insync.replicas")
+		isr := configInt(cs, "min.insync.replicas")
 		if rf < 3 || isr >= 2 || isr == 0 && !t.Manage { // 0: not reported
 			continue
 		}
 		why := fmt.Sprintf("topic %s has %d replicas and min.insync.replicas=%d: an acks=all ack may come from its leader alone, and losing that broker loses acked events", t.Name, rf, isr)
 		if t.Manage {
-			resp, err := adm.AlterTopicConfigs(ctx, []kadm.AlterConfig{{Name: "min.insync.replicas", Value: kadm.StringPtr("2")}}, t.Name)
-			if err == nil {
-				for _, r := range resp {
-					if r.Err != nil {
-						err = fmt.Errorf("%w %s", r.Err, r.ErrMessage)
-					}
-				}
-			}
+			err := alterTopicConfig(ctx, adm, t.Name, "min.insync.replicas", "2")
 			if err == nil {
 				s.cfg.Log.Info().Str("topic", t.Name).Int("replicas", rf).Msg("set min.insync.replicas=2 on the topic (it was " + fmt.Sprint(isr) + "), so that an ack needs two replicas")
 				continue
 			}
-			if !errors.Is(err, kerr.TopicAuthorizationFailed) && !errors.Is(err, kerr.ClusterAuthorizationFailed) && !errors.Is(err, kerr.PolicyViolation) {
+			if !notAllowed(err) {
 				return fmt.Errorf("set min.insync.replicas=2 on topic %s: %w", t.Name, err)
 			}
 			why += fmt.Sprintf(" (walbox may not change it: %v)", err)

@@ -65,9 +65,9 @@ func configInt(cs []kadm.Config, key string) int32 {
 	return 0
 }
 
-// read reads the brokers' message.max.bytes and each topic's
-// max.message.bytes.
-func (l *limits) read(ctx context.Context, adm *kadm.Client, topics []string) error {
+// read reads the brokers' message.max.bytes and takes each topic's
+// max.message.bytes from its configs tcs.
+func (l *limits) read(ctx context.Context, adm *kadm.Client, tcs kadm.ResourceConfigs) error {
 	bcs, err := adm.DescribeBrokerConfigs(ctx)
 	if err != nil {
 		return fmt.Errorf("read the brokers' message.max.bytes: %w", err)
@@ -77,10 +77,6 @@ func (l *limits) read(ctx context.Context, adm *kadm.Client, topics []string) er
 		if rc.Err == nil {
 			broker = max(broker, configInt(rc.Configs, "message.max.bytes"))
 		}
-	}
-	tcs, err := adm.DescribeTopicConfigs(ctx, topics...)
-	if err != nil {
-		return fmt.Errorf("read the topics' max.message.bytes: %w", err)
 	}
 	got := map[string]int32{}
 	for _, rc := range tcs {

@@ -43,7 +43,13 @@ func (s *Sink) EnsureTopics(ctx context.Context, topics []TopicSpec) ([]relay.Ro
 		names = append(names, t.Name)
 	}
 	adm := kadm.NewClient(s.cl)
-	if err := s.lim.read(ctx, adm, names); err != nil {
+	// One read of the topics' configs serves the size limits and the
+	// in-sync replicas.
+	tcs, err := adm.DescribeTopicConfigs(ctx, names...)
+	if err != nil {
+		return nil, fmt.Errorf("read the topics' configs: %w", err)
+	}
+	if err := s.lim.read(ctx, adm, tcs); err != nil {
 		return nil, err
 	}
 	shapes, err := describeTopics(ctx, s.cl, names)
@@ -53,7 +59,7 @@ func (s *Sink) EnsureTopics(ctx context.Context, topics []TopicSpec) ([]relay.Ro
 	for t, sh := range shapes {
 		s.counts.see(t, sh.partitions) // recorded: keys are hashed over it from now on
 	}
-	if err := s.ensureMinISR(ctx, adm, topics, shapes); err != nil {
+	if err := s.ensureMinISR(ctx, adm, topics, shapes, tcs); err != nil {
 		return nil, err
 	}
 	return routes, nil
@@ -66,25 +72,15 @@ func raiseLimit(ctx context.Context, adm *kadm.Client, t TopicSpec) error {
 	if err != nil {
 		return fmt.Errorf("read max.message.bytes of topic %s: %w", t.Name, err)
 	}
-	rc, err := rcs.On(t.Name, nil)
-	if err == nil {
-		err = rc.Err
-	}
+	cs, err := topicConfigs(rcs, t.Name)
 	if err != nil {
 		return fmt.Errorf("read max.message.bytes of topic %s: %w", t.Name, err)
 	}
-	if v := configInt(rc.Configs, "max.message.bytes"); v >= t.MaxMessageBytes {
+	if v := configInt(cs, "max.message.bytes"); v >= t.MaxMessageBytes {
 		return nil
 	}
-	resp, err := adm.AlterTopicConfigs(ctx, []kadm.AlterConfig{{Name: "max.message.bytes", Value: kadm.StringPtr(strconv.Itoa(int(t.MaxMessageBytes)))}}, t.Name)
-	if err == nil {
-		for _, r := range resp {
-			if r.Err != nil {
-				err = fmt.Errorf("%w %s", r.Err, r.ErrMessage)
-			}
-		}
-	}
-	if errors.Is(err, kerr.TopicAuthorizationFailed) || errors.Is(err, kerr.ClusterAuthorizationFailed) || errors.Is(err, kerr.PolicyViolation) {
+	err = alterTopicConfig(ctx, adm, t.Name, "max.message.bytes", strconv.Itoa(int(t.MaxMessageBytes)))
+	if notAllowed(err) {
 		// Not walbox's to change here: the topic keeps its limit, and
 		// what it refuses as too large goes without its payload.
 		return nil
@@ -93,6 +89,36 @@ func raiseLimit(ctx context.Context, adm *kadm.Client, t TopicSpec) error {
 		return fmt.Errorf("raise max.message.bytes of topic %s to %d: %w", t.Name, t.MaxMessageBytes, err)
 	}
 	return nil
+}
+
+// topicConfigs are topic's configs in rcs, or the error the brokers
+// answered for it.
+func topicConfigs(rcs kadm.ResourceConfigs, topic string) ([]kadm.Config, error) {
+	rc, err := rcs.On(topic, nil)
+	if err == nil {
+		err = rc.Err
+	}
+	return rc.Configs, err
+}
+
+// alterTopicConfig sets one config of topic, with the brokers' answer for
+// it as the error.
+func alterTopicConfig(ctx context.Context, adm *kadm.Client, topic, key, value string) error {
+	resp, err := adm.AlterTopicConfigs(ctx, []kadm.AlterConfig{{Name: key, Value: kadm.StringPtr(value)}}, topic)
+	if err == nil {
+		for _, r := range resp {
+			if r.Err != nil {
+				err = fmt.Errorf("%w %s", r.Err, r.ErrMessage)
+			}
+		}
+	}
+	return err
+}
+
+// notAllowed reports whether the brokers refused a change as walbox's role
+// may not make it (authorization, or a policy).
+func notAllowed(err error) bool {
+	return errors.Is(err, kerr.TopicAuthorizationFailed) || errors.Is(err, kerr.ClusterAuthorizationFailed) || errors.Is(err, kerr.PolicyViolation)
 }
 
 // EnsureTopics creates the missing topics that walbox manages (with
