@@ -170,13 +170,9 @@ func (s *Sweeper) journal(ctx context.Context, q querier, where string, args ...
 // catalog change, waits at most lock_timeout for it, and recounts under it.
 func (s *Sweeper) archivePartitioned(ctx context.Context, q querier, ti *tableInfo, rep *Report, opts MaintainOptions) error {
 	arch := ti.table.Archive()
-	parts, err := partitions(ctx, q, ti.table, ti.partType)
+	parts, def, err := defaultPartition(ctx, q, ti)
 	if err != nil {
 		return err
-	}
-	hasDefault := false
-	for _, p := range parts {
-		hasDefault = hasDefault || p.isDefault
 	}
 	if !opts.DryRun {
 		// Resume: partitions a stopped run left detaching or detached.
@@ -227,8 +223,8 @@ func (s *Sweeper) archivePartitioned(ctx context.Context, q querier, ti *tableIn
 			continue
 		}
 		e := journalEntry{name: p.name, from: p.from, to: p.to, start: p.start, end: p.end}
-		if hasDefault {
-			err = s.detachLocked(ctx, q, ti, p)
+		if def != nil {
+			err = s.detachLocked(ctx, q, ti, e)
 		} else {
 			err = s.detachConcurrently(ctx, q, ti, e)
 		}
@@ -358,20 +354,20 @@ func (s *Sweeper) finishDetach(ctx context.Context, q querier, ti *tableInfo, e 
 // detachLocked is the detach next to a default partition: ACCESS EXCLUSIVE
 // on the outbox for a catalog change (waited for at most lock_timeout), the
 // recount under it served by the partial index, journal detached.
-func (s *Sweeper) detachLocked(ctx context.Context, q querier, ti *tableInfo, p partition) error {
+func (s *Sweeper) detachLocked(ctx context.Context, q querier, ti *tableInfo, e journalEntry) error {
 	return s.inTx(ctx, q, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s", ti.table.Quoted(), p.name.Quoted())); err != nil {
+		if _, err := tx.Exec(ctx, fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s", ti.table.Quoted(), e.name.Quoted())); err != nil {
 			return err
 		}
 		// Under the lock DETACH holds: nothing can have changed since.
-		n, err := countUnprocessed(ctx, tx, ti, p.name)
+		n, err := countUnprocessed(ctx, tx, ti, e.name)
 		if err != nil {
 			return err
 		}
 		if n > 0 {
 			return errBlocked{n}
 		}
-		return s.journalSet(ctx, tx, journalEntry{name: p.name, from: p.from, to: p.to, start: p.start, end: p.end}, stateDetached)
+		return s.journalSet(ctx, tx, e, stateDetached)
 	})
 }
 

@@ -51,23 +51,19 @@ type column struct {
 	notNull   bool
 }
 
-func (ti *tableInfo) has(name string) bool {
+// col is the column called name (the zero column when there is none).
+func (ti *tableInfo) col(name string) column {
 	for _, c := range ti.cols {
 		if c.name == name {
-			return true
+			return c
 		}
 	}
-	return false
+	return column{}
 }
 
-func (ti *tableInfo) typeOf(name string) string {
-	for _, c := range ti.cols {
-		if c.name == name {
-			return c.typ
-		}
-	}
-	return ""
-}
+func (ti *tableInfo) has(name string) bool { return ti.col(name).name != "" }
+
+func (ti *tableInfo) typeOf(name string) string { return ti.col(name).typ }
 
 // columnList is the quoted, comma-separated list of the stored (not
 // generated) columns, for INSERT ... SELECT between tables of the same shape.
@@ -127,11 +123,7 @@ func inspect(ctx context.Context, q querier, table cdc.TableName, roles cdc.Colu
 		ti.createdCol, ti.createdTy = c, ti.typeOf(c)
 	}
 	ti.processed = ti.typeOf("processed") == "boolean"
-	for _, c := range ti.cols {
-		if c.name == "processed" {
-			ti.processedNotNull = c.notNull
-		}
-	}
+	ti.processedNotNull = ti.col("processed").notNull
 	ti.processedAt = ti.has("processed_at")
 	ti.errorCol = ti.has("error")
 	ti.attempts = ti.has("attempts")

@@ -116,8 +116,8 @@ func (s *Sweeper) Status(ctx context.Context) (*Status, error) {
 				continue
 			}
 			if ti.processed && s.cfg.Archive.After > 0 && p.bounded && !p.end.After(cutoff) {
-				var n int64
-				if err := conn.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s WHERE %s", p.name.Quoted(), ti.unprocessed(""))).Scan(&n); err != nil {
+				n, err := countUnprocessed(ctx, conn, ti, p.name)
+				if err != nil {
 					return nil, err
 				}
 				if n > 0 {
