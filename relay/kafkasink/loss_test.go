@@ -1,10 +1,8 @@
 package kafkasink_test
 
 import (
-	"bytes"
 	"context"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,27 +13,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/walbox/walbox/internal/kafkatest"
+	"github.com/walbox/walbox/internal/syncbuf"
 	"github.com/walbox/walbox/relay"
 	"github.com/walbox/walbox/relay/kafkasink"
 )
-
-// logBuffer is a log sink safe for the client's goroutines.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // counter is the value of the counter name{topic=topic} on reg, 0 when absent.
 func counter(t *testing.T, reg *prometheus.Registry, name, topic string) float64 {
@@ -59,10 +40,10 @@ func counter(t *testing.T, reg *prometheus.Registry, name, topic string) float64
 	return 0
 }
 
-func newObservedSink(t *testing.T, brokers []string) (*kafkasink.Sink, *prometheus.Registry, *logBuffer) {
+func newObservedSink(t *testing.T, brokers []string) (*kafkasink.Sink, *prometheus.Registry, *syncbuf.Buffer) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	logs := &logBuffer{}
+	logs := &syncbuf.Buffer{}
 	s, err := kafkasink.New(kafkasink.Config{Brokers: brokers, AckTimeout: 10 * time.Second,
 		Registerer: reg, Log: zerolog.New(logs)})
 	if err != nil {
