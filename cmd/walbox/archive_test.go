@@ -15,26 +15,14 @@ import (
 	"github.com/walbox/walbox/relay/sweep"
 )
 
-// walbox archive --now maintains every configured table, each with its own
-// settings, and prints each table's report; with sweeper.maintain: false
-// it is the only upkeep the tables get (issue 34, item 10).
-func TestArchiveNowMaintainsEveryTable(t *testing.T) {
-	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
-	defer cancel()
-	url := freshDB(ctx, t)
-	path := filepath.Join(t.TempDir(), "walbox.yaml")
-	yaml := fmt.Sprintf(`postgres:
-  url: %q
-sweeper:
-  maintain: false
-  partitions_ahead: 9
-outboxes:
-  - table: public.outbox_events
-  - table: public.billing_outbox
-    sweeper: {partitions_ahead: 12}
-metrics:
-  listen: ""
-`, url)
+// migratedConfig writes a config for a fresh database, with more (YAML of
+// other sections) after its postgres and metrics sections, runs walbox
+// migrate with it, and connects to the database.
+func migratedConfig(ctx context.Context, t *testing.T, more string) (path, url string, conn *pgx.Conn) {
+	t.Helper()
+	url = freshDB(ctx, t)
+	path = filepath.Join(t.TempDir(), "walbox.yaml")
+	yaml := fmt.Sprintf("postgres:\n  url: %q\nmetrics:\n  listen: \"\"\n", url) + more
 	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -45,7 +33,24 @@ metrics:
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close(context.WithoutCancel(ctx))
+	t.Cleanup(func() { conn.Close(context.WithoutCancel(ctx)) })
+	return path, url, conn
+}
+
+// walbox archive --now maintains every configured table, each with its own
+// settings, and prints each table's report; with sweeper.maintain: false
+// it is the only upkeep the tables get (issue 34, item 10).
+func TestArchiveNowMaintainsEveryTable(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	path, _, conn := migratedConfig(ctx, t, `sweeper:
+  maintain: false
+  partitions_ahead: 9
+outboxes:
+  - table: public.outbox_events
+  - table: public.billing_outbox
+    sweeper: {partitions_ahead: 12}
+`)
 	exists := func(rel string) bool {
 		var ok bool
 		if err := conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, rel).Scan(&ok); err != nil {
@@ -130,26 +135,9 @@ metrics:
 func TestArchiveNowWaitsForPostponedSteps(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	url := freshDB(ctx, t)
-	path := filepath.Join(t.TempDir(), "walbox.yaml")
-	yaml := fmt.Sprintf(`postgres:
-  url: %q
-archive:
+	path, url, conn := migratedConfig(ctx, t, `archive:
   after: 24h
-metrics:
-  listen: ""
-`, url)
-	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := runCLI(ctx, "", "migrate", "--config", path); err != nil {
-		t.Fatalf("walbox migrate: %v\n%s", err, out)
-	}
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
+`)
 	var old string
 	if err := conn.QueryRow(ctx, `SELECT 'outbox_events_p' || to_char((now() - interval '3 days')::date, 'YYYYMMDD')`).Scan(&old); err != nil {
 		t.Fatal(err)
