@@ -619,8 +619,7 @@ func checkPartitions(ctx context.Context, conn *pgx.Conn, cfg config.Config, f p
 	var partitioned bool
 	var dated int
 	var newest *time.Time
-	var ahead *float64
-	var def *string
+	var def, defName *string // the default partition, and its name in its schema
 	err := conn.QueryRow(ctx, `
 		SELECT c.relkind = 'p',
 		       (SELECT count(*) FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhrelid
@@ -628,9 +627,11 @@ func checkPartitions(ctx context.Context, conn *pgx.Conn, cfg config.Config, f p
 		       (SELECT max(b[1]::timestamptz) FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhrelid,
 		               regexp_match(pg_get_expr(p.relpartbound, p.oid), 'TO \(''([^'']*)''\)') b
 		         WHERE i.inhparent = c.oid AND NOT i.inhdetachpending),
-		       (SELECT p.oid::regclass::text FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhrelid
-		         WHERE i.inhparent = c.oid AND pg_get_expr(p.relpartbound, p.oid) = 'DEFAULT')
-		FROM pg_class c WHERE c.oid = $1`, f.tableOID).Scan(&partitioned, &dated, &newest, &def)
+		       d.oid::regclass::text, d.relname::text
+		FROM pg_class c
+		LEFT JOIN LATERAL (SELECT p.oid, p.relname FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhrelid
+		         WHERE i.inhparent = c.oid AND pg_get_expr(p.relpartbound, p.oid) = 'DEFAULT') d ON true
+		WHERE c.oid = $1`, f.tableOID).Scan(&partitioned, &dated, &newest, &def, &defName)
 	if err != nil {
 		r.add(name, Skip, fmt.Sprintf("cannot read the partitions of %s: %v", f.table, err), "")
 		return
@@ -639,24 +640,20 @@ func checkPartitions(ctx context.Context, conn *pgx.Conn, cfg config.Config, f p
 		r.add(name, OK, fmt.Sprintf("%s is not partitioned: nothing to keep ahead", f.table), "")
 		return
 	}
-	if newest != nil {
-		d := time.Until(*newest).Hours() / 24
-		ahead = &d
-	}
+	daysAhead := func() float64 { return time.Until(*newest).Hours() / 24 }
 	ensure := fmt.Sprintf("SELECT walbox.ensure_partitions(%s::regclass); as the table's owner (walbox run does it every 10 minutes with sweeper.maintain and ownership)",
 		cdc.QuoteLiteral(f.table.String()))
-	if def == nil && (ahead == nil || *ahead < 2) {
+	if def == nil && (newest == nil || daysAhead() < 2) {
 		when := "no dated partition"
-		if ahead != nil {
-			when = fmt.Sprintf("the newest partition ends %s (%.1f days from now)", newest.Format(time.DateOnly), *ahead)
+		if newest != nil {
+			when = fmt.Sprintf("the newest partition ends %s (%.1f days from now)", newest.Format(time.DateOnly), daysAhead())
 		}
 		r.add(name, Fail, fmt.Sprintf("%s: %s, and there is no default partition: INSERTs past it fail", f.table, when), ensure)
 		return
 	}
 	if def != nil {
-		walboxOwn := *def == f.table.Name+"_default" || strings.HasSuffix(*def, "."+f.table.Name+"_default") ||
-			strings.HasSuffix(*def, `."`+f.table.Name+`_default"`)
-		if walboxOwn && cfg.Sweeper.Maintain {
+		// The sweeper removes the one an older walbox made (removeDefault).
+		if *defName == f.table.Name+"_default" && cfg.Sweeper.Maintain {
 			r.add(name, OK, fmt.Sprintf("%s has the default partition %s an older walbox made: the sweeper moves its rows out and removes it at its next maintenance", f.table, *def), "")
 			return
 		}
@@ -664,7 +661,7 @@ func checkPartitions(ctx context.Context, conn *pgx.Conn, cfg config.Config, f p
 			fmt.Sprintf("once it is empty: ALTER TABLE %s DETACH PARTITION %s; DROP TABLE %s; (walbox keeps partitions %d days ahead instead)", f.table, *def, *def, cfg.Sweeper.PartitionsAhead))
 		return
 	}
-	r.add(name, OK, fmt.Sprintf("%d dated partitions, the newest ending %s (%.1f days ahead); no default partition", dated, newest.Format(time.DateOnly), *ahead), "")
+	r.add(name, OK, fmt.Sprintf("%d dated partitions, the newest ending %s (%.1f days ahead); no default partition", dated, newest.Format(time.DateOnly), daysAhead()), "")
 }
 
 // checkUnprocessedIndex: the queries for unprocessed rows are answered by a
