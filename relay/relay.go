@@ -533,6 +533,7 @@ func (l *loop) publish(p *pending, alone bool) {
 		l.publishFailed(p, errConnectionChanged)
 		return
 	}
+	p.msg.Epoch = epoch
 	fut, err := l.r.sink.Publish(p.msg)
 	if err != nil {
 		l.publishFailed(p, err)

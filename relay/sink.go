@@ -53,6 +53,10 @@ type Msg struct {
 	// must follow (strict order); a sink that cannot check it ignores it.
 	Expect    uint64
 	ExpectSet bool
+	// Epoch is the sink's Epoch as the relay read it before publishing: a
+	// sink whose epoch has moved since refuses the message unsent (a
+	// failed publish it has not heard of must be resent first).
+	Epoch uint64
 
 	slots *headerSlots // Router.Message's, for Recycle
 }
@@ -102,12 +106,13 @@ type Sink interface {
 	Classify(err error) ErrorClass
 	// MaxPayload is the largest message the server takes (0 when unknown).
 	MaxPayload() int
-	// Epoch changes whenever the connection is re-established in a way
-	// that can lose a message while a later one is stored. Messages of one
-	// window must travel in one epoch: only then does the server store a
-	// prefix of them when it fails, never a later one without an earlier
-	// one. A sink whose client keeps order across reconnects (Kafka's
-	// idempotent producer) returns a constant.
+	// Epoch changes whenever the connection is re-established, or a
+	// publish fails, in a way that can lose a message while a later one is
+	// stored. Messages of one window must travel in one epoch: only then
+	// does the server store a prefix of them when it fails, never a later
+	// one without an earlier one. A sink that can refuse a message whose
+	// Msg.Epoch is no longer its own does so atomically (Kafka's
+	// transactional producer); the relay also checks before and after.
 	Epoch() uint64
 	// StoredTail reads back the newest messages of a stream (or topic):
 	// the resume check skips what it already holds. JetStream drops a

@@ -41,13 +41,18 @@ type bus struct {
 	requireTail bool
 	url         string // redacted, for the start line
 	close       func()
+	// takeOver starts a leadership term (Kafka transactions: fence the
+	// previous leader); fenced is closed when another took over during it.
+	// Both nil where the bus has no fence.
+	takeOver func(ctx context.Context) error
+	fenced   func() <-chan struct{}
 }
 
 // openBus connects the configured sink. Kafka is contacted only by ensure.
 // reg takes the sink's own metrics (Kafka's).
-func openBus(ctx context.Context, cfg config.Config, log zerolog.Logger, metrics *relay.Metrics, reg prometheus.Registerer) (*bus, error) {
+func openBus(ctx context.Context, cfg config.Config, database string, log zerolog.Logger, metrics *relay.Metrics, reg prometheus.Registerer) (*bus, error) {
 	if cfg.Sink == config.SinkKafka {
-		return openKafka(ctx, cfg, log, reg)
+		return openKafka(ctx, cfg, database, log, reg)
 	}
 	var natsErr atomic.Pointer[error] // the last failed connection attempt, for the logs
 	nc, err := connectNATS(ctx, cfg, log, metrics, &natsErr)
@@ -70,12 +75,13 @@ func openBus(ctx context.Context, cfg config.Config, log zerolog.Logger, metrics
 	}, nil
 }
 
-func openKafka(ctx context.Context, cfg config.Config, log zerolog.Logger, reg prometheus.Registerer) (*bus, error) {
+func openKafka(ctx context.Context, cfg config.Config, database string, log zerolog.Logger, reg prometheus.Registerer) (*bus, error) {
 	sc, err := cfg.KafkaSinkConfig(cfg.NATS.Window)
 	if err != nil {
 		return nil, &config.Error{Key: "kafka", Msg: err.Error()}
 	}
 	sc.Log, sc.Registerer = log.With().Str("sink", "kafka").Logger(), reg
+	sc.TransactionalID = cfg.KafkaTransactionalID(database)
 	sink, err := kafkasink.New(sc)
 	if err != nil {
 		return nil, &config.Error{Key: "kafka.brokers", Msg: err.Error()}
@@ -88,6 +94,9 @@ func openKafka(ctx context.Context, cfg config.Config, log zerolog.Logger, reg p
 		// Kafka has no expected-last-sequence: the idempotent producer
 		// keeps each partition gapless instead.
 		strict: false, requireTail: true, url: fmt.Sprint(cfg.Kafka.Brokers), close: sink.Close,
+	}
+	if sink.Transactional() {
+		b.takeOver, b.fenced = sink.TakeOver, sink.Fenced
 	}
 	// Readiness: the brokers answered a metadata request in the last 10 s.
 	pingCtx, stopPing := context.WithCancel(ctx)

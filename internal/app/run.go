@@ -71,7 +71,7 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 		return err
 	}
 
-	bus, err := openBus(ctx, cfg, log, metrics, sinkReg)
+	bus, err := openBus(ctx, cfg, pgcfg.Database, log, metrics, sinkReg)
 	if err != nil {
 		return err
 	}
@@ -137,7 +137,7 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 	}
 	log.Info().Str("postgres", redact.PostgresURL(cfg.Postgres.URL)).Str("sink", cfg.Sink).Str("bus", bus.url).Str("slot", cfg.Postgres.Slot).
 		Strs("tables", tableNames(tables)).Int("window", cfg.NATS.Window).Msg("walbox relay starting")
-	return lead(ctx, cfg, log, r, src, health, metrics, &leader)
+	return lead(ctx, cfg, log, r, src, bus, health, metrics, &leader)
 }
 
 // signalReady closes ready once the source streams.
@@ -155,7 +155,7 @@ func signalReady(ctx context.Context, src *cdc.Source, ready chan<- struct{}) {
 // lead streams while this relay holds the slot's leader lock, waits as a
 // standby while another does, and takes over when the leader dies, until
 // ctx ends (nil) or the relay fails for good.
-func lead(ctx context.Context, cfg config.Config, log zerolog.Logger, r *relay.Relay, src *cdc.Source, health *health, metrics *relay.Metrics, leader *atomic.Pointer[cdc.Leadership]) error {
+func lead(ctx context.Context, cfg config.Config, log zerolog.Logger, r *relay.Relay, src *cdc.Source, bus *bus, health *health, metrics *relay.Metrics, leader *atomic.Pointer[cdc.Leadership]) error {
 	for {
 		// Several relays may run for one database: one holds the leader
 		// lock and streams, the others wait here and take over when it dies.
@@ -181,10 +181,32 @@ func lead(ctx context.Context, cfg config.Config, log zerolog.Logger, r *relay.R
 		metrics.Leader.Set(1)
 		log.Info().Str("slot", cfg.Postgres.Slot).Msg("leader: streaming")
 		runCtx, cancel := context.WithCancel(ctx)
+		var fenced <-chan struct{}
+		if bus.takeOver != nil {
+			// The fence comes first: the previous leader, if it is only
+			// paused, can store nothing from now on, so what the relay
+			// reads back is final.
+			if err := bus.takeOver(runCtx); err != nil {
+				cancel()
+				leader.Store(nil)
+				lock.Release()
+				metrics.Leader.Set(0)
+				if ctx.Err() != nil {
+					return nil
+				}
+				return err
+			}
+			fenced = bus.fenced()
+		}
+		var wasFenced atomic.Bool
 		go func() {
 			select {
 			case <-lock.Lost():
 				log.Warn().Msg("leader lock session lost; stopping to let a live relay lead")
+				cancel()
+			case <-fenced:
+				wasFenced.Store(true)
+				log.Warn().Msg("fenced by another walbox's producer; stopping to let it lead")
 				cancel()
 			case <-runCtx.Done():
 			}
@@ -203,6 +225,15 @@ func lead(ctx context.Context, cfg config.Config, log zerolog.Logger, r *relay.R
 		if ctx.Err() != nil {
 			log.Info().Stringer("confirmed", src.Confirmed()).Msg("walbox relay stopped")
 			return nil
+		}
+		if wasFenced.Load() {
+			// Whoever fenced this relay leads now, or shares its
+			// transactional id by mistake: do not fence it back at once.
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(cfg.Retry.Max):
+			}
 		}
 	}
 }

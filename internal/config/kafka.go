@@ -41,8 +41,17 @@ type Kafka struct {
 	AckTimeout time.Duration `yaml:"ack_timeout" env:"ACK_TIMEOUT"`
 	// MaxMessageBytes is the brokers' message.max.bytes: larger events are
 	// dead-lettered instead of refused by the broker.
-	MaxMessageBytes int       `yaml:"max_message_bytes" env:"MAX_MESSAGE_BYTES"`
-	ClientID        string    `yaml:"client_id" env:"CLIENT_ID"`
+	MaxMessageBytes int    `yaml:"max_message_bytes" env:"MAX_MESSAGE_BYTES"`
+	ClientID        string `yaml:"client_id" env:"CLIENT_ID"`
+	// Transactions makes the producer transactional (default true): an
+	// ack means the record's transaction committed, a failed record aborts
+	// its transaction (nothing behind it is stored ahead of it), and every
+	// leadership term fences the previous leader. Consumers must read with
+	// isolation.level=read_committed.
+	Transactions bool `yaml:"transactions" env:"TRANSACTIONS"`
+	// TransactionalID is the producer's transactional id; the leader and
+	// its standbys share it. Default: walbox:<database>/<slot>.
+	TransactionalID string    `yaml:"transactional_id" env:"TRANSACTIONAL_ID"`
 	TLS             KafkaTLS  `yaml:"tls" envPrefix:"TLS_"`
 	SASL            KafkaSASL `yaml:"sasl" envPrefix:"SASL_"`
 }
@@ -73,7 +82,21 @@ type KafkaSASL struct {
 
 func defaultKafka() Kafka {
 	return Kafka{TopicTemplate: relay.DefaultSubjectTemplate, DLQTopic: "walbox.dlq", AckTimeout: 30 * time.Second,
-		MaxMessageBytes: kafkasink.DefaultMaxPayload, ClientID: "walbox"}
+		MaxMessageBytes: kafkasink.DefaultMaxPayload, ClientID: "walbox", Transactions: true}
+}
+
+// KafkaTransactionalID is the producer's transactional id for database
+// ("" with kafka.transactions off): kafka.transactional_id, or
+// walbox:<database>/<slot>, the relay's source, which the read-back already
+// takes as unique among the walboxes writing to one Kafka cluster.
+func (c *Config) KafkaTransactionalID(database string) string {
+	switch {
+	case !c.Kafka.Transactions:
+		return ""
+	case c.Kafka.TransactionalID != "":
+		return c.Kafka.TransactionalID
+	}
+	return "walbox:" + database + "/" + c.Postgres.Slot
 }
 
 // validateKafka checks the kafka.* keys when sink is kafka.

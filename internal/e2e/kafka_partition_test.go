@@ -12,13 +12,13 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/internal/kafkatest"
 	"github.com/walbox/walbox/internal/outboxtest"
 	"github.com/walbox/walbox/internal/relaytest"
 )
@@ -67,14 +67,19 @@ const (
 )
 
 func TestKafkaPartitionRefusingWrites(t *testing.T) {
-	// The two variants run side by side: each has its own brokers,
-	// database and relay, and most of their time is the outage's rounds,
-	// spent waiting.
-	t.Run("relay_up", func(t *testing.T) { t.Parallel(); partitionRefusal(t, false) })
-	t.Run("relay_killed_during_outage", func(t *testing.T) { t.Parallel(); partitionRefusal(t, true) })
+	// The variants run side by side: each has its own brokers, database
+	// and relay, and most of their time is the outage's rounds, spent
+	// waiting. The first two are of the idempotent producer
+	// (kafka.transactions: false), where the other partitions store while
+	// one refuses: the read-back's proof is what is at stake. With
+	// transactions a refused record aborts its transaction, so the others
+	// store at most what was committed as the outage began.
+	t.Run("relay_up", func(t *testing.T) { t.Parallel(); partitionRefusal(t, false, false) })
+	t.Run("relay_killed_during_outage", func(t *testing.T) { t.Parallel(); partitionRefusal(t, true, false) })
+	t.Run("transactions", func(t *testing.T) { t.Parallel(); partitionRefusal(t, false, true) })
 }
 
-func partitionRefusal(t *testing.T, kill bool) {
+func partitionRefusal(t *testing.T, kill, txn bool) {
 	started := time.Now()
 	// Slots are the cluster's, not the database's: the variants, which
 	// run side by side on the package's cluster, name theirs apart.
@@ -82,9 +87,13 @@ func partitionRefusal(t *testing.T, kill bool) {
 	if kill {
 		suffix = "killed"
 	}
+	if txn {
+		suffix = "txn"
+	}
 	e := newMigratedKafkaEnv(t, func(cfg *config.Config) {
 		cfg.NATS.Window = refusingWindow // the relay's window, shared by the Kafka sink
 		cfg.Kafka.AckTimeout = time.Second
+		cfg.Kafka.Transactions = txn
 		cfg.Retry.Initial, cfg.Retry.Max = 100*time.Millisecond, 500*time.Millisecond
 		cfg.Postgres.Slot = "walbox_" + suffix
 	})
@@ -202,7 +211,10 @@ func partitionRefusal(t *testing.T, kill bool) {
 	if during[refusedPartition] != 0 {
 		t.Fatalf("scenario not reached: partition %d stored %d records while refusing writes", refusedPartition, during[refusedPartition])
 	}
-	if others <= 2*refusingWindow {
+	switch {
+	case txn && others > refusingWindow:
+		t.Fatalf("the other partitions stored %d records during the %v outage: more than one transaction of at most a window (%d) in which partition %d's record was refused", others, outage.Round(time.Second), refusingWindow, refusedPartition)
+	case !txn && others <= 2*refusingWindow:
 		t.Fatalf("scenario not reached: the other partitions stored only %d records during the %v outage, want more than 2 × window = %d", others, outage.Round(time.Second), 2*refusingWindow)
 	}
 	t.Logf("outage of partition %d lasted %v; the other partitions stored %d records meanwhile", refusedPartition, outage.Round(time.Second), others)
@@ -462,22 +474,16 @@ func (e *kafkaEnv) writeMarkers(keys []string) []string {
 	return ids
 }
 
-// partitionEnds is the end offset of every partition of topic (0 for a
-// partition whose offset cannot be listed now).
+// partitionEnds is how many committed records every partition of topic
+// holds (none for a partition that cannot be read now).
 func (e *kafkaEnv) partitionEnds(topic string) map[int32]int64 {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	out := map[int32]int64{}
-	ends, err := e.kafka.Admin.ListEndOffsets(ctx, topic)
-	if err != nil {
-		return out
+	counts, err := kafkatest.Counts(ctx, e.cfg.Kafka.Brokers, topic)
+	if err != nil || counts[topic] == nil {
+		return map[int32]int64{}
 	}
-	ends.Each(func(o kadm.ListedOffset) {
-		if o.Err == nil {
-			out[o.Partition] = o.Offset
-		}
-	})
-	return out
+	return counts[topic]
 }
 
 func diffEnds(now, before map[int32]int64) map[int32]int64 {

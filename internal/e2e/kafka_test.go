@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
-
 	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/kafkatest"
 	"github.com/walbox/walbox/internal/ops"
@@ -49,20 +47,22 @@ func newMigratedKafkaEnv(t *testing.T, mutate ...func(*config.Config)) *kafkaEnv
 	return e
 }
 
-// stored is how many records the topics (and the dead-letter topic) hold.
+// stored is how many records the topics (and the dead-letter topic) hold:
+// committed data records, counted by reading them (offsets also count
+// transaction markers and aborted records).
 func (e *kafkaEnv) stored() int64 {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	ends, err := e.kafka.Admin.ListEndOffsets(ctx, append(kafkaTopics, e.cfg.Kafka.DLQTopic)...)
+	counts, err := kafkatest.Counts(ctx, e.cfg.Kafka.Brokers, append(kafkaTopics, e.cfg.Kafka.DLQTopic)...)
 	if err != nil {
 		return 0
 	}
 	var n int64
-	ends.Each(func(o kadm.ListedOffset) {
-		if o.Err == nil {
-			n += o.Offset
+	for _, parts := range counts {
+		for _, c := range parts {
+			n += c
 		}
-	})
+	}
 	return n
 }
 

@@ -90,7 +90,7 @@ var Table = []Row{
 	{Err: kerr.ClusterAuthorizationFailed, Kind: KindConfig,
 		Why: "the idempotent producer needs IDEMPOTENT_WRITE on the cluster (brokers before Kafka 3.0): an ACL"},
 	{Err: kerr.TransactionalIDAuthorizationFailed, Kind: KindConfig,
-		Why: "an ACL on a transactional id; walbox's producer is idempotent, not transactional"},
+		Why: "walbox's principal may not use its transactional id (kafka.transactional_id): grant WRITE and DESCRIBE on that TransactionalId, or set kafka.transactions: false"},
 	{Err: kerr.SaslAuthenticationFailed, Kind: KindConfig,
 		Why: "the brokers refused kafka.sasl's credentials"},
 	{Err: kerr.UnsupportedSaslMechanism, Kind: KindConfig,
@@ -122,7 +122,7 @@ var Table = []Row{
 	{Err: kerr.InvalidProducerEpoch, Kind: KindOrderRefused,
 		Why: "another session of the producer id bumped its epoch: another writer, or franz-go's own reset"},
 	{Err: kerr.ProducerFenced, Kind: KindOrderRefused,
-		Why: "another producer with the same transactional id took over: another writer"},
+		Why: "another producer with the same transactional id took over (a standby's takeover): the sink turns it into kafkasink.ErrFenced and the relay stops leading"},
 
 	// The cluster's passing state.
 	{Err: kerr.UnknownServerError, Kind: KindTransient,
@@ -164,11 +164,11 @@ var Table = []Row{
 	{Err: kerr.ConcurrentTransactions, Kind: KindTransient,
 		Why: "producer id allocation raced another; franz-go retries it"},
 	{Err: kerr.InvalidTxnState, Kind: KindTransient,
-		Why: "transactions only, which walbox does not use: franz-go recovers with a new producer id"},
+		Why: "the transaction coordinator's state disagrees with the producer's: the transaction is aborted, franz-go recovers with a new producer id, and its records are resent in order"},
 	{Err: kerr.InvalidProducerIDMapping, Kind: KindTransient,
-		Why: "transactions only, which walbox does not use: franz-go recovers with a new producer id"},
+		Why: "the coordinator forgot the transactional id (it expired while walbox was idle): the transaction is aborted and resent; franz-go recovers with a new producer id"},
 	{Err: kerr.TransactionAbortable, Kind: KindTransient,
-		Why: "transactions only, which walbox does not use: franz-go recovers with a new producer id"},
+		Why: "the brokers ask to abort the transaction: it is aborted and its records resent in order"},
 
 	// The sink's verdict on a MESSAGE_TOO_LARGE, per record (limits.go,
 	// decideTooLarge); listed before the Kafka code they wrap.
@@ -178,6 +178,12 @@ var Table = []Row{
 		Why: "MESSAGE_TOO_LARGE for a record that alone fits its topic's limit: its batch was too large (the topic's limit lowered since walbox read it); resent in order"},
 
 	// The sink's guard of per-key order (partitions.go).
+	{Err: ErrTxnAborted, Name: "kafkasink.ErrTxnAborted", Kind: KindTransient,
+		Why: "the record was acked by its partition, but another record of its transaction failed (or the commit did), so walbox aborted the transaction: not stored, resent in order"},
+	{Err: ErrEpochMoved, Name: "kafkasink.ErrEpochMoved", Kind: KindTransient,
+		Why: "a record published before this one failed and the relay had not heard of it yet: refused unsent, resent in order behind the failed one"},
+	{Err: ErrFenced, Name: "kafkasink.ErrFenced", Kind: KindConfig,
+		Why: "another walbox took over the transactional id (a standby took over while this relay was paused, or two deployments share kafka.transactional_id): nothing uncommitted is stored, and this relay stops leading"},
 	{Err: ErrPartitionCountChanged, Name: "kafkasink.ErrPartitionCountChanged", Kind: KindConfig,
 		Why: "the topic's partition count changed since walbox started (partitions added): keys would move to other partitions, so nothing more is published to the topic until walbox restarts and records the new count"},
 

@@ -22,6 +22,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl"
 
@@ -60,6 +61,11 @@ type Config struct {
 	// Registerer is where the sink's metrics are registered (nil:
 	// unregistered).
 	Registerer prometheus.Registerer
+	// TransactionalID, when set, makes the producer transactional (see
+	// txn.go): an ack means the record's transaction committed, a failed
+	// record aborts its transaction, and each leadership term fences the
+	// id's previous holder (TakeOver). Empty: idempotent only, unfenced.
+	TransactionalID string
 }
 
 // metrics are the sink's own series, next to the relay's.
@@ -88,6 +94,10 @@ type Sink struct {
 	// counts: each topic's partition count as recorded at start; the
 	// producer hashes keys over it only.
 	counts *partCounts
+
+	// txn produces in transactions when Config.TransactionalID is set;
+	// cl then only reads and administers.
+	txn *txnProducer
 
 	mu    sync.Mutex
 	parts map[string]int // partitions of each topic at its last read-back
@@ -145,7 +155,50 @@ func New(cfg Config) (*Sink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kafka client: %w", err)
 	}
-	return &Sink{cfg: cfg, cl: cl, lim: lim, m: m, counts: counts}, nil
+	s := &Sink{cfg: cfg, cl: cl, lim: lim, m: m, counts: counts}
+	if cfg.TransactionalID != "" {
+		// A transaction left open by a paused holder blocks read_committed
+		// readers of its partitions until the brokers abort it: twice the
+		// ack timeout, or a standby's takeover, whichever comes first.
+		topts := append(opts[:len(opts):len(opts)], kgo.TransactionTimeout(max(2*cfg.AckTimeout, 10*time.Second)))
+		s.txn = newTxnProducer(cfg.TransactionalID, topts, cfg.MaxBuffered, cfg.Log, s.decide)
+	}
+	return s, nil
+}
+
+// TakeOver starts a leadership term of a transactional sink: it fences the
+// transactional id's previous holder, whose open transaction the brokers
+// abort, before this relay reads anything back or publishes. A no-op for an
+// idempotent sink.
+func (s *Sink) TakeOver(ctx context.Context) error {
+	if s.txn == nil {
+		return nil
+	}
+	return s.txn.TakeOver(ctx)
+}
+
+// Fenced is closed when another producer took the transactional id over
+// during the current term (never for an idempotent sink): the relay must
+// stop leading.
+func (s *Sink) Fenced() <-chan struct{} {
+	if s.txn == nil {
+		return nil
+	}
+	return s.txn.Fenced()
+}
+
+// Transactional reports whether the sink produces in transactions.
+func (s *Sink) Transactional() bool { return s.txn != nil }
+
+// decide refines a produce error: the partition count changed (the
+// partitioner refused the record), or a MESSAGE_TOO_LARGE decided per
+// record.
+func (s *Sink) decide(r *kgo.Record, err error) error {
+	if cerr := s.counts.err(r.Topic); cerr != nil {
+		// The partitioner refused it: the count changed.
+		err = cerr
+	}
+	return fmt.Errorf("produce to %s: %w", r.Topic, s.lim.decideTooLarge(r, err))
 }
 
 // Client returns the producer's client (for admin requests).
@@ -153,7 +206,12 @@ func (s *Sink) Client() *kgo.Client { return s.cl }
 
 // Close flushes nothing: records not yet acked fail, and the relay, which
 // confirms only acked ones, sends them again on its next start.
-func (s *Sink) Close() { s.cl.Close() }
+func (s *Sink) Close() {
+	if s.txn != nil {
+		s.txn.Close()
+	}
+	s.cl.Close()
+}
 
 // keyPartitioner is Kafka's own key hashing (murmur2, as the Java client),
 // and partition 0 for records without a key, so that they keep their order
@@ -229,13 +287,19 @@ func (s *Sink) Publish(m *relay.Msg) (relay.Future, error) {
 		rec.Key = []byte(m.Key)
 	}
 	fut, resolve := relay.NewFuture()
+	if s.txn != nil {
+		if aloneSize(rec) > int(s.lim.batchMax(rec.Topic)) {
+			// franz-go would refuse it before sending, inside a
+			// transaction it would then abort for its successors.
+			resolve.Resolve(nil, s.decide(rec, kerr.MessageTooLarge))
+			return fut, nil
+		}
+		s.txn.publish(rec, m.Epoch, recordID(rec), resolve)
+		return fut, nil
+	}
 	s.cl.Produce(context.Background(), rec, func(r *kgo.Record, err error) {
 		if err != nil {
-			if cerr := s.counts.err(r.Topic); cerr != nil {
-				// The partitioner refused it: the count changed.
-				err = cerr
-			}
-			resolve.Resolve(nil, fmt.Errorf("produce to %s: %w", r.Topic, s.lim.decideTooLarge(r, err)))
+			resolve.Resolve(nil, s.decide(r, err))
 			return
 		}
 		// Sequence is 1-based, as JetStream's: offset 0 is sequence 1
@@ -245,9 +309,28 @@ func (s *Sink) Publish(m *relay.Msg) (relay.Future, error) {
 	return fut, nil
 }
 
-// Epoch implements relay.Sink: constant. The client keeps each partition
-// gapless across reconnects (a failed record fails all behind it).
-func (s *Sink) Epoch() uint64 { return 0 }
+// Epoch implements relay.Sink. Transactional: it moves on every failed
+// record and every term, and a record published under an older one is
+// refused unsent (txn.go). Idempotent: constant; the client fails a
+// partition's buffered records together, but a record produced after that
+// and before the relay heard of it can be stored ahead of the failed one
+// (issue 35, item 4: what transactions fix).
+func (s *Sink) Epoch() uint64 {
+	if s.txn != nil {
+		return s.txn.Epoch()
+	}
+	return 0
+}
+
+// recordID is the event id a record carries (Walbox-Event-Id), or "".
+func recordID(r *kgo.Record) string {
+	for _, h := range r.Headers {
+		if h.Key == HeaderEventID {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
 
 // MaxPayload implements relay.Sink.
 func (s *Sink) MaxPayload() int { return s.cfg.MaxPayload }

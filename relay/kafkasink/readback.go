@@ -192,7 +192,10 @@ func spans(ctx context.Context, adm *kadm.Client, topic string, n int, first, la
 	if err != nil {
 		return nil, 0, fmt.Errorf("list start offsets of %s: %w", topic, err)
 	}
-	ends, err := adm.ListEndOffsets(ctx, topic)
+	// The last stable offset, not the high watermark: past it are records
+	// of transactions not yet ended, which read_committed does not return
+	// (and which are not stored until they commit).
+	ends, err := adm.ListCommittedOffsets(ctx, topic)
 	if err != nil {
 		return nil, 0, fmt.Errorf("list end offsets of %s: %w", topic, err)
 	}
@@ -240,8 +243,17 @@ func FetchErr(fs kgo.Fetches, what string) error {
 	return ferr
 }
 
-// read calls fn with every record of topic in the given spans, partition by
-// partition in offset order.
+// ReadOpts are the consumer options of every read-back: only committed
+// records (an aborted transaction's records were never stored), and the
+// transactions' control records kept, so that a reader knows it reached an
+// offset whose record is a commit or abort marker (offsets of a
+// transactional topic are not contiguous in data records).
+func ReadOpts() []kgo.Opt {
+	return []kgo.Opt{kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.KeepControlRecords()}
+}
+
+// read calls fn with every data record of topic in the given spans,
+// partition by partition in offset order.
 func (s *Sink) read(ctx context.Context, topic string, sp map[int32]span, fn func(*kgo.Record)) error {
 	if len(sp) == 0 {
 		return nil
@@ -250,7 +262,7 @@ func (s *Sink) read(ctx context.Context, topic string, sp map[int32]span, fn fun
 	for p, r := range sp {
 		parts[p] = kgo.NewOffset().At(r.from)
 	}
-	cl, err := kgo.NewClient(append(s.cfg.clientOpts(),
+	cl, err := kgo.NewClient(append(append(s.cfg.clientOpts(), ReadOpts()...),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: parts}))...)
 	if err != nil {
 		return fmt.Errorf("read back %s: %w", topic, err)
@@ -271,7 +283,7 @@ func (s *Sink) read(ctx context.Context, topic string, sp map[int32]span, fn fun
 			if !ok || done[r.Partition] || r.Offset < want.from {
 				return
 			}
-			if r.Offset < want.to {
+			if r.Offset < want.to && !r.Attrs.IsControl() {
 				fn(r)
 			}
 			if r.Offset >= want.to-1 {
