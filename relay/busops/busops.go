@@ -10,6 +10,7 @@ package busops
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/walbox/walbox/cdc"
@@ -56,6 +57,24 @@ type Bus interface {
 	Check(ctx context.Context, report Report)
 	Close()
 }
+
+// Names are a bus's configured streams (topics); embedded in a Bus, they
+// implement DLQName and Streams.
+type Names struct {
+	Events []string // the streams (topics) of events
+	DLQ    string   // the dead-letter stream (topic)
+}
+
+// NamesOf are names, the dead-letter stream's last.
+func NamesOf(names []string) Names {
+	return Names{Events: slices.Clip(names[:len(names)-1]), DLQ: names[len(names)-1]}
+}
+
+// DLQName implements Bus.
+func (n Names) DLQName() string { return n.DLQ }
+
+// Streams implements Bus.
+func (n Names) Streams() []string { return n.Events }
 
 // Terms are how a bus's things are called, and what it does itself.
 type Terms struct {

@@ -32,6 +32,7 @@ type OpsConfig struct {
 // Ops is JetStream as walbox's operations commands see it: a
 // busops.Bus over the relay's own Sink.
 type Ops struct {
+	busops.Names
 	cfg  OpsConfig
 	nc   *nats.Conn
 	js   jetstream.JetStream
@@ -44,7 +45,11 @@ func OpenOps(nc *nats.Conn, cfg OpsConfig) (*Ops, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Ops{cfg: cfg, nc: nc, js: sink.js, sink: sink}, nil
+	names := make([]string, len(cfg.Streams))
+	for i, sp := range cfg.Streams {
+		names[i] = sp.Name
+	}
+	return &Ops{Names: busops.NamesOf(names), cfg: cfg, nc: nc, js: sink.js, sink: sink}, nil
 }
 
 var _ busops.Bus = (*Ops)(nil)
@@ -54,22 +59,6 @@ func (o *Ops) Terms() busops.Terms {
 	return busops.Terms{Stream: "stream", Subject: "subject", Dedupes: true,
 		NoCheck: "pass --no-check to rely on the duplicate window alone",
 		Remove:  "delete them from", Removed: "deleted from"}
-}
-
-func (o *Ops) dlq() string { return o.cfg.Streams[len(o.cfg.Streams)-1].Name }
-
-// DLQName implements busops.Bus.
-func (o *Ops) DLQName() string { return o.dlq() }
-
-// Streams implements busops.Bus.
-func (o *Ops) Streams() []string {
-	var out []string
-	for _, sp := range o.cfg.Streams[:len(o.cfg.Streams)-1] {
-		if sp.Name != o.dlq() {
-			out = append(out, sp.Name)
-		}
-	}
-	return out
 }
 
 // StoredTail implements busops.Bus.
@@ -114,7 +103,7 @@ func (o *Ops) Destination(ctx context.Context, subject string) (string, string, 
 	switch {
 	case err != nil && !errors.Is(err, jetstream.ErrStreamNotFound):
 		return "", "", fmt.Errorf("look up the stream of %s: %w", subject, err)
-	case err != nil, stream == o.dlq() && !strings.HasPrefix(subject, o.cfg.DLQSubjectPrefix):
+	case err != nil, stream == o.DLQ && !strings.HasPrefix(subject, o.cfg.DLQSubjectPrefix):
 		return "", fmt.Sprintf("no stream captures %s yet (add it to nats.streams and restart walbox, or create the stream)", subject), nil
 	}
 	return stream, "", nil
@@ -208,7 +197,7 @@ type dlqStream struct {
 
 // DeadLetters implements busops.Bus.
 func (o *Ops) DeadLetters(ctx context.Context) (busops.DLQ, error) {
-	name := o.dlq()
+	name := o.DLQ
 	st, err := o.js.Stream(ctx, name)
 	if err != nil {
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
@@ -241,7 +230,7 @@ func (d *dlqStream) Pick(ctx context.Context, seqs []uint64) ([]busops.DeadLette
 	for _, seq := range seqs {
 		raw, err := d.st.GetMsg(ctx, seq)
 		if err != nil {
-			return nil, fmt.Errorf("dead letter %d of %s: %w", seq, d.o.dlq(), err)
+			return nil, fmt.Errorf("dead letter %d of %s: %w", seq, d.o.DLQ, err)
 		}
 		dl := busops.NewDeadLetter(raw.Sequence, raw.Time, raw.Subject, relay.Header(raw.Header))
 		dl.Data = raw.Data
@@ -252,7 +241,7 @@ func (d *dlqStream) Pick(ctx context.Context, seqs []uint64) ([]busops.DeadLette
 
 func (d *dlqStream) Retried(ctx context.Context, dl busops.DeadLetter, _ string) error {
 	if err := d.st.DeleteMsg(ctx, dl.Seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-		return fmt.Errorf("delete %d from %s: %w", dl.Seq, d.o.dlq(), err)
+		return fmt.Errorf("delete %d from %s: %w", dl.Seq, d.o.DLQ, err)
 	}
 	return nil
 }

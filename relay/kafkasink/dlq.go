@@ -54,7 +54,7 @@ type dlqTopic struct {
 
 // DeadLetters implements busops.Bus.
 func (o *Ops) DeadLetters(context.Context) (busops.DLQ, error) {
-	return &dlqTopic{o: o, topic: o.dlq()}, nil
+	return &dlqTopic{o: o, topic: o.DLQ}, nil
 }
 
 // committedSpans are the dead-letter topic's partitions from the offsets

@@ -32,6 +32,7 @@ type OpsConfig struct {
 // the relay's own Sink, an admin client, and consumers of their own that
 // read committed records only.
 type Ops struct {
+	busops.Names
 	sc     Config
 	cfg    OpsConfig
 	cl     *kgo.Client // admin requests
@@ -51,7 +52,11 @@ func OpenOps(sc Config, cfg OpsConfig) (*Ops, error) {
 		cl.Close()
 		return nil, err
 	}
-	return &Ops{sc: sc, cfg: cfg, cl: cl, adm: kadm.NewClient(cl), sink: sink}, nil
+	names := make([]string, len(cfg.Topics))
+	for i, t := range cfg.Topics {
+		names[i] = t.Name
+	}
+	return &Ops{Names: busops.NamesOf(names), sc: sc, cfg: cfg, cl: cl, adm: kadm.NewClient(cl), sink: sink}, nil
 }
 
 var _ busops.Bus = (*Ops)(nil)
@@ -61,22 +66,6 @@ func (o *Ops) Terms() busops.Terms {
 	return busops.Terms{Stream: "topic", Subject: "topic", Partitioned: true,
 		NoCheck: "--no-check skips that, but Kafka keeps every duplicate",
 		Remove:  "mark them retried in", Removed: "marked retried in"}
-}
-
-func (o *Ops) dlq() string { return o.cfg.Topics[len(o.cfg.Topics)-1].Name }
-
-// DLQName implements busops.Bus.
-func (o *Ops) DLQName() string { return o.dlq() }
-
-// Streams implements busops.Bus.
-func (o *Ops) Streams() []string {
-	var out []string
-	for _, sp := range o.cfg.Topics[:len(o.cfg.Topics)-1] {
-		if sp.Name != o.dlq() {
-			out = append(out, sp.Name)
-		}
-	}
-	return out
 }
 
 // StoredTail implements busops.Bus.
@@ -92,10 +81,7 @@ func (o *Ops) brokers() string { return strings.Join(o.sc.Brokers, ", ") }
 // Routes implements busops.Bus: the configured topics (not the dead-letter
 // topic) that exist on the brokers, each its own route.
 func (o *Ops) Routes(ctx context.Context) ([]relay.Route, error) {
-	var names []string
-	for _, t := range o.cfg.Topics[:len(o.cfg.Topics)-1] {
-		names = append(names, t.Name)
-	}
+	names := o.Events
 	details, err := o.adm.ListTopics(ctx, names...)
 	if err != nil {
 		return nil, fmt.Errorf("list the topics on %s: %w", o.brokers(), err)
@@ -144,7 +130,7 @@ func (o *Ops) Destination(ctx context.Context, topic string) (string, string, er
 // dead-letter topic.
 func (o *Ops) DeadLetter(rt *relay.Router, ev *cdc.Event, reason string) *relay.Msg {
 	m := rt.DeadLetter(ev, "", reason)
-	m.Subject = o.dlq()
+	m.Subject = o.DLQ
 	return m
 }
 
@@ -285,11 +271,7 @@ func (o *Ops) Check(ctx context.Context, report busops.Report) {
 	}
 	report("kafka.connect", busops.OK, fmt.Sprintf("connected to %s: cluster %s, %d broker(s), controller %d", o.brokers(), cluster, len(md.Brokers), md.Controller), "")
 	report("kafka.producer", busops.OK, "acks=all and the idempotent producer (always: walbox confirms the slot only past events all in-sync replicas stored)", "")
-	names := make([]string, 0, len(o.cfg.Topics))
-	for _, sp := range o.cfg.Topics {
-		names = append(names, sp.Name)
-	}
-	details, err := o.adm.ListTopics(ctx, names...)
+	details, err := o.adm.ListTopics(ctx, append(o.Events, o.DLQ)...)
 	if err != nil {
 		report("kafka.topics", busops.Fail, fmt.Sprintf("cannot list the topics on %s: %v", o.brokers(), err), "check that walbox's principal may describe the topics (ACL DESCRIBE on TOPIC)")
 		return
