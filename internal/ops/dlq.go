@@ -1,6 +1,7 @@
 package ops
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,117 +11,35 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-	"github.com/twmb/franz-go/pkg/kgo"
-
 	"github.com/walbox/walbox/consumer"
 	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/relay"
-	"github.com/walbox/walbox/relay/jssink"
+	"github.com/walbox/walbox/relay/busops"
 )
 
 // Headers of dead letters besides relay's.
 const (
-	headerEventID        = "Walbox-Event-Id"
 	headerPayloadDropped = "Walbox-Dlq-Payload-Dropped"
 	// HeaderDLQRetriedFrom is set on a retried dead letter: <dlq stream>/<seq>.
-	HeaderDLQRetriedFrom = "Walbox-Dlq-Retried-From"
+	HeaderDLQRetriedFrom = busops.HeaderRetriedFrom
 )
 
-// DeadLetter is one message of the dead-letter stream.
-type DeadLetter struct {
-	Seq             uint64    `json:"seq"`
-	Time            time.Time `json:"time"`
-	Subject         string    `json:"subject"`
-	OriginalSubject string    `json:"original_subject"`
-	ID              string    `json:"id"`
-	Reason          string    `json:"reason"`
-	// Group is the consumer group that dead-lettered it; empty for the
-	// relay's dead letters (events no stream stored).
-	Group string `json:"group,omitempty"`
-	// Partition of the dead-letter topic (sink: kafka; Seq is the
-	// record's offset + 1 there).
-	Partition int32       `json:"partition,omitempty"`
-	msg       *nats.Msg   // with payload, for retry
-	rec       *kgo.Record // sink: kafka
-	// copies are the other records of the dead-letter topic that hold the
-	// same event (sink: kafka; a resend stored twice): retried with it.
-	copies []kafkaRef
-}
+// DeadLetter is one message of the dead-letter stream (topic).
+type DeadLetter = busops.DeadLetter
 
 // DLQList reads up to limit dead letters (oldest first; limit <= 0: all)
 // and the stream's total count.
 func DLQList(ctx context.Context, cfg config.Config, limit int) ([]DeadLetter, uint64, error) {
-	if cfg.Sink == config.SinkKafka {
-		return dlqListKafka(ctx, cfg, limit)
-	}
-	nc, js, err := connectNATS(ctx, cfg)
+	bus, err := openBus(ctx, cfg)
 	if err != nil {
 		return nil, 0, err
 	}
-	defer nc.Close()
-	return readDLQ(ctx, js, cfg.NATS.DLQ.Stream, limit, true)
-}
-
-func readDLQ(ctx context.Context, js jetstream.JetStream, name string, limit int, headersOnly bool) ([]DeadLetter, uint64, error) {
-	st, err := js.Stream(ctx, name)
+	defer bus.Close()
+	dlq, err := bus.DeadLetters(ctx)
 	if err != nil {
-		if errors.Is(err, jetstream.ErrStreamNotFound) {
-			return nil, 0, fmt.Errorf("dead-letter stream %s does not exist (walbox run creates it; nats.dlq.stream names it)", name)
-		}
-		return nil, 0, fmt.Errorf("stream %s: %w", name, err)
+		return nil, 0, err
 	}
-	total := st.CachedInfo().State.Msgs
-	if total == 0 {
-		return nil, 0, nil
-	}
-	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy, HeadersOnly: headersOnly})
-	if err != nil {
-		return nil, total, fmt.Errorf("read %s: %w", name, err)
-	}
-	var out []DeadLetter
-	for limit <= 0 || len(out) < limit {
-		want := 500
-		if limit > 0 {
-			want = min(want, limit-len(out))
-		}
-		batch, err := cons.Fetch(want, jetstream.FetchMaxWait(time.Second))
-		if err != nil {
-			return out, total, fmt.Errorf("read %s: %w", name, err)
-		}
-		got, pending := 0, uint64(1)
-		for m := range batch.Messages() {
-			got++
-			dl := DeadLetter{Subject: m.Subject()}
-			if md, err := m.Metadata(); err == nil {
-				dl.Seq, dl.Time, pending = md.Sequence.Stream, md.Timestamp, md.NumPending
-			}
-			fillDeadLetter(&dl, m.Headers())
-			if !headersOnly {
-				dl.msg = &nats.Msg{Subject: m.Subject(), Header: m.Headers(), Data: m.Data()}
-			}
-			out = append(out, dl)
-		}
-		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) {
-			return out, total, fmt.Errorf("read %s: %w", name, err)
-		}
-		if got == 0 || pending == 0 {
-			break
-		}
-	}
-	return out, total, nil
-}
-
-func fillDeadLetter(dl *DeadLetter, h nats.Header) {
-	dl.OriginalSubject = h.Get(relay.HeaderDLQOriginalSubject)
-	dl.Reason = h.Get(relay.HeaderDLQReason)
-	// The event's id: a consumer's dead letter has its own Nats-Msg-Id.
-	dl.ID = h.Get(headerEventID)
-	if dl.ID == "" {
-		dl.ID = h.Get(relay.HeaderMsgID)
-	}
-	dl.Group = h.Get(consumer.HeaderGroup)
+	return dlq.List(ctx, limit, false)
 }
 
 // PrintDeadLetters writes the list as a table.
@@ -204,24 +123,13 @@ func dlqRetryLease(ctx context.Context, cfg config.Config) (release func(), err 
 // and a slot name has no ':' or '-'.
 const dlqRetryLockKeySQL = "hashtextextended('walbox:dlq-retry:' || $1, 0)"
 
-// retryConfirmed says whether a retry of n dead letters goes on: not when
-// there are none (it prints empty), and otherwise only with --yes or the
-// user's yes to question (ErrAborted).
-func retryConfirmed(opts DLQRetryOptions, n int, empty, question string) (bool, error) {
-	if n == 0 {
-		fmt.Fprintln(opts.Out, empty)
-		return false, nil
-	}
-	if !opts.Yes && !confirm(opts.In, opts.Out, question) {
-		return false, ErrAborted
-	}
-	return true, nil
-}
-
-// DLQRetry republishes dead letters to their original subject, with their
-// original event id, when a stream now captures that subject, and deletes
-// each from the dead-letter stream after JetStream acked it. Dead letters
-// that still cannot be delivered are reported and left where they are.
+// DLQRetry republishes dead letters to their original subject (topic),
+// with their original event id, when a stream (topic) now stores it, and
+// takes each out of the dead-letter stream (topic) after the bus acked it:
+// JetStream deletes it, Kafka marks it. A dead letter whose event the
+// destination's newest messages of its source hold already is taken out
+// unpublished. Dead letters that still cannot be delivered are reported
+// and left where they are.
 func DLQRetry(ctx context.Context, cfg config.Config, opts DLQRetryOptions) (*DLQRetryResult, error) {
 	opts.Out = orDiscard(opts.Out)
 	if opts.All == (len(opts.Seqs) > 0) {
@@ -232,43 +140,35 @@ func DLQRetry(ctx context.Context, cfg config.Config, opts DLQRetryOptions) (*DL
 		return nil, err
 	}
 	defer release()
-	if cfg.Sink == config.SinkKafka {
-		return dlqRetryKafka(ctx, cfg, opts)
-	}
-	nc, js, err := connectNATS(ctx, cfg)
+	bus, err := openBus(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
-	defer nc.Close()
-	name := cfg.NATS.DLQ.Stream
-	st, err := js.Stream(ctx, name)
+	defer bus.Close()
+	dlq, err := bus.DeadLetters(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("dead-letter stream %s: %w", name, err)
+		return nil, err
 	}
 	var dls []DeadLetter
 	if opts.All {
-		if dls, _, err = readDLQ(ctx, js, name, 0, false); err != nil {
-			return nil, err
-		}
+		dls, _, err = dlq.List(ctx, 0, true)
 	} else {
-		for _, seq := range opts.Seqs {
-			raw, err := st.GetMsg(ctx, seq)
-			if err != nil {
-				return nil, fmt.Errorf("dead letter %d of %s: %w", seq, name, err)
-			}
-			dl := DeadLetter{Seq: raw.Sequence, Time: raw.Time, Subject: raw.Subject,
-				msg: &nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data}}
-			fillDeadLetter(&dl, raw.Header)
-			dls = append(dls, dl)
-		}
+		dls, err = dlq.Pick(ctx, opts.Seqs)
+	}
+	if err != nil {
+		return nil, err
 	}
 	if opts.afterRead != nil {
 		opts.afterRead()
 	}
+	terms, name := bus.Terms(), bus.DLQName()
 	res := &DLQRetryResult{}
-	if ok, err := retryConfirmed(opts, len(dls), name+" is empty: nothing to retry",
-		fmt.Sprintf("Republish %d dead letter(s) to their original subjects and delete them from %s?", len(dls), name)); !ok {
-		return res, err
+	if len(dls) == 0 {
+		fmt.Fprintln(opts.Out, name+" holds no dead letter to retry")
+		return res, nil
+	}
+	if !opts.Yes && !confirm(opts.In, opts.Out, fmt.Sprintf("Republish %d dead letter(s) to their original %ss and %s %s?", len(dls), terms.Subject, terms.Remove, name)) {
+		return res, ErrAborted
 	}
 	bar := newProgress(nil, false, "", 0, nil)
 	if len(dls) > 100 {
@@ -277,103 +177,153 @@ func DLQRetry(ctx context.Context, cfg config.Config, opts DLQRetryOptions) (*DL
 		})
 	}
 	defer bar.finish()
-	routers := &retryRouters{js: js, cfg: cfg}
+	r := &retry{cfg: cfg, bus: bus, dlq: dlq, terms: terms, name: name, res: res, out: opts.Out,
+		routers: map[string]*relay.Router{}, stored: map[string]map[string]bool{}}
 	for _, dl := range dls {
+		if err = r.one(ctx, dl); err != nil {
+			break
+		}
 		bar.add(1)
-		target, why := retryTarget(ctx, js, cfg, dl)
-		if why != "" {
-			res.Skipped++
-			fmt.Fprintf(opts.Out, "seq %d %s: skipped: %s\n", dl.Seq, orDash(dl.OriginalSubject), why)
-			continue
-		}
-		m := retryMessage(dl, name, routers.get(ctx, dl.msg.Header.Get(relay.HeaderSource)))
-		ack, err := js.PublishMsg(ctx, m, jetstream.WithExpectStream(target))
-		if err != nil {
-			return res, fmt.Errorf("republish dead letter %d to %s: %w (it stays in %s)", dl.Seq, dl.OriginalSubject, err, name)
-		}
-		if err := st.DeleteMsg(ctx, dl.Seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-			return res, fmt.Errorf("dead letter %d was republished (%s seq %d) but not deleted from %s: %w", dl.Seq, ack.Stream, ack.Sequence, name, err)
-		}
-		if ack.Duplicate {
-			res.AlreadyStored++
-			fmt.Fprintf(opts.Out, "seq %d %s: %s already holds id %s; deleted from %s\n", dl.Seq, dl.OriginalSubject, ack.Stream, dl.ID, name)
-			continue
-		}
-		res.Retried++
-		fmt.Fprintf(opts.Out, "seq %d %s: republished to %s (seq %d, id %s); deleted from %s\n", dl.Seq, dl.OriginalSubject, ack.Stream, ack.Sequence, dl.ID, name)
 	}
-	return res, nil
+	bar.finish()
+	// Also after a failure: what was taken out so far stays out, Close
+	// only saves reading it again.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), connectTimeout)
+	defer cancel()
+	if cerr := dlq.Close(cctx); cerr != nil {
+		fmt.Fprintf(opts.Out, "note: %v (the retried dead letters stay hidden by their markers)\n", cerr)
+	}
+	return res, err
 }
 
-// retryRouters builds, per source, the router that gives a retried relay
-// dead letter the envelope and subject the relay gives events now.
-type retryRouters struct {
-	js     jetstream.JetStream
-	cfg    config.Config
-	routes []relay.Route
-	read   bool
-	by     map[string]*relay.Router
+// retry is one run of dlq retry.
+type retry struct {
+	cfg        config.Config
+	bus        busops.Bus
+	dlq        busops.DLQ
+	terms      busops.Terms
+	name       string // of the dead-letter stream (topic)
+	routes     []relay.Route
+	routesRead bool
+	routers    map[string]*relay.Router // by source
+	// stored: per destination and source, the identities
+	// (relay.IdentityKey) read back from its newest messages.
+	stored map[string]map[string]bool
+	res    *DLQRetryResult
+	out    io.Writer
 }
 
-func (r *retryRouters) get(ctx context.Context, source string) *relay.Router {
-	if !r.read {
-		r.read = true
-		for _, sp := range r.cfg.StreamSpecs() {
-			if sp.Name == r.cfg.NATS.DLQ.Stream {
-				continue
-			}
-			st, err := r.js.Stream(ctx, sp.Name)
-			if err != nil {
-				continue
-			}
-			r.routes = append(r.routes, relay.Route{Stream: sp.Name, Subjects: st.CachedInfo().Config.Subjects})
-		}
-		r.by = map[string]*relay.Router{}
+// retryTailMessages is how many of a source's newest messages of a stream
+// (of each partition of a topic) dlq retry reads back before it
+// republishes there (at least; twice the relay's window where that is
+// more).
+const retryTailMessages = 1000
+
+// storedIn reads back, once per destination and source, the identities
+// its newest messages of source hold.
+func (r *retry) storedIn(ctx context.Context, dest, source string) (map[string]bool, error) {
+	k := dest + "\x00" + source
+	if ids, ok := r.stored[k]; ok {
+		return ids, nil
 	}
-	if rt, ok := r.by[source]; ok {
+	ids := map[string]bool{}
+	want := max(retryTailMessages, 2*r.cfg.NATS.Window)
+	err := r.bus.ReadBack(ctx, dest, source, relay.ReadBackRange{Want: want, ScanMax: 10 * want}, func(ev relay.StoredEvent) bool {
+		ids[relay.IdentityKey(ev.Table, ev.ID)] = true
+		return true
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read back the newest messages of %s: %w", dest, err)
+	}
+	r.stored[k] = ids
+	return ids, nil
+}
+
+// router is the relay's router for events of source, over the routes the
+// bus has now; nil when it cannot be built.
+func (r *retry) router(ctx context.Context, source string) *relay.Router {
+	if rt, ok := r.routers[source]; ok {
 		return rt
 	}
-	rt, err := relay.NewRouterWithOptions(r.cfg.NATS.SubjectPrefix, source, r.routes, r.cfg.RouterOptions())
+	if !r.routesRead {
+		r.routes, _ = r.bus.Routes(ctx)
+		r.routesRead = true
+	}
+	rt, err := r.bus.Router(source, r.routes)
 	if err != nil {
 		rt = nil
 	}
-	r.by[source] = rt
+	r.routers[source] = rt
 	return rt
 }
 
-// retryTarget finds the stream that now captures the dead letter's original
-// subject, or says why it cannot be retried.
-func retryTarget(ctx context.Context, js jetstream.JetStream, cfg config.Config, dl DeadLetter) (string, string) {
-	h := dl.msg.Header
-	switch {
-	case dl.OriginalSubject == "" || relay.ValidSubject(dl.OriginalSubject) != nil:
-		return "", fmt.Sprintf("the original subject %q is not a valid subject (fix the row's topic and replay it: walbox replay --id %s)", dl.OriginalSubject, orDash(dl.ID))
-	case dl.ID == "":
-		return "", "no event id (the row's id was NULL or empty)"
-	case h.Get(headerPayloadDropped) != "":
-		return "", fmt.Sprintf("its payload (%s bytes) was too large and was dropped; replay it from the outbox: walbox replay --id %s", h.Get(headerPayloadDropped), dl.ID)
-	case !json.Valid(dl.msg.Data):
-		return "", "the payload is not valid JSON"
+// one republishes one dead letter, unless its destination's newest
+// messages hold its event already, and takes it out of the DLQ.
+func (r *retry) one(ctx context.Context, dl DeadLetter) error {
+	src := dl.Header.Get(relay.HeaderSource)
+	m, dest, why, err := r.message(ctx, dl, r.router(ctx, src))
+	if err != nil {
+		return fmt.Errorf("dead letter %d: %w (it stays in %s)", dl.Seq, err, r.name)
 	}
-	if dl.Group != "" {
-		subj := consumer.DefaultRetryPrefix + dl.Group
-		stream, err := js.StreamNameBySubject(ctx, subj)
-		if err != nil {
-			return "", fmt.Sprintf("no stream captures %s, where consumer group %s takes its retried dead letters (WALBOX_DLQ does with the default nats.dlq.subject_prefix)", subj, dl.Group)
+	if why != "" {
+		r.res.Skipped++
+		fmt.Fprintf(r.out, "seq %d %s: skipped: %s\n", dl.Seq, orDash(dl.OriginalSubject), why)
+		return nil
+	}
+	// The same evidence as the relay's: the event's identity read back
+	// from the destination (a retry that died before taking it out, a
+	// replay, a relay that stored it after all). A consumer group's dead
+	// letter goes to that group alone, under an id of its own.
+	ident := relay.IdentityKey(dl.Header.Get(relay.HeaderTable), dl.ID)
+	var ids map[string]bool
+	if dl.Group == "" {
+		if ids, err = r.storedIn(ctx, dest, src); err != nil {
+			return fmt.Errorf("dead letter %d: %w (it stays in %s)", dl.Seq, err, r.name)
 		}
-		return stream, ""
 	}
-	stream, err := js.StreamNameBySubject(ctx, dl.OriginalSubject)
-	if err != nil || stream == cfg.NATS.DLQ.Stream {
-		if err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
-			return "", fmt.Sprintf("cannot look up the stream of %s: %v", dl.OriginalSubject, err)
-		}
-		return "", fmt.Sprintf("no stream captures %s yet (add it to nats.streams and restart walbox, or create the stream)", dl.OriginalSubject)
+	if ids[ident] {
+		return r.takeOut(ctx, dl, dest, "")
 	}
-	return stream, ""
+	f, err := r.bus.Publish(m, dest)
+	var ack *relay.Ack
+	if err == nil {
+		ack, err = relay.Await(ctx, f)
+	}
+	if err != nil {
+		return fmt.Errorf("republish dead letter %d to %s: %w (it stays in %s)", dl.Seq, m.Subject, err, r.name)
+	}
+	if ack.Duplicate {
+		return r.takeOut(ctx, dl, ack.Stream, "")
+	}
+	if ids != nil {
+		ids[ident] = true
+	}
+	at := ack.Stream + "/" + strconv.FormatUint(ack.Sequence, 10)
+	where := fmt.Sprintf("seq %d", ack.Sequence)
+	if r.terms.Partitioned {
+		where = fmt.Sprintf("partition %d, seq %d", ack.Partition, ack.Sequence)
+	}
+	if err := r.dlq.Retried(ctx, dl, at); err != nil {
+		return fmt.Errorf("dead letter %d was republished (%s %s) but not %s %s: %w; a retry reads %s back and does not store it again while it is among the newest %d messages of its source there",
+			dl.Seq, ack.Stream, where, r.terms.Removed, r.name, err, ack.Stream, max(retryTailMessages, 2*r.cfg.NATS.Window))
+	}
+	r.res.Retried++
+	fmt.Fprintf(r.out, "seq %d %s: republished to %s (%s, id %s); %s %s\n", dl.Seq, dl.OriginalSubject, ack.Stream, where, dl.ID, r.terms.Removed, r.name)
+	return nil
 }
 
-// retryMessage rebuilds the event's message.
+// takeOut takes dl, whose event dest holds, out of the DLQ.
+func (r *retry) takeOut(ctx context.Context, dl DeadLetter, dest, at string) error {
+	if err := r.dlq.Retried(ctx, dl, at); err != nil {
+		return fmt.Errorf("dead letter %d is stored in %s already but was not %s %s: %w", dl.Seq, dest, r.terms.Removed, r.name, err)
+	}
+	r.res.AlreadyStored++
+	fmt.Fprintf(r.out, "seq %d %s: %s already holds id %s; %s %s\n", dl.Seq, dl.OriginalSubject, dest, dl.ID, r.terms.Removed, r.name)
+	return nil
+}
+
+// message rebuilds the event's message and finds the stream (topic) that
+// stores it now, or says why it cannot be retried.
 //
 // A relay dead letter (an event no stream stored) goes back to its original
 // subject under its own event id, in the envelope the relay gives events now
@@ -383,42 +333,76 @@ func retryTarget(ctx context.Context, js jetstream.JetStream, cfg config.Config,
 // its event id in Walbox-Event-Id and a Nats-Msg-Id of its own: under the
 // event id it would be a duplicate, and every other group would get it
 // again under any other id on the original subject.
-func retryMessage(dl DeadLetter, dlqStream string, router *relay.Router) *nats.Msg {
-	from := dlqStream + "/" + strconv.FormatUint(dl.Seq, 10)
-	h := nats.Header{}
-	for k, v := range dl.msg.Header {
+func (r *retry) message(ctx context.Context, dl DeadLetter, router *relay.Router) (*relay.Msg, string, string, error) {
+	h := dl.Header
+	switch {
+	case dl.OriginalSubject == "" || relay.ValidSubject(dl.OriginalSubject) != nil:
+		return nil, "", fmt.Sprintf("the original %s %q is not a valid %s (fix the row's topic and replay it: walbox replay --id %s)", r.terms.Subject, dl.OriginalSubject, r.terms.Subject, orDash(dl.ID)), nil
+	case dl.ID == "":
+		return nil, "", "no event id (the row's id was NULL or empty)", nil
+	case h.Get(headerPayloadDropped) != "":
+		return nil, "", fmt.Sprintf("its payload (%s bytes) was too large and was dropped; replay it from the outbox: walbox replay --id %s", h.Get(headerPayloadDropped), dl.ID), nil
+	case !json.Valid(dl.Data):
+		return nil, "", "the payload is not valid JSON", nil
+	}
+	from := r.name + "/" + strconv.FormatUint(dl.Seq, 10)
+	out := relay.Header{}
+	for k, v := range h {
 		switch {
-		case strings.HasPrefix(k, "Walbox-Dlq-"), k == headerEventID, strings.HasPrefix(k, "Nats-"),
+		case strings.HasPrefix(k, "Walbox-Dlq-"), k == relay.HeaderEventID, strings.HasPrefix(k, "Nats-"),
 			k == consumer.HeaderError, k == consumer.HeaderAttempts, k == consumer.HeaderGroup:
 			continue
 		}
-		h[k] = v
+		out[k] = v
 	}
+	out.Set(HeaderDLQRetriedFrom, from)
+	m := &relay.Msg{Subject: dl.OriginalSubject, Data: dl.Data, Header: out}
 	if dl.Group != "" {
-		h.Set(consumer.HeaderEventID, dl.ID)
-		h.Set(consumer.HeaderRetrySubject, dl.OriginalSubject)
-		h.Set(relay.HeaderMsgID, "retry."+dl.Group+"."+from)
-		h.Set(HeaderDLQRetriedFrom, from)
-		return &nats.Msg{Subject: consumer.DefaultRetryPrefix + dl.Group, Data: dl.msg.Data, Header: h}
+		m.Subject = consumer.DefaultRetryPrefix + dl.Group
+		out.Set(consumer.HeaderEventID, dl.ID)
+		out.Set(consumer.HeaderRetrySubject, dl.OriginalSubject)
+		out.Set(relay.HeaderMsgID, "retry."+dl.Group+"."+from)
+		dest, why, err := r.bus.Destination(ctx, m.Subject)
+		if why != "" {
+			why = fmt.Sprintf("consumer group %s takes its retried dead letters on %s: %s", dl.Group, m.Subject, why)
+		}
+		return m, dest, why, err
 	}
-	if topic := dl.msg.Header.Get(relay.HeaderDLQOriginalTopic); topic != "" && router != nil {
-		ev := relay.EventFromHeaders(relay.Header(dl.msg.Header), topic, dl.ID, dl.msg.Data)
-		ev.Table = router.TableIndex(dl.msg.Header.Get(relay.HeaderTable))
-		if m, _, err := router.Message(&ev); err == nil {
-			m.Header.Set(HeaderDLQRetriedFrom, from)
-			return jssink.NATSMsg(m)
+	if topic := h.Get(relay.HeaderDLQOriginalTopic); topic != "" && router != nil {
+		ev := relay.EventFromHeaders(h, topic, dl.ID, dl.Data)
+		ev.Table = router.TableIndex(h.Get(relay.HeaderTable))
+		rm, _, err := router.Message(&ev)
+		var pe *relay.PoisonError
+		switch {
+		case err == nil:
+			rm.Header.Set(HeaderDLQRetriedFrom, from)
+			m = rm
+		case !errors.As(err, &pe) || !strings.Contains(pe.Reason, "no configured stream"):
+			return nil, "", fmt.Sprintf("the router refuses it: %v", err), nil
 		}
 	}
-	// The dead letter's Nats-Msg-Id is the event's dedupe key (qualified
-	// with its table for every table but the first).
-	msgID := dl.msg.Header.Get(relay.HeaderMsgID)
-	if msgID == "" {
-		msgID = dl.ID
+	if m.Header.Get(relay.HeaderMsgID) == "" {
+		// The dead letter's Nats-Msg-Id is the event's dedupe key
+		// (qualified with its table for every table but the first).
+		msgID := h.Get(relay.HeaderMsgID)
+		if msgID == "" {
+			msgID = dl.ID
+		}
+		out.Set(relay.HeaderMsgID, msgID)
+		if msgID != dl.ID {
+			out.Set(relay.HeaderEventID, dl.ID)
+		}
+		m.Key = cmp.Or(h.Get(relay.HeaderPartitionKey), h.Get(relay.HeaderAggregateID))
 	}
-	h.Set(relay.HeaderMsgID, msgID)
-	if msgID != dl.ID {
-		h.Set(headerEventID, dl.ID)
+	dest, why, err := r.bus.Destination(ctx, m.Subject)
+	return m, dest, why, err
+}
+
+// DLQName is where dead letters go: the stream nats.dlq.stream, or with
+// sink: kafka the topic kafka.dlq_topic.
+func DLQName(cfg config.Config) string {
+	if cfg.Sink == config.SinkKafka {
+		return cfg.Kafka.DLQTopic
 	}
-	h.Set(HeaderDLQRetriedFrom, from)
-	return &nats.Msg{Subject: dl.OriginalSubject, Data: dl.msg.Data, Header: h}
+	return cfg.NATS.DLQ.Stream
 }

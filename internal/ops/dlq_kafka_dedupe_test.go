@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/walbox/walbox/relay"
@@ -59,18 +58,14 @@ func (e *kafkaEnv) produceEvent(topic, id string) {
 func (e *kafkaEnv) countIDs(topic string) map[string]int {
 	e.t.Helper()
 	ctx := testCtx(e.t)
-	cl, _, err := kafkaClient(e.cfg)
+	bus, err := openBus(ctx, e.cfg)
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	defer cl.Close()
-	spans, _, err := topicSpans(ctx, kadm.NewClient(cl), topic, time.Time{})
-	if err != nil {
-		e.t.Fatal(err)
-	}
+	defer bus.Close()
 	n := map[string]int{}
-	err = readKafka(ctx, e.cfg, topic, spans, func(r *kgo.Record) error {
-		n[kafkasink.FromKafkaHeaders(r.Headers).Get(relay.HeaderEventID)]++
+	err = bus.Scan(ctx, topic, "", time.Time{}, func(h relay.Header) error {
+		n[h.Get(relay.HeaderEventID)]++
 		return nil
 	})
 	if err != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/outboxtest"
 	"github.com/walbox/walbox/internal/relaytest"
+	"github.com/walbox/walbox/relay/kafkasink"
 )
 
 func TestDLQListAndRetry(t *testing.T) {
@@ -286,12 +287,12 @@ func TestDLQKafkaListAndRetry(t *testing.T) {
 	if left[0].ID != idB || left[0].Seq != 2 {
 		t.Fatalf("left in the DLQ: %+v", left[0])
 	}
-	offs, err := e.kafka.Admin.FetchOffsets(testCtx(t), kafkaGroupDLQ)
+	offs, err := e.kafka.Admin.FetchOffsets(testCtx(t), kafkasink.GroupDLQ)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if o, ok := offs.Lookup(e.cfg.Kafka.DLQTopic, 0); !ok || o.At != 1 {
-		t.Fatalf("group %s committed %+v on %s, want offset 1 (past the first retried dead letter)", kafkaGroupDLQ, o, e.cfg.Kafka.DLQTopic)
+		t.Fatalf("group %s committed %+v on %s, want offset 1 (past the first retried dead letter)", kafkasink.GroupDLQ, o, e.cfg.Kafka.DLQTopic)
 	}
 
 	rep, err := Status(testCtx(t), e.cfg)

@@ -12,25 +12,22 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/walbox/walbox/cdc"
-	"github.com/walbox/walbox/internal/app"
 	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/fault"
-	"github.com/walbox/walbox/relay/jssink"
+	"github.com/walbox/walbox/relay/busops"
 )
 
 // CheckStatus is the outcome of one doctor check.
-type CheckStatus string
+type CheckStatus = busops.Status
 
 // Check outcomes. Only Fail makes `walbox doctor` exit 1.
 const (
-	OK   CheckStatus = "ok"
-	Warn CheckStatus = "warn"
-	Fail CheckStatus = "fail"
-	Skip CheckStatus = "skip"
+	OK   = busops.OK
+	Warn = busops.Warn
+	Fail = busops.Fail
+	Skip = busops.Skip
 )
 
 // Check is one prerequisite: what was found and, when it is not ok, the
@@ -67,11 +64,15 @@ func (r *DoctorReport) add(name string, st CheckStatus, detail, fix string) {
 func Doctor(ctx context.Context, cfg config.Config) *DoctorReport {
 	r := &DoctorReport{OK: true}
 	doctorPostgres(ctx, cfg, r)
-	if cfg.Sink == config.SinkKafka {
-		doctorKafka(ctx, cfg, r)
-	} else {
-		doctorNATS(ctx, cfg, r)
+	bus, err := openBus(ctx, cfg)
+	if err != nil {
+		busUnreachable(cfg, err, r.add)
+		return r
 	}
+	defer bus.Close()
+	cctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	defer cancel()
+	bus.Check(cctx, r.add)
 	return r
 }
 
@@ -774,158 +775,6 @@ func checkWalboxSchema(ctx context.Context, conn *pgx.Conn, f pgFacts, r *Doctor
 		return
 	}
 	r.add("postgres.walbox_schema", OK, "walbox.relay_status and walbox.slot_backfill exist and are writable", "")
-}
-
-func doctorNATS(ctx context.Context, cfg config.Config, r *DoctorReport) {
-	nc, js, err := connectNATS(ctx, cfg)
-	if err != nil {
-		r.add("nats.connect", Fail, err.Error(),
-			"check nats.url (or WALBOX_NATS_URL / --nats-url), nats.tls and the credentials; is nats-server running and reachable from here?")
-		r.add("nats.jetstream", Skip, "no connection to NATS", "")
-		return
-	}
-	defer nc.Close()
-	r.add("nats.connect", OK, fmt.Sprintf("connected to %s (nats-server %s)", app.RedactNATSURL(nc.ConnectedUrl()), nc.ConnectedServerVersion()), "")
-	cctx, cancel := context.WithTimeout(ctx, connectTimeout)
-	defer cancel()
-	ai, err := js.AccountInfo(cctx)
-	if err != nil {
-		fix := "check that the account may use JetStream"
-		if errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) {
-			fix = "enable JetStream: nats-server -js, or `jetstream { store_dir: /data }` in the server config (and for the account, with accounts)"
-		}
-		r.add("nats.jetstream", Fail, fmt.Sprintf("JetStream is not available: %v", err), fix)
-		return
-	}
-	r.add("nats.jetstream", OK, fmt.Sprintf("JetStream enabled: %d streams, %s stored", ai.Streams, HumanBytes(int64(ai.Store))), "")
-
-	confStreams := cfg.NATS.Streams
-	for i, sp := range cfg.StreamSpecs() {
-		key := fmt.Sprintf("nats.streams[%d]", i)
-		storage := ""
-		if i < len(confStreams) {
-			storage = confStreams[i].Storage
-		} else {
-			key = "nats.dlq.stream"
-			storage = "file"
-		}
-		checkStream(cctx, js, sp, key, storage, r)
-		checkReplicas(nc, sp, key, r)
-	}
-}
-
-// checkReplicas compares a stream's replicas with the NATS servers walbox
-// sees: replicas above 1 need a JetStream cluster with at least that many
-// nodes, or creating the stream fails (and walbox run exits with this fix).
-func checkReplicas(nc *nats.Conn, sp jssink.StreamSpec, key string, r *DoctorReport) {
-	name := "nats.stream." + sp.Name + ".replicas"
-	replicas := max(sp.Replicas, 1)
-	cluster, servers := nc.ConnectedClusterName(), len(nc.Servers())
-	switch {
-	case replicas > 1 && cluster == "":
-		r.add(name, Fail, fmt.Sprintf("%s.replicas is %d, but the NATS server is not clustered", key, replicas),
-			fmt.Sprintf("set %s.replicas: 1 for a single server (durable with sync_interval: always), or run a NATS cluster of %d or more nodes", key, replicas))
-	case replicas > servers:
-		r.add(name, Warn, fmt.Sprintf("%s.replicas is %d, and walbox sees %d server(s) of cluster %s", key, replicas, servers, cluster),
-			fmt.Sprintf("add servers to cluster %s, or lower %s.replicas", cluster, key))
-	case cluster == "":
-		r.add(name, OK, fmt.Sprintf("R%d on a single server", replicas), "")
-	default:
-		r.add(name, OK, fmt.Sprintf("R%d on cluster %s (%d servers seen)", replicas, cluster, servers), "")
-	}
-}
-
-func checkStream(ctx context.Context, js jetstream.JetStream, sp jssink.StreamSpec, key, confStorage string, r *DoctorReport) {
-	name := "nats.stream." + sp.Name
-	dlq := key == "nats.dlq.stream"
-	// What the stream has (or, before walbox created it, will have).
-	window, replicas, memory := sp.DuplicateWindow, max(sp.Replicas, 1), confStorage == "memory"
-	st, err := js.Stream(ctx, sp.Name)
-	switch {
-	case errors.Is(err, jetstream.ErrStreamNotFound) && sp.Manage:
-		r.add(name, OK, fmt.Sprintf("stream %s does not exist yet: walbox run creates it (%s)", sp.Name, strings.Join(sp.Subjects, ", ")), "")
-	case errors.Is(err, jetstream.ErrStreamNotFound):
-		r.add(name, Fail, fmt.Sprintf("stream %s does not exist and %s.manage is false (walbox only checks it)", sp.Name, key),
-			fmt.Sprintf("create it (nats stream add %s --subjects %q ...), or set %s.manage: true", sp.Name, strings.Join(sp.Subjects, ","), key))
-		return
-	case err != nil:
-		r.add(name, Fail, fmt.Sprintf("cannot read stream %s: %v", sp.Name, err), "")
-		return
-	default:
-		info := st.CachedInfo()
-		window, replicas, memory = info.Config.Duplicates, max(info.Config.Replicas, 1), info.Config.Storage == jetstream.MemoryStorage
-		checkStreamConfig(sp, info, key, confStorage, r)
-	}
-	if dlq {
-		return // walbox creates the dead-letter stream itself: R1, 2m window
-	}
-	if window < 2*time.Minute {
-		r.add(name+".duplicate_window", Warn, fmt.Sprintf("duplicate window %s: a relay down (or restarting) for longer may republish events JetStream already stored, beyond what the resume check sees", window),
-			fmt.Sprintf("set %s.duplicate_window to 2m or more, longer than the downtime you expect", key))
-	} else {
-		r.add(name+".duplicate_window", OK, fmt.Sprintf("duplicate window %s", window), "")
-	}
-	switch {
-	case memory:
-		r.add(name+".durability", Warn, fmt.Sprintf("stream %s keeps messages in memory: acked events are lost when the server stops", sp.Name),
-			fmt.Sprintf("use %s.storage: file and replicas: 3", key))
-	case replicas >= 3:
-		r.add(name+".durability", OK, fmt.Sprintf("R%d file stream: an ack means a quorum stored it", replicas), "")
-	default:
-		r.add(name+".durability", Warn, fmt.Sprintf("R%d stream: acks are durable only with sync_interval: always on the server; use replicas: 3 for durability", replicas),
-			fmt.Sprintf("set %s.replicas: 3 on a JetStream cluster, or sync_interval: always in the server's jetstream block (JetStream does not report it to clients)", key))
-	}
-}
-
-// checkStreamConfig compares an existing stream with its configuration.
-func checkStreamConfig(sp jssink.StreamSpec, info *jetstream.StreamInfo, key, confStorage string, r *DoctorReport) {
-	name := "nats.stream." + sp.Name
-	var uncovered []string
-	for _, want := range sp.Subjects {
-		covered := false
-		for _, have := range info.Config.Subjects {
-			if filterCovers(have, want) {
-				covered = true
-			}
-		}
-		if !covered {
-			uncovered = append(uncovered, want)
-		}
-	}
-	actualStorage := "file"
-	if info.Config.Storage == jetstream.MemoryStorage {
-		actualStorage = "memory"
-	}
-	switch {
-	case len(uncovered) > 0 && sp.Manage:
-		r.add(name, Warn, fmt.Sprintf("stream %s captures %s, not %s; walbox run will update its subjects", sp.Name, strings.Join(info.Config.Subjects, ", "), strings.Join(uncovered, ", ")), "")
-	case len(uncovered) > 0:
-		r.add(name, Fail, fmt.Sprintf("stream %s captures %s, not %s (configured in %s.subjects): those events would be dead-lettered", sp.Name, strings.Join(info.Config.Subjects, ", "), strings.Join(uncovered, ", "), key),
-			fmt.Sprintf("add the subjects to the stream (nats stream edit %s --subjects ...), or fix %s.subjects", sp.Name, key))
-	case sp.Manage && confStorage != "" && confStorage != actualStorage:
-		r.add(name, Fail, fmt.Sprintf("stream %s has %s storage but %s.storage says %s; JetStream cannot change a stream's storage", sp.Name, actualStorage, key, confStorage),
-			fmt.Sprintf("set %s.storage: %s, or delete and recreate the stream", key, actualStorage))
-	default:
-		r.add(name, OK, fmt.Sprintf("stream %s captures %s (%d messages)", sp.Name, strings.Join(info.Config.Subjects, ", "), info.State.Msgs), "")
-	}
-}
-
-// filterCovers reports whether every subject want matches is matched by
-// have (both may hold the wildcards * and >).
-func filterCovers(have, want string) bool {
-	ht, wt := strings.Split(have, "."), strings.Split(want, ".")
-	for i, h := range ht {
-		if h == ">" {
-			return len(wt) > i
-		}
-		if i >= len(wt) || wt[i] == ">" {
-			return false
-		}
-		if h != "*" && h != wt[i] {
-			return false
-		}
-	}
-	return len(ht) == len(wt)
 }
 
 func orDash(s string) string {

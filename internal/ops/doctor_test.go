@@ -121,27 +121,6 @@ func TestDoctorBadRoleStreamsAndNATS(t *testing.T) {
 	wantCheck(t, rep, "nats.jetstream", Skip, "")
 }
 
-func TestFilterCovers(t *testing.T) {
-	for _, tc := range []struct {
-		have, want string
-		ok         bool
-	}{
-		{"orders.>", "orders.>", true},
-		{"orders.>", "orders.created", true},
-		{"orders.>", "orders.*", true},
-		{"orders.*", "orders.>", false},
-		{"orders.*", "orders.created", true},
-		{"orders.created", "orders.*", false},
-		{">", "a.b.c", true},
-		{"orders.*.x", "orders.a.x", true},
-		{"orders", "orders.>", false},
-	} {
-		if got := filterCovers(tc.have, tc.want); got != tc.ok {
-			t.Errorf("filterCovers(%q, %q) = %v", tc.have, tc.want, got)
-		}
-	}
-}
-
 // TestDoctorPublicationViaRoot: publish_via_partition_root off, as a
 // Debezium publication has it, is fine for an outbox that is not
 // partitioned and a failure for one that is.

@@ -8,7 +8,6 @@ package ops
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -23,7 +22,7 @@ import (
 	"github.com/walbox/walbox/internal/app"
 	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/redact"
-	"github.com/walbox/walbox/relay"
+	"github.com/walbox/walbox/relay/busops"
 )
 
 // connectTimeout bounds each connection attempt of a command.
@@ -89,40 +88,8 @@ func source(cfg config.Config) string {
 	return c.Database + "/" + cfg.Postgres.Slot
 }
 
-// routes reads the configured streams from the server (without creating or
-// changing any), as the relay's router sees them.
-func routes(ctx context.Context, js jetstream.JetStream, cfg config.Config) ([]relay.Route, error) {
-	var out []relay.Route
-	for _, sp := range cfg.StreamSpecs() {
-		st, err := js.Stream(ctx, sp.Name)
-		if err != nil {
-			if errors.Is(err, jetstream.ErrStreamNotFound) {
-				return nil, fmt.Errorf("stream %s does not exist on the server (walbox run creates it; or create it): %w", sp.Name, err)
-			}
-			return nil, fmt.Errorf("stream %s: %w", sp.Name, err)
-		}
-		out = append(out, relay.Route{Stream: sp.Name, Subjects: st.CachedInfo().Config.Subjects})
-	}
-	return out, nil
-}
-
 // HumanBytes formats n in IEC units: 512 B, 1.5 KiB, 3.2 GiB.
-func HumanBytes(n int64) string {
-	if n < 0 {
-		return "-" + HumanBytes(-n)
-	}
-	if n < 1024 {
-		return fmt.Sprintf("%d B", n)
-	}
-	units := []string{"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"}
-	v := float64(n) / 1024
-	i := 0
-	for v >= 1024 && i < len(units)-1 {
-		v /= 1024
-		i++
-	}
-	return fmt.Sprintf("%.1f %s", v, units[i])
-}
+func HumanBytes(n int64) string { return busops.HumanBytes(n) }
 
 // humanDuration rounds d for people: 850ms, 3.2s, 4m10s, 3h2m.
 func humanDuration(d time.Duration) string {

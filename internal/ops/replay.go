@@ -12,13 +12,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/walbox/walbox/cdc"
 	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/relay"
-	"github.com/walbox/walbox/relay/jssink"
+	"github.com/walbox/walbox/relay/busops"
 )
 
 // HeaderReplayOf names the event a --force-new-id replay delivers again.
@@ -69,7 +67,7 @@ type ReplayResult struct {
 	ByStream     map[string]int64 `json:"by_stream"` // events to publish per stream
 	DryRun       bool             `json:"dry_run"`
 	NewIDSuffix  string           `json:"new_id_suffix,omitempty"`
-	kafka        bool             // sink: kafka (no duplicate window)
+	terms        busops.Terms
 }
 
 // Print writes the summary.
@@ -92,13 +90,12 @@ func (r *ReplayResult) Print(w io.Writer) {
 			verb, r.Published, r.AlreadyStored, r.DeadLettered)
 		return
 	}
-	if r.kafka {
-		fmt.Fprintf(w, "%s %d, already in the topic (skipped) %d, dead-lettered %d\n",
-			verb, r.Published, r.AlreadyStored, r.DeadLettered)
-	} else {
-		fmt.Fprintf(w, "%s %d, already in the stream (skipped) %d, duplicates dropped by JetStream %d, dead-lettered %d\n",
-			verb, r.Published, r.AlreadyStored, r.Duplicates, r.DeadLettered)
+	dups := ""
+	if r.terms.Dedupes {
+		dups = fmt.Sprintf(", duplicates dropped by JetStream %d", r.Duplicates)
 	}
+	fmt.Fprintf(w, "%s %d, already in the %s (skipped) %d%s, dead-lettered %d\n",
+		verb, r.Published, r.terms.Stream, r.AlreadyStored, dups, r.DeadLettered)
 	if r.NewIDSuffix != "" {
 		fmt.Fprintf(w, "new ids: <id>%s (header %s: <id>)\n", r.NewIDSuffix, HeaderReplayOf)
 	}
@@ -149,21 +146,25 @@ func Replay(ctx context.Context, cfg config.Config, opts ReplayOptions) (*Replay
 		return nil, err
 	}
 	defer closePG(ctx, conn)
-	var bus replayBus
-	if cfg.Sink == config.SinkKafka {
-		res.kafka = true
-		bus, err = openReplayKafka(ctx, cfg, res)
-	} else {
-		bus, err = openReplayNATS(ctx, cfg, res)
-	}
+	bus, err := openBus(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
-	defer bus.close()
+	defer bus.Close()
+	res.terms = bus.Terms()
+	cctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	routes, err := bus.Routes(cctx)
+	cancel()
+	if err != nil {
+		return nil, err
+	}
+	router, err := bus.Router(source(cfg), routes)
+	if err != nil {
+		return nil, err
+	}
 	// The replayed events are of one table: its routing and envelope,
 	// under its index in the config as the relay has it (a table after
 	// the first publishes under a Nats-Msg-Id qualified with its name).
-	router := bus.router()
 	if err := router.SetTable(idx, t.RouterOptions(cfg.SinkTemplate())); err != nil {
 		return nil, &config.Error{Key: t.Key, Msg: err.Error()}
 	}
@@ -190,7 +191,7 @@ func Replay(ctx context.Context, cfg config.Config, opts ReplayOptions) (*Replay
 		// Only the subjects this table's events of --topic can have: its
 		// own template's, not the sink's ("" reads every subject).
 		filter := router.SubjectFilter(idx, opts.Topic)
-		if err := loadStoredIDs(ctx, conn, bus, filter, minCreated); err != nil {
+		if err := loadStoredIDs(ctx, conn, bus, routes, filter, minCreated); err != nil {
 			return nil, err
 		}
 	}
@@ -234,7 +235,7 @@ func replayTable(cfg config.Config, opts ReplayOptions) (config.Table, int, cdc.
 // table, not a map: a stream may hold many millions, and the join in the
 // row query finds each row's streams. filter is a subject filter ("": all
 // subjects); minCreated is the oldest row's created_at.
-func loadStoredIDs(ctx context.Context, conn *pgx.Conn, bus replayBus, filter string, minCreated *time.Time) error {
+func loadStoredIDs(ctx context.Context, conn *pgx.Conn, bus busops.Bus, routes []relay.Route, filter string, minCreated *time.Time) error {
 	from := time.Time{}
 	if minCreated != nil {
 		// Stored after the commit, which is after created_at; a minute of
@@ -244,8 +245,14 @@ func loadStoredIDs(ctx context.Context, conn *pgx.Conn, bus replayBus, filter st
 	if _, err := conn.Exec(ctx, storedTableDDL); err != nil {
 		return fmt.Errorf("create a temporary table for the stored ids (the role needs TEMP on the database; or pass --no-check to rely on the duplicate window alone): %w", err)
 	}
-	if err := bus.storeIDs(ctx, conn, filter, from); err != nil {
-		return err
+	for _, rt := range routes {
+		if rt.Stream == bus.DLQName() {
+			continue
+		}
+		if err := storeIDs(ctx, conn, bus, rt.Stream, filter, from); err != nil {
+			t := bus.Terms()
+			return fmt.Errorf("read back %s %s (%s): %w", t.Stream, rt.Stream, t.NoCheck, err)
+		}
 	}
 	if _, err := conn.Exec(ctx, `CREATE INDEX ON walbox_replay_stored (id); ANALYZE walbox_replay_stored`); err != nil {
 		return fmt.Errorf("index the stored ids: %w", err)
@@ -260,7 +267,7 @@ const storedTableDDL = `CREATE TEMP TABLE walbox_replay_stored (stream text NOT 
 // replayRows publishes the selected rows in order: each through the
 // router as an event of table idx, a poison one as a dead letter, one
 // already stored skipped.
-func replayRows(ctx context.Context, conn *pgx.Conn, q *rowQuery, bus replayBus, router *relay.Router, idx int, opts ReplayOptions, res *ReplayResult) error {
+func replayRows(ctx context.Context, conn *pgx.Conn, q *rowQuery, bus busops.Bus, router *relay.Router, idx int, opts ReplayOptions, res *ReplayResult) error {
 	suffix := ""
 	if opts.ForceNewID {
 		suffix = ".replay." + strconv.FormatInt(time.Now().UnixNano(), 10)
@@ -270,11 +277,16 @@ func replayRows(ctx context.Context, conn *pgx.Conn, q *rowQuery, bus replayBus,
 		return fmt.Sprintf("published %d, skipped %d, duplicates %d, dead-lettered %d", res.Published, res.AlreadyStored, res.Duplicates, res.DeadLettered)
 	})
 	defer bar.finish()
+	w := &ackWindow{res: res}
 	publish := func(m *relay.Msg, stream string, dlq bool) error {
 		if opts.DryRun {
 			return nil
 		}
-		return bus.publish(ctx, m, stream, dlq)
+		f, err := bus.Publish(m, stream)
+		if err != nil {
+			return fmt.Errorf("publish to %s: %w", m.Subject, err)
+		}
+		return w.add(ctx, flight{f: f, id: m.Header.Get(relay.HeaderMsgID), dlq: dlq})
 	}
 
 	rows, err := conn.Query(ctx, q.selectSQL, q.args...)
@@ -306,8 +318,8 @@ func replayRows(ctx context.Context, conn *pgx.Conn, q *rowQuery, bus replayBus,
 		var pe *relay.PoisonError
 		if errors.As(err, &pe) {
 			res.DeadLettered++
-			res.ByStream[bus.dlq()]++
-			if err := publish(bus.deadLetter(&ev, pe.Reason), bus.dlq(), true); err != nil {
+			res.ByStream[bus.DLQName()]++
+			if err := publish(bus.DeadLetter(router, &ev, pe.Reason), bus.DLQName(), true); err != nil {
 				return err
 			}
 			continue
@@ -336,122 +348,28 @@ func replayRows(ctx context.Context, conn *pgx.Conn, q *rowQuery, bus replayBus,
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("read %s: %w", res.Table, err)
 	}
-	return bus.flush(ctx)
+	return w.flush(ctx)
 }
 
-// replayBus is where a replay publishes: JetStream or Kafka.
-type replayBus interface {
-	router() *relay.Router
-	// dlq names the dead-letter stream (topic).
-	dlq() string
-	deadLetter(ev *cdc.Event, reason string) *relay.Msg
-	// storeIDs copies the identities the streams (topics) hold since from
-	// (zero: all) into walbox_replay_stored; filter is a subject filter
-	// that captures every subject the replayed events can have ("": all).
-	storeIDs(ctx context.Context, conn *pgx.Conn, filter string, from time.Time) error
-	// publish sends m, counting it in the result once acked (dead letters
-	// were counted already); at most replayWindow wait for their acks.
-	publish(ctx context.Context, m *relay.Msg, stream string, dlq bool) error
-	// flush waits for every ack.
-	flush(ctx context.Context) error
-	close()
-}
-
-// natsReplay publishes to JetStream.
-type natsReplay struct {
-	cfg config.Config
-	res *ReplayResult
-	nc  *nats.Conn
-	js  jetstream.JetStream
-	rts []relay.Route
-	rt  *relay.Router
-	ackWindow[natsFlight]
-}
-
-type natsFlight struct {
-	f   jetstream.PubAckFuture
+// flight is a publish that waits for its ack.
+type flight struct {
+	f   relay.Future
+	id  string
 	dlq bool // counted as dead-lettered already
 }
 
-func openReplayNATS(ctx context.Context, cfg config.Config, res *ReplayResult) (*natsReplay, error) {
-	nc, js, err := connectNATS(ctx, cfg)
-	if err != nil {
-		return nil, err
-	}
-	b := &natsReplay{cfg: cfg, res: res, nc: nc, js: js}
-	b.waitAck = b.wait
-	if b.rts, err = routes(ctx, js, cfg); err != nil {
-		nc.Close()
-		return nil, err
-	}
-	if b.rt, err = relay.NewRouterWithOptions(cfg.NATS.SubjectPrefix, source(cfg), b.rts, cfg.RouterOptions()); err != nil {
-		nc.Close()
-		return nil, err
-	}
-	b.rt.SetMaxPayload(int(nc.MaxPayload()))
-	return b, nil
-}
-
-func (b *natsReplay) router() *relay.Router { return b.rt }
-func (b *natsReplay) dlq() string           { return b.cfg.NATS.DLQ.Stream }
-func (b *natsReplay) close()                { b.nc.Close() }
-
-func (b *natsReplay) deadLetter(ev *cdc.Event, reason string) *relay.Msg {
-	return b.rt.DeadLetter(ev, b.cfg.NATS.DLQ.SubjectPrefix, reason)
-}
-
-func (b *natsReplay) storeIDs(ctx context.Context, conn *pgx.Conn, filter string, from time.Time) error {
-	for _, rt := range b.rts {
-		if rt.Stream == b.cfg.NATS.DLQ.Stream {
-			continue
-		}
-		if err := storeIDs(ctx, conn, b.js, rt.Stream, filter, from); err != nil {
-			return fmt.Errorf("read back stream %s (pass --no-check to rely on the duplicate window alone): %w", rt.Stream, err)
-		}
-	}
-	return nil
-}
-
-func (b *natsReplay) wait(ctx context.Context, fl natsFlight) error {
-	f := fl.f
-	select {
-	case ack := <-f.Ok():
-		if fl.dlq {
-			return nil
-		}
-		if ack.Duplicate {
-			b.res.Duplicates++
-		} else {
-			b.res.Published++
-		}
-		return nil
-	case err := <-f.Err():
-		return fmt.Errorf("publish %s: %w", f.Msg().Header.Get(relay.HeaderMsgID), err)
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-func (b *natsReplay) publish(ctx context.Context, rm *relay.Msg, stream string, dlq bool) error {
-	m := jssink.NATSMsg(rm)
-	f, err := b.js.PublishMsgAsync(m, jetstream.WithExpectStream(stream))
-	if err != nil {
-		return fmt.Errorf("publish to %s: %w", m.Subject, err)
-	}
-	return b.add(ctx, natsFlight{f, dlq})
-}
-
 // ackWindow holds the publishes that wait for their acks, at most
-// replayWindow: one more waits for the oldest first.
-type ackWindow[F any] struct {
-	waitAck  func(ctx context.Context, fl F) error
-	inflight []F
+// replayWindow: one more waits for the oldest first. An ack counts in
+// res.
+type ackWindow struct {
+	res      *ReplayResult
+	inflight []flight
 }
 
-func (w *ackWindow[F]) add(ctx context.Context, fl F) error {
+func (w *ackWindow) add(ctx context.Context, fl flight) error {
 	w.inflight = append(w.inflight, fl)
 	if len(w.inflight) >= replayWindow {
-		if err := w.waitAck(ctx, w.inflight[0]); err != nil {
+		if err := w.wait(ctx, w.inflight[0]); err != nil {
 			return err
 		}
 		w.inflight = w.inflight[1:]
@@ -460,13 +378,29 @@ func (w *ackWindow[F]) add(ctx context.Context, fl F) error {
 }
 
 // flush waits for every ack.
-func (w *ackWindow[F]) flush(ctx context.Context) error {
+func (w *ackWindow) flush(ctx context.Context) error {
 	for _, fl := range w.inflight {
-		if err := w.waitAck(ctx, fl); err != nil {
+		if err := w.wait(ctx, fl); err != nil {
 			return err
 		}
 	}
 	w.inflight = nil
+	return nil
+}
+
+func (w *ackWindow) wait(ctx context.Context, fl flight) error {
+	ack, err := relay.Await(ctx, fl.f)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return err
+	case err != nil:
+		return fmt.Errorf("publish %s: %w", fl.id, err)
+	case fl.dlq:
+	case ack.Duplicate:
+		w.res.Duplicates++
+	default:
+		w.res.Published++
+	}
 	return nil
 }
 
@@ -635,12 +569,9 @@ func (q *rowQuery) scan(rows pgx.Rows) (cdc.Event, time.Time, []string, error) {
 // message of stream stored since from (zero: all), under filter ("" for
 // all subjects), headers only, and copies them into walbox_replay_stored
 // in batches: memory stays flat however many the stream holds.
-func storeIDs(ctx context.Context, conn *pgx.Conn, js jetstream.JetStream, stream, filter string, from time.Time) error {
+func storeIDs(ctx context.Context, conn *pgx.Conn, bus busops.Bus, stream, filter string, from time.Time) error {
 	c := idCopier{conn: conn}
-	err := storedIDs(ctx, js, stream, filter, from, func(h nats.Header) error {
-		return c.add(ctx, stream, relay.Header(h))
-	})
-	if err != nil {
+	if err := bus.Scan(ctx, stream, filter, from, func(h relay.Header) error { return c.add(ctx, stream, h) }); err != nil {
 		return err
 	}
 	return c.flush(ctx)
@@ -678,52 +609,4 @@ func (c *idCopier) flush(ctx context.Context) error {
 		return fmt.Errorf("copy stored ids: %w", err)
 	}
 	return nil
-}
-
-// storedIDs calls fn with the headers of every message of stream stored
-// since from (zero: all), under filter ("" for all subjects), headers only.
-func storedIDs(ctx context.Context, js jetstream.JetStream, stream, filter string, from time.Time, fn func(h nats.Header) error) error {
-	st, err := js.Stream(ctx, stream)
-	if err != nil {
-		return err
-	}
-	if st.CachedInfo().State.Msgs == 0 {
-		return nil
-	}
-	cc := jetstream.OrderedConsumerConfig{HeadersOnly: true, DeliverPolicy: jetstream.DeliverAllPolicy}
-	if !from.IsZero() {
-		cc.DeliverPolicy, cc.OptStartTime = jetstream.DeliverByStartTimePolicy, &from
-	}
-	if filter != "" {
-		cc.FilterSubjects = []string{filter}
-	}
-	cons, err := st.OrderedConsumer(ctx, cc)
-	if err != nil {
-		return err
-	}
-	for {
-		batch, err := cons.Fetch(1000, jetstream.FetchMaxWait(time.Second))
-		if err != nil {
-			return err
-		}
-		got, pending := 0, uint64(1)
-		for m := range batch.Messages() {
-			got++
-			if err := fn(m.Headers()); err != nil {
-				return err
-			}
-			if md, err := m.Metadata(); err == nil {
-				pending = md.NumPending
-			}
-		}
-		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) {
-			return err
-		}
-		if got == 0 || pending == 0 {
-			return nil
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-	}
 }

@@ -226,7 +226,12 @@ func TestReplayCopiesStoredIDsInBatches(t *testing.T) {
 	if _, err := conn.Exec(e.ctx, storedTableDDL); err != nil {
 		t.Fatal(err)
 	}
-	if err := storeIDs(e.ctx, conn, js, "MANY", "", time.Time{}); err != nil {
+	bus, err := openBus(e.ctx, e.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bus.Close()
+	if err := storeIDs(e.ctx, conn, bus, "MANY", "", time.Time{}); err != nil {
 		t.Fatal(err)
 	}
 	var got, distinct int

@@ -16,8 +16,6 @@ import (
 	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/fault"
 	"github.com/walbox/walbox/relay"
-	"github.com/walbox/walbox/relay/jssink"
-	"github.com/walbox/walbox/relay/kafkasink"
 	"github.com/walbox/walbox/relay/sweep"
 )
 
@@ -119,55 +117,23 @@ func Status(ctx context.Context, cfg config.Config) (*StatusReport, error) {
 	// The dead-letter stream (topic), when the bus answers quickly.
 	nctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	if cfg.Sink == config.SinkKafka {
-		// Past the offsets walbox dlq retry committed (group walbox-dlq).
-		sc := &StreamCount{Stream: cfg.Kafka.DLQTopic}
-		if n, err := kafkaDLQCount(nctx, cfg); err != nil {
-			sc.Error = err.Error()
-		} else {
-			sc.Messages = n
-		}
-		rep.DLQ = sc
-		sinkCfg, err := cfg.KafkaSinkConfig(replayWindow)
-		if err == nil {
-			var sink *kafkasink.Sink
-			if sink, err = kafkasink.New(sinkCfg); err == nil {
-				defer sink.Close()
-				var topics []string
-				for _, tp := range cfg.Kafka.Topics {
-					topics = append(topics, tp.Name)
-				}
-				readLostHistory(ctx, cfg, sink, topics, rep)
-			}
-		}
-		if err != nil {
-			rep.Errors = append(rep.Errors, fmt.Sprintf("read back the topics (for events of a lost history): %v", err))
-		}
+	rep.DLQ = &StreamCount{Stream: DLQName(cfg)}
+	bus, err := openBus(nctx, cfg)
+	if err != nil {
+		rep.DLQ.Error = err.Error()
 		return rep, nil
 	}
-	if nc, js, err := connectNATS(nctx, cfg); err != nil {
-		rep.DLQ = &StreamCount{Stream: cfg.NATS.DLQ.Stream, Error: err.Error()}
-	} else {
-		defer nc.Close()
-		sc := &StreamCount{Stream: cfg.NATS.DLQ.Stream}
-		if s, err := js.Stream(nctx, cfg.NATS.DLQ.Stream); err != nil {
-			sc.Error = err.Error()
-		} else {
-			sc.Messages = s.CachedInfo().State.Msgs
-		}
-		rep.DLQ = sc
-		if sink, err := jssink.New(nc, 5*time.Second); err != nil {
-			rep.Errors = append(rep.Errors, err.Error())
-		} else {
-			var streams []string
-			for _, st := range cfg.NATS.Streams {
-				if st.Name != cfg.NATS.DLQ.Stream {
-					streams = append(streams, st.Name)
-				}
-			}
-			readLostHistory(ctx, cfg, sink, streams, rep)
-		}
+	defer bus.Close()
+	// With Kafka past the offsets walbox dlq retry committed (group
+	// walbox-dlq).
+	dlq, err := bus.DeadLetters(nctx)
+	if err == nil {
+		rep.DLQ.Messages, err = dlq.Count(nctx)
 	}
+	if err != nil {
+		rep.DLQ.Error = err.Error()
+	}
+	readLostHistory(ctx, cfg, bus, bus.Streams(), rep)
 	return rep, nil
 }
 
