@@ -76,6 +76,11 @@ type Config struct {
 	// storing an event twice: publishing waits, backing off, until the tail
 	// of every stream was read back.
 	RequireTail bool
+	// TailTimeout bounds one read-back of a stream's tail by the resume
+	// check (default 10 s). A sink that reads large tails incrementally
+	// and gives up by itself when it stops making progress (Kafka) is
+	// given longer: what it read is kept for the next attempt either way.
+	TailTimeout time.Duration
 	// DLQSubject, when set, is where every dead letter goes instead (Kafka's
 	// one dead-letter topic); the original subject is in its headers.
 	DLQSubject string
@@ -126,6 +131,9 @@ func (r *Relay) Progress() (oldestUnacked time.Time, delivered uint64) {
 func New(cfg Config, sink Sink, router *Router) *Relay {
 	if cfg.Window <= 0 {
 		cfg.Window = 1024
+	}
+	if cfg.TailTimeout <= 0 {
+		cfg.TailTimeout = 10 * time.Second
 	}
 	if cfg.WindowBytes <= 0 {
 		cfg.WindowBytes = 16 << 20

@@ -181,7 +181,7 @@ func (l *loop) refreshResume() bool {
 			// (copies of stored events) beside the relay's.
 			continue
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), l.r.cfg.TailTimeout)
 		tail, err := l.r.sink.StoredTail(ctx, rt.Stream, l.r.router.source, 2*l.r.cfg.Window)
 		cancel()
 		if tail.StateRead {

@@ -39,7 +39,8 @@ type bus struct {
 	strict     bool
 	// requireTail: the bus keeps resent duplicates (Kafka).
 	requireTail bool
-	url         string // redacted, for the start line
+	tailTimeout time.Duration // one read-back of the resume check (0: the relay's default)
+	url         string        // redacted, for the start line
 	close       func()
 	// takeOver starts a leadership term (Kafka transactions: fence the
 	// previous leader); fenced is closed when another took over during it.
@@ -94,6 +95,9 @@ func openKafka(ctx context.Context, cfg config.Config, database string, log zero
 		// Kafka has no expected-last-sequence: the idempotent producer
 		// keeps each partition gapless instead.
 		strict: false, requireTail: true, url: fmt.Sprint(cfg.Kafka.Brokers), close: sink.Close,
+		// The read-back gives up by itself when no fetch answers for 10 s
+		// and keeps what it read: a large topic may take minutes.
+		tailTimeout: 5 * time.Minute,
 	}
 	if sink.Transactional() {
 		b.takeOver, b.fenced = sink.TakeOver, sink.Fenced

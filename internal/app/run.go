@@ -125,6 +125,7 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 		DLQSubject:     bus.dlqSubject,
 		StrictOrder:    bus.strict,
 		RequireTail:    bus.requireTail,
+		TailTimeout:    bus.tailTimeout,
 		BackoffInitial: cfg.Retry.Initial,
 		BackoffMax:     cfg.Retry.Max,
 		OnDelivered:    ts.hook(opts.OnDelivered),

@@ -191,8 +191,10 @@ func (c *Config) TopicSpecs() []kafkasink.TopicSpec {
 // the producer's limits for a relay window of window events.
 func (c *Config) KafkaSinkConfig(window int) (kafkasink.Config, error) {
 	k := c.Kafka
+	// The relay's window is nats.window events and nats.window_bytes / 4
+	// bytes (internal/app): the read-back covers twice that.
 	sc := kafkasink.Config{Brokers: k.Brokers, ClientID: k.ClientID, AckTimeout: k.AckTimeout,
-		MaxBuffered: 2*window + 64, MaxPayload: k.MaxMessageBytes}
+		MaxBuffered: 2*window + 64, MaxPayload: k.MaxMessageBytes, TailBytes: int64(c.NATS.WindowBytes) / 2}
 	if k.TLS.Enabled || k.TLS.CA != "" || k.TLS.Cert != "" {
 		tc := &tls.Config{MinVersion: tls.VersionTLS12}
 		if k.TLS.CA != "" {

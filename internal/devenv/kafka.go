@@ -44,7 +44,8 @@ type kafkaWatcher struct {
 
 func watchKafka(ctx context.Context, brokers, topics []string, con *console) (*kafkaWatcher, error) {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topics...),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted())) // walbox's transactions: committed records only
 	if err != nil {
 		return nil, fmt.Errorf("event console: kafka client: %w", err)
 	}

@@ -59,7 +59,7 @@ func (o *Ops) DeadLetters(context.Context) (busops.DLQ, error) {
 
 // committedSpans are the dead-letter topic's partitions from the offsets
 // group GroupDLQ committed to their ends.
-func (d *dlqTopic) committedSpans(ctx context.Context) (map[int32]offsetSpan, error) {
+func (d *dlqTopic) committedSpans(ctx context.Context) (map[int32]span, error) {
 	spans, exists, err := d.o.topicSpans(ctx, d.topic, time.Time{})
 	if err != nil {
 		return nil, err

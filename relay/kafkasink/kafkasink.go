@@ -61,6 +61,10 @@ type Config struct {
 	// Registerer is where the sink's metrics are registered (nil:
 	// unregistered).
 	Registerer prometheus.Registerer
+	// TailBytes bounds, with the record count the relay asks, how much of
+	// each partition the resume check's read-back needs: twice the relay's
+	// window in bytes (0: the count alone).
+	TailBytes int64
 	// TransactionalID, when set, makes the producer transactional (see
 	// txn.go): an ack means the record's transaction committed, a failed
 	// record aborts its transaction, and each leadership term fences the
@@ -98,6 +102,8 @@ type Sink struct {
 	// txn produces in transactions when Config.TransactionalID is set;
 	// cl then only reads and administers.
 	txn *txnProducer
+	// tails are the resume check's read-backs so far (tail.go).
+	tails tailCache
 
 	mu    sync.Mutex
 	parts map[string]int // partitions of each topic at its last read-back

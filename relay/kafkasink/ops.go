@@ -154,14 +154,13 @@ func (o *Ops) Scan(ctx context.Context, topic, filter string, since time.Time, f
 	return o.read(ctx, topic, spans, func(r *kgo.Record) error { return fn(FromKafkaHeaders(r.Headers)) })
 }
 
-// offsetSpan is the offsets [from, to) of one partition.
-type offsetSpan struct{ from, to int64 }
-
 // topicSpans lists, per partition of topic, the offsets from the first
 // one at or after since (zero: the start) to the end. exists is false
 // when the topic does not exist.
-func (o *Ops) topicSpans(ctx context.Context, topic string, since time.Time) (map[int32]offsetSpan, bool, error) {
-	ends, err := o.adm.ListEndOffsets(ctx, topic)
+func (o *Ops) topicSpans(ctx context.Context, topic string, since time.Time) (map[int32]span, bool, error) {
+	// Committed ends (the last stable offset): past them are records of
+	// transactions not ended, which read_committed does not return.
+	ends, err := o.adm.ListCommittedOffsets(ctx, topic)
 	if err != nil {
 		return nil, false, fmt.Errorf("list the end offsets of %s: %w", topic, err)
 	}
@@ -174,7 +173,7 @@ func (o *Ops) topicSpans(ctx context.Context, topic string, since time.Time) (ma
 	if err != nil {
 		return nil, false, fmt.Errorf("list the offsets of %s: %w", topic, err)
 	}
-	out := map[int32]offsetSpan{}
+	out := map[int32]span{}
 	exists := true
 	var lerr error
 	ends.Each(func(e kadm.ListedOffset) {
@@ -195,7 +194,7 @@ func (o *Ops) topicSpans(ctx context.Context, topic string, since time.Time) (ma
 		if ok && s.Offset >= 0 {
 			from = s.Offset
 		}
-		out[e.Partition] = offsetSpan{from: min(from, e.Offset), to: e.Offset}
+		out[e.Partition] = span{from: min(from, e.Offset), to: e.Offset}
 	})
 	if !exists || (len(out) == 0 && lerr == nil) {
 		return nil, false, nil
@@ -203,55 +202,10 @@ func (o *Ops) topicSpans(ctx context.Context, topic string, since time.Time) (ma
 	return out, true, lerr
 }
 
-// read calls fn with every committed record of topic in the given spans,
-// partition by partition in offset order, with a consumer of its own (no
-// group: nothing is committed). Offsets are not contiguous: transaction
-// markers take some, and aborted records are never delivered. The
-// consumer keeps the markers to see where a partition's span ends (the
-// last offset may be one), and passes fn records only.
-func (o *Ops) read(ctx context.Context, topic string, spans map[int32]offsetSpan, fn func(*kgo.Record) error) error {
-	parts := map[int32]kgo.Offset{}
-	for p, s := range spans {
-		if s.from < s.to {
-			parts[p] = kgo.NewOffset().At(s.from)
-		}
-	}
-	if len(parts) == 0 {
-		return nil
-	}
-	cl, err := NewClient(o.sc, kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.KeepControlRecords(),
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: parts}))
-	if err != nil {
-		return fmt.Errorf("read %s: %w", topic, err)
-	}
-	defer cl.Close()
-	for left := len(parts); left > 0; {
-		fs := cl.PollFetches(ctx)
-		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("read %s: %w", topic, err)
-		}
-		if err := FetchErr(fs, "read"); err != nil {
-			return err
-		}
-		for it := fs.RecordIter(); !it.Done(); {
-			r := it.Next()
-			s, ok := spans[r.Partition]
-			if !ok || r.Offset < s.from || s.from >= s.to {
-				continue
-			}
-			if r.Offset >= s.to-1 {
-				s.from = s.to // done: later records are past the span
-				spans[r.Partition] = s
-				left--
-			}
-			if r.Offset < s.to && !r.Attrs.IsControl() {
-				if err := fn(r); err != nil {
-					return err
-				}
-			}
-		}
-	}
-	return nil
+// read calls fn with every committed record of topic in the given spans
+// (readSpans), with a consumer of its own.
+func (o *Ops) read(ctx context.Context, topic string, spans map[int32]span, fn func(*kgo.Record) error) error {
+	return readSpans(ctx, o.sc, topic, spans, fn)
 }
 
 // Check implements busops.Bus: the brokers answer, every configured topic

@@ -252,74 +252,54 @@ func ReadOpts() []kgo.Opt {
 	return []kgo.Opt{kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.KeepControlRecords()}
 }
 
-// read calls fn with every data record of topic in the given spans,
-// partition by partition in offset order.
-func (s *Sink) read(ctx context.Context, topic string, sp map[int32]span, fn func(*kgo.Record)) error {
-	if len(sp) == 0 {
+// readSpans calls fn with every committed data record of topic in spans,
+// partition by partition in offset order, with a consumer of its own (no
+// group: nothing is committed). Offsets are not contiguous: transaction
+// markers take some, and aborted records are never delivered; the
+// consumer keeps the markers (ReadOpts) to see where a span ends (its last
+// offset may be one), and passes fn data records only.
+func readSpans(ctx context.Context, cfg Config, topic string, spans map[int32]span, fn func(*kgo.Record) error) error {
+	parts := map[int32]kgo.Offset{}
+	for p, s := range spans {
+		if s.from < s.to {
+			parts[p] = kgo.NewOffset().At(s.from)
+		}
+	}
+	if len(parts) == 0 {
 		return nil
 	}
-	parts := map[int32]kgo.Offset{}
-	for p, r := range sp {
-		parts[p] = kgo.NewOffset().At(r.from)
-	}
-	cl, err := kgo.NewClient(append(append(s.cfg.clientOpts(), ReadOpts()...),
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: parts}))...)
+	cl, err := NewClient(cfg, append(ReadOpts(), kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: parts}))...)
 	if err != nil {
-		return fmt.Errorf("read back %s: %w", topic, err)
+		return fmt.Errorf("read %s: %w", topic, err)
 	}
 	defer cl.Close()
-	left := len(sp)
 	done := map[int32]bool{}
-	for left > 0 {
+	for left := len(parts); left > 0; {
 		fs := cl.PollFetches(ctx)
 		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("read back %s: %w", topic, err)
+			return fmt.Errorf("read %s: %w", topic, err)
 		}
-		if err := FetchErr(fs, "read back"); err != nil {
+		if err := FetchErr(fs, "read"); err != nil {
 			return err
 		}
-		fs.EachRecord(func(r *kgo.Record) {
-			want, ok := sp[r.Partition]
-			if !ok || done[r.Partition] || r.Offset < want.from {
-				return
+		for it := fs.RecordIter(); !it.Done(); {
+			r := it.Next()
+			s, ok := spans[r.Partition]
+			if !ok || done[r.Partition] || r.Offset < s.from || s.from >= s.to {
+				continue
 			}
-			if r.Offset < want.to && !r.Attrs.IsControl() {
-				fn(r)
+			if r.Offset < s.to && !r.Attrs.IsControl() {
+				if err := fn(r); err != nil {
+					return err
+				}
 			}
-			if r.Offset >= want.to-1 {
+			if r.Offset >= s.to-1 {
 				done[r.Partition] = true
 				left--
 			}
-		})
+		}
 	}
 	return nil
-}
-
-// StoredTail implements relay.Sink: the newest n records of every partition
-// of topic, with the range relay.PartitionedTail sets for partitions that
-// each keep publish order. Kafka has no expected-last-sequence check, so
-// LastSeq is unused.
-func (s *Sink) StoredTail(ctx context.Context, topic, source string, n int) (relay.StoredTail, error) {
-	sp, parts, err := spans(ctx, kadm.NewClient(s.cl), topic, n, 0, 0)
-	if err != nil {
-		return relay.StoredTail{IDs: map[string]struct{}{}}, err
-	}
-	s.mu.Lock()
-	if s.parts == nil {
-		s.parts = map[string]int{}
-	}
-	s.parts[topic] = parts
-	s.mu.Unlock()
-	pt := relay.NewPartitionedTail()
-	err = s.read(ctx, topic, sp, func(r *kgo.Record) {
-		h := FromKafkaHeaders(r.Headers)
-		if pos, origin, ok := relay.PositionFromHeaders(h, source); ok {
-			pt.Add(r.Partition, relay.IdentityFromHeaders(h), origin, pos)
-		}
-	})
-	tail := pt.Tail()
-	tail.StateRead = true
-	return tail, err
 }
 
 // ReadBack implements sweep.StreamReader: what every record of source in
@@ -332,11 +312,12 @@ func (s *Sink) ReadBack(ctx context.Context, topic, source string, rr relay.Read
 	adm := kadm.NewClient(s.cl)
 	counted := map[int32]int{}
 	read := func(sp map[int32]span) error {
-		return s.read(ctx, topic, sp, func(r *kgo.Record) {
+		return readSpans(ctx, s.cfg, topic, sp, func(r *kgo.Record) error {
 			h := FromKafkaHeaders(r.Headers)
 			if h.Get(relay.HeaderSource) == source && fn(relay.StoredEventFromHeaders(h)) {
 				counted[r.Partition]++
 			}
+			return nil
 		})
 	}
 	if rr.First > 0 {

@@ -1,0 +1,153 @@
+package kafkasink_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/walbox/walbox/relay"
+	"github.com/walbox/walbox/relay/kafkasink"
+)
+
+// TestStoredTailOfALargeTopicOnASlowBroker (issue 35, item 6): 8 partitions
+// of 400 records of 16 KB (51 MB), a broker that answers each fetch after
+// 1.5 s, and the resume check asking for the newest 800 records of every
+// partition, within the relay's 10 s per attempt. A read-back that starts
+// over every attempt never finishes (nothing would ever be published); one
+// that keeps what it read finishes within a few attempts, with every
+// record's identity.
+func TestStoredTailOfALargeTopicOnASlowBroker(t *testing.T) {
+	const (
+		partitions = 8
+		perPart    = 400
+		size       = 16 << 10
+	)
+	c := newCluster(t)
+	s := newSink(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if _, err := kafkasink.EnsureTopics(ctx, s.Client(), []kafkasink.TopicSpec{{Name: "big", Partitions: partitions, ReplicationFactor: 1, Manage: true}}); err != nil {
+		t.Fatal(err)
+	}
+	fillTopic(ctx, t, c.ListenAddrs(), "big", partitions, perPart, size, 0)
+	var fetches atomic.Int64
+	c.ControlKey(int16(kmsg.Fetch), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		fetches.Add(1)
+		c.SleepControl(func() { time.Sleep(1500 * time.Millisecond) })
+		return nil, nil, false
+	})
+	var tail relay.StoredTail
+	var err error
+	attempts := 0
+	for {
+		attempts++
+		actx, acancel := context.WithTimeout(ctx, 10*time.Second) // the relay's deadline per attempt
+		tail, err = s.StoredTail(actx, "big", "db/slot", 2*perPart)
+		acancel()
+		if err == nil {
+			break
+		}
+		t.Logf("attempt %d: %v (%d fetches so far)", attempts, err, fetches.Load())
+		if attempts == 6 {
+			t.Fatalf("the read-back did not finish in %d attempts of 10 s: publishing would wait for ever", attempts)
+		}
+	}
+	if len(tail.IDs) != partitions*perPart {
+		t.Fatalf("read back %d identities, want %d", len(tail.IDs), partitions*perPart)
+	}
+	t.Logf("read back %d records (%d MB) in %d attempts, %d fetches", partitions*perPart, partitions*perPart*size>>20, attempts, fetches.Load())
+}
+
+// fillTopic writes perPart records of size bytes to each partition of
+// topic, with the headers the relay writes for source db/slot, ids
+// p<partition>-<i> from first on, and LSNs growing with them.
+func fillTopic(ctx context.Context, t *testing.T, brokers []string, topic string, partitions, perPart, size, first int) {
+	t.Helper()
+	prod, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ProducerBatchMaxBytes(1<<20), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prod.Close()
+	for p := range int32(partitions) {
+		recs := make([]*kgo.Record, 0, perPart)
+		for i := first; i < first+perPart; i++ {
+			id := fmt.Sprintf("p%d-%d", p, i)
+			lsn := 0x1000 + int64(i)*0x100 + int64(p)
+			recs = append(recs, &kgo.Record{Topic: topic, Partition: p, Value: incompressible(id, size), Headers: kafkasink.ToKafkaHeaders(relay.Header{
+				relay.HeaderMsgID: {id}, relay.HeaderSource: {"db/slot"},
+				relay.HeaderCommitLSN: {"0/" + strconv.FormatInt(lsn, 16)}, relay.HeaderIndex: {"0"},
+			})})
+		}
+		if err := prod.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestStoredTailStopsAtTheByteBound: with TailBytes of 1 MiB and records of
+// 16 KB, a partition's read-back needs 64 records, not the 800 the relay
+// asks: it reads about that, keeps every partition's newest records, and
+// the next read-back adds only what was written since.
+func TestStoredTailStopsAtTheByteBound(t *testing.T) {
+	const partitions, size = 4, 16 << 10
+	c := newCluster(t)
+	s, err := kafkasink.New(kafkasink.Config{Brokers: c.ListenAddrs(), AckTimeout: 10 * time.Second, TailBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := kafkasink.EnsureTopics(ctx, s.Client(), []kafkasink.TopicSpec{{Name: "big", Partitions: partitions, ReplicationFactor: 1, Manage: true}}); err != nil {
+		t.Fatal(err)
+	}
+	fillTopic(ctx, t, c.ListenAddrs(), "big", partitions, 400, size, 0)
+	tail, err := s.StoredTail(ctx, "big", "db/slot", 800)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 1 MiB of 16 KB records (and their headers) is 63 or 64 of them.
+	if n := len(tail.IDs); n < partitions*63 || n > partitions*64 {
+		t.Fatalf("read back %d identities, want %d to %d (1 MiB a partition)", n, partitions*63, partitions*64)
+	}
+	for p := range partitions {
+		if _, ok := tail.IDs[relay.IdentityKey("", fmt.Sprintf("p%d-399", p))]; !ok {
+			t.Fatalf("partition %d's newest record not read back", p)
+		}
+	}
+	fillTopic(ctx, t, c.ListenAddrs(), "big", partitions, 10, size, 400)
+	var fetched atomic.Int64
+	c.ControlKey(int16(kmsg.Fetch), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		for _, tp := range req.(*kmsg.FetchRequest).Topics {
+			for _, p := range tp.Partitions {
+				if p.FetchOffset < 400 {
+					fetched.Add(1)
+				}
+			}
+		}
+		return nil, nil, false
+	})
+	tail, err = s.StoredTail(ctx, "big", "db/slot", 800)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(tail.IDs); n < partitions*63 || n > partitions*64 {
+		t.Fatalf("second read-back: %d identities, want %d to %d", n, partitions*63, partitions*64)
+	}
+	for p := range partitions {
+		if _, ok := tail.IDs[relay.IdentityKey("", fmt.Sprintf("p%d-409", p))]; !ok {
+			t.Fatalf("partition %d's record written since not read back", p)
+		}
+	}
+	if n := fetched.Load(); n != 0 {
+		t.Fatalf("the second read-back fetched below offset 400 %d times: it read again what it had", n)
+	}
+}
