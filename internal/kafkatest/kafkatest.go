@@ -57,11 +57,23 @@ func (c *Cluster) Sink(topics ...config.KafkaTopic) func(*config.Config) {
 
 // FailProduces makes the brokers fail produce requests while fail returns
 // true: cut the connection (cut), or answer NOT_ENOUGH_REPLICAS for every
-// partition, as a partition with too few in-sync replicas does. Once fail
-// returns false the control is dropped and the brokers answer normally
-// again. It returns the count of requests failed so far.
+// partition, as a partition with too few in-sync replicas does (through
+// kfake's faults, which answer as a broker would, topic ids included).
+// Once fail returns false the brokers answer normally again. It returns
+// the count of requests failed so far.
 func FailProduces(c *kfake.Cluster, cut bool, fail func(failed int64) bool) *atomic.Int64 {
 	var hits atomic.Int64
+	if !cut {
+		c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Err: kerr.NotEnoughReplicas, Count: -1,
+			When: func(kmsg.Request) bool {
+				if !fail(hits.Load()) {
+					return false
+				}
+				hits.Add(1)
+				return true
+			}})
+		return &hits
+	}
 	c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
 		if !fail(hits.Load()) {
 			c.DropControl()
@@ -69,23 +81,7 @@ func FailProduces(c *kfake.Cluster, cut bool, fail func(failed int64) bool) *ato
 		}
 		c.KeepControl()
 		hits.Add(1)
-		if cut {
-			return nil, errors.New("connection cut by the test"), true
-		}
-		pr := req.(*kmsg.ProduceRequest)
-		resp := pr.ResponseKind().(*kmsg.ProduceResponse)
-		for _, tp := range pr.Topics {
-			rt := kmsg.NewProduceResponseTopic()
-			rt.Topic = tp.Topic
-			for _, p := range tp.Partitions {
-				rp := kmsg.NewProduceResponseTopicPartition()
-				rp.Partition = p.Partition
-				rp.ErrorCode = kerr.NotEnoughReplicas.Code
-				rt.Partitions = append(rt.Partitions, rp)
-			}
-			resp.Topics = append(resp.Topics, rt)
-		}
-		return resp, nil, true
+		return nil, errors.New("connection cut by the test"), true
 	})
 	return &hits
 }
