@@ -231,12 +231,7 @@ func (rp *relayPair) pauseLeader(t *testing.T, ctx context.Context) {
 		t.Fatal(err)
 	}
 	defer func() { _ = p.cmd.Process.Signal(syscall.SIGCONT) }()
-	if _, err := rp.e.pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid()`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := rp.e.pool.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE active`); err != nil {
-		t.Fatal(err)
-	}
+	rp.e.endLeaderSessions(ctx)
 	other := 1 - j
 	if !rp.procs[other].running() {
 		rp.start(other)

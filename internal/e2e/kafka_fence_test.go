@@ -72,26 +72,12 @@ func TestKafkaFailedProduceKeepsKeyOrder(t *testing.T) {
 	t.Logf("partition 0 led by broker %d, partition 1 by broker %d", e.kafka.LeaderFor(topic, 0), slow)
 	var held atomic.Int64
 	for round := range rounds {
-		release := make(chan struct{})
-		e.kafka.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
-			e.kafka.KeepControl()
-			select {
-			case <-release:
-				e.kafka.DropControl()
-				return nil, nil, false
-			default:
-			}
-			if e.kafka.CurrentNode() == slow {
-				held.Add(1)
-				e.kafka.SleepControl(func() { <-release })
-			}
-			return nil, nil, false
-		})
+		release := e.holdProduces(slow, &held)
 		time.Sleep(100 * time.Millisecond) // fault timing: the head of the window is held
 		fault := e.kafka.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: topic,
 			Partitions: []int32{0}, Err: kerr.UnknownServerError, Count: 1})
 		time.Sleep(300 * time.Millisecond) // fault timing: key 0 goes on behind the failure
-		close(release)
+		release()
 		// The next produce to partition 0 fails: during the hold where the
 		// relay goes on producing, else right after it.
 		relaytest.Eventually(t, 10*time.Second, fmt.Sprintf("round %d: a produce to partition 0 refused", round), func() bool { return fault.Hits() == 1 })
@@ -130,35 +116,15 @@ func TestKafkaPausedLeaderIsFenced(t *testing.T) {
 	stop := e.loadInBackground(outboxtest.Load{Producers: 4, MaxRows: 5, Rate: 60, Keys: 8})
 	e.waitStored(200, 60*time.Second)
 
-	release := make(chan struct{})
 	var held atomic.Int64
-	e.kafka.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		e.kafka.KeepControl()
-		select {
-		case <-release:
-			e.kafka.DropControl()
-			return nil, nil, false
-		default:
-		}
-		held.Add(1)
-		e.kafka.SleepControl(func() { <-release })
-		return nil, nil, false
-	})
+	release := e.holdProduces(-1, &held)
 	time.Sleep(300 * time.Millisecond) // fault timing: A's records pile up behind held requests
 	if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	close(release)
+	release()
 	t.Logf("A stopped with %d produce requests held; terminating its PostgreSQL sessions", held.Load())
-	ctx := relaytest.Ctx(t)
-	// A's leader lock session holds the slot's advisory lock; its
-	// walsender holds the slot.
-	if _, err := e.pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid()`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.pool.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE active`); err != nil {
-		t.Fatal(err)
-	}
+	e.endLeaderSessions(relaytest.Ctx(t))
 	took := relaytest.Eventually(t, 30*time.Second, "B ready (leading)", func() bool { return ready(addrB) })
 	t.Logf("B took over %v after A was stopped", took.Round(10*time.Millisecond))
 	e.waitStored(e.stored()+150, 60*time.Second) // B publishes newer events of the same keys
@@ -174,4 +140,39 @@ func TestKafkaPausedLeaderIsFenced(t *testing.T) {
 	}
 	rep, _ := e.checkKafka(w, res)
 	t.Logf("after A woke: %s", fmt.Sprint(rep))
+}
+
+// holdProduces holds every produce request that reaches broker node (-1:
+// any) in the broker, counting them in held, until release is called;
+// then they are answered as usual.
+func (e *kafkaEnv) holdProduces(node int32, held *atomic.Int64) (release func()) {
+	ch := make(chan struct{})
+	e.kafka.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		e.kafka.KeepControl()
+		select {
+		case <-ch:
+			e.kafka.DropControl()
+			return nil, nil, false
+		default:
+		}
+		if node < 0 || e.kafka.CurrentNode() == node {
+			held.Add(1)
+			e.kafka.SleepControl(func() { <-ch })
+		}
+		return nil, nil, false
+	})
+	return func() { close(ch) }
+}
+
+// endLeaderSessions terminates the leader relay's PostgreSQL sessions, as
+// their timeouts would for a paused process: the one holding the slot's
+// leader lock (an advisory lock) and the walsender holding the slot.
+func (e *env) endLeaderSessions(ctx context.Context) {
+	e.t.Helper()
+	if _, err := e.pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid()`); err != nil {
+		e.t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE active`); err != nil {
+		e.t.Fatal(err)
+	}
 }
