@@ -127,7 +127,6 @@ func partitionRefusal(t *testing.T, kill, txn bool) {
 	e.waitStored(200, 60*time.Second) // healthy first: every partition stores
 
 	// The outage: partition 1 of the topic refuses every produce.
-	before := e.partitionEnds(refusingTopic)
 	backoffsBefore, skippedBefore := 0.0, 0.0
 	if relayIn != nil {
 		backoffsBefore = e.counter("walbox_publish_backoffs_total", nil)
@@ -146,6 +145,13 @@ func partitionRefusal(t *testing.T, kill, txn bool) {
 			fault.Remove()
 		}
 	}()
+	// Counted from the first refusal: what partition 1 stored before it
+	// (produce requests the brokers handled before the fault, and with
+	// transactions the last transaction committed before the one refused)
+	// is not of the outage. Counting reads the records, which takes a
+	// moment: a count taken before the fault would miss some of those.
+	relaytest.Eventually(t, 30*time.Second, "partition 1's first refusal", func() bool { return fault.Hits() > 0 })
+	before := e.partitionEnds(refusingTopic)
 	outageStart := time.Now()
 	// rounds is how many times the relay backed off and resent since the
 	// outage began: its metric in process, its log as a process.

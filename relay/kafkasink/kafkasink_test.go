@@ -23,7 +23,7 @@ import (
 	"github.com/walbox/walbox/relay/kafkasink"
 )
 
-func newCluster(t *testing.T) *kfake.Cluster {
+func newCluster(t testing.TB) *kfake.Cluster {
 	t.Helper()
 	c, err := kfake.NewCluster(kfake.NumBrokers(1))
 	if err != nil {
