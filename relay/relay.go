@@ -12,6 +12,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/walbox/walbox/cdc"
 	"github.com/walbox/walbox/internal/retry"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Confirmer receives the LSN that is safe to confirm to the slot. cdc.Source
@@ -102,6 +103,10 @@ type Config struct {
 	OnDelivered func(Delivered)
 	Metrics     *Metrics
 	Logger      zerolog.Logger
+	// Tracer, when set, gives each published event a span (trace.go);
+	// TraceSystem is OpenTelemetry's messaging.system: "nats" or "kafka".
+	Tracer      trace.Tracer
+	TraceSystem string
 }
 
 // Relay publishes the changes of a Source to a Sink, in order, and confirms
@@ -112,6 +117,7 @@ type Relay struct {
 	router *Router
 	log    zerolog.Logger
 	m      *Metrics
+	tr     *tracing // nil: tracing off
 
 	// Read by the status writer from another goroutine.
 	oldestUnacked atomic.Int64  // commit time (unix ns) of the oldest event not yet acked; 0 when none
@@ -149,7 +155,8 @@ func New(cfg Config, sink Sink, router *Router) *Relay {
 		cfg.Metrics = NewMetrics(nil)
 	}
 	router.SetMaxPayload(sink.MaxPayload())
-	return &Relay{cfg: cfg, sink: sink, router: router, log: cfg.Logger.With().Str("component", "relay").Logger(), m: cfg.Metrics}
+	return &Relay{cfg: cfg, sink: sink, router: router, log: cfg.Logger.With().Str("component", "relay").Logger(), m: cfg.Metrics,
+		tr: newTracing(cfg.Tracer, cfg.TraceSystem)}
 }
 
 // Serve runs src and the relay until ctx is cancelled or src fails for good.
@@ -208,6 +215,10 @@ type pending struct {
 	// strict: published with an expected last sequence (loop.lastSeq moved
 	// for it).
 	strict bool
+	// span is its trace span while it is in flight (trace.go), resends
+	// how many times it was published again.
+	span    trace.Span
+	resends int
 }
 
 // errConnectionChanged stops publishing when the connection was replaced
@@ -542,6 +553,9 @@ func (l *loop) publish(p *pending, alone bool) {
 		return
 	}
 	p.msg.Epoch = epoch
+	if l.r.tr != nil {
+		l.r.tr.published(p, l.r.router.TableName(p.ev.Table))
+	}
 	fut, err := l.r.sink.Publish(p.msg)
 	if err != nil {
 		l.publishFailed(p, err)
@@ -899,6 +913,9 @@ func (l *loop) done(p *pending, ack *Ack) {
 				l.r.m.SentToAck.Observe((commitToAck - p.ev.SentAfter).Seconds())
 			}
 		}
+	}
+	if l.r.tr != nil && ack != nil {
+		l.r.tr.acked(p, ack, now)
 	}
 	if l.r.cfg.OnDelivered != nil {
 		d := Delivered{ID: p.ev.ID, CreatedAt: p.ev.CreatedAt, Pos: p.ev.Pos, Table: p.ev.Table, TableLess: p.ev.TableLess, AckedAt: now, SentAfter: p.ev.SentAfter, DeadLetter: p.dlq, Reason: p.reason}

@@ -53,6 +53,11 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 	if err != nil {
 		return &config.Error{Key: "postgres.url", Msg: err.Error()}
 	}
+	tracer, stopTracing, err := startTracing(ctx, cfg.OTel, log)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	reg := opts.Registry
 	if reg == nil {
 		reg = prometheus.NewRegistry()
@@ -131,6 +136,8 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 		OnDelivered:    ts.hook(opts.OnDelivered),
 		Metrics:        metrics,
 		Logger:         log,
+		Tracer:         tracer,
+		TraceSystem:    cfg.Sink,
 	}, bus.sink, router)
 	health.started.Store(true)
 	if opts.Ready != nil {

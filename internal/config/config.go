@@ -46,6 +46,7 @@ type Config struct {
 	Sweeper  Sweeper       `yaml:"sweeper" envPrefix:"SWEEPER_"`
 	Archive  Archive       `yaml:"archive" envPrefix:"ARCHIVE_"`
 	Runtime  Runtime       `yaml:"runtime" envPrefix:"RUNTIME_"`
+	OTel     OTel          `yaml:"otel" envPrefix:"OTEL_"`
 }
 
 // Runtime is the process: `walbox run` applies it at start.
@@ -273,6 +274,7 @@ func Default() Config {
 		Sweeper: Sweeper{MarkProcessed: true, BatchSize: 1000, Interval: 200 * time.Millisecond, PartitionStep: "day", PartitionsAhead: 7, Maintain: true, YieldAfter: time.Second, LockTimeout: 100 * time.Millisecond},
 		Archive: Archive{After: 90 * 24 * time.Hour, DeleteAfter: 3 * 365 * 24 * time.Hour, S3: S3{UseSSL: true}},
 		Runtime: Runtime{GOMAXPROCS: 1},
+		OTel:    OTel{ServiceName: "walbox"},
 	}
 }
 
@@ -567,6 +569,7 @@ func (c *Config) validate(withNATS bool) error {
 	}
 	c.validateSweeper(bad)
 	c.validateNATSAuth(bad)
+	c.validateOTel(bad)
 	if len(errs) > 0 {
 		return fmt.Errorf("invalid configuration:\n  %s", strings.Join(errs, "\n  "))
 	}

@@ -1,0 +1,153 @@
+package relay
+
+import (
+	"context"
+	"encoding/json"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// SpanName is the name of the span the relay opens for each event it
+// publishes.
+const SpanName = "walbox publish"
+
+// Tracing: each event the relay publishes gets a span, SpanName, of kind
+// producer: a child of the trace context the producer wrote into the
+// event's headers column (traceparent, tracestate), a new root otherwise.
+// The message carries the span's own context onward, so a consumer's span
+// is its child: one trace from the producer's transaction to the
+// consumer's handler. The span starts at the first publish, counts the
+// resends, and ends at the ack (or the dead letter's ack).
+
+// Span attributes of walbox's own, beside OpenTelemetry's messaging ones.
+const (
+	AttrCommitLSN   = attribute.Key("walbox.commit_lsn")
+	AttrTable       = attribute.Key("walbox.table")
+	AttrStream      = attribute.Key("walbox.stream")
+	AttrSequence    = attribute.Key("walbox.stream_sequence")
+	AttrCommitToAck = attribute.Key("walbox.commit_to_ack_ms")
+	AttrResends     = attribute.Key("walbox.resends")
+	AttrDuplicate   = attribute.Key("walbox.duplicate")
+	AttrDeadLetter  = attribute.Key("walbox.dead_letter.reason")
+)
+
+// tracing is the relay's tracer, nil when tracing is off.
+type tracing struct {
+	t      trace.Tracer
+	system attribute.KeyValue
+	kafka  bool
+	prop   propagation.TextMapPropagator
+}
+
+func newTracing(t trace.Tracer, system string) *tracing {
+	if t == nil {
+		return nil
+	}
+	return &tracing{t: t, system: semconv.MessagingSystemKey.String(system), kafka: system == "kafka",
+		prop: propagation.TraceContext{}}
+}
+
+// headerCarrier lets the propagator read and write a message's headers.
+// The headers column keeps its keys as written: a read falls back to any
+// case.
+type headerCarrier Header
+
+func (c headerCarrier) Get(key string) string {
+	if v := Header(c).Get(key); v != "" {
+		return v
+	}
+	for k, vs := range c {
+		if len(vs) > 0 && strings.EqualFold(k, key) {
+			return vs[0]
+		}
+	}
+	return ""
+}
+
+func (c headerCarrier) Set(key, value string) {
+	for k := range c {
+		if k != key && strings.EqualFold(k, key) {
+			delete(c, k) // one spelling: the span's context replaces the producer's
+		}
+	}
+	Header(c).Set(key, value)
+}
+
+func (c headerCarrier) Keys() []string {
+	out := make([]string, 0, len(c))
+	for k := range c {
+		out = append(out, k)
+	}
+	return out
+}
+
+// published is called at each publish of p: the first opens its span, a
+// later one counts a resend; each writes the span's context into the
+// message (a dead letter is a new message).
+func (tr *tracing) published(p *pending, table string) {
+	if p.span == nil {
+		parent := tr.prop.Extract(context.Background(), headerCarrier(p.msg.Header))
+		if !trace.SpanContextFromContext(parent).IsValid() && len(p.ev.Headers) > 0 {
+			// A dead letter does not carry the headers column as headers:
+			// the producer's context is read from the column itself.
+			var cols map[string]any
+			if json.Unmarshal(p.ev.Headers, &cols) == nil {
+				h := Header{}
+				for k, v := range cols {
+					if s, ok := v.(string); ok {
+						h.Set(k, s)
+					}
+				}
+				parent = tr.prop.Extract(context.Background(), headerCarrier(h))
+			}
+		}
+		_, p.span = tr.t.Start(parent, SpanName, trace.WithSpanKind(trace.SpanKindProducer),
+			trace.WithTimestamp(p.sentAt),
+			trace.WithAttributes(tr.system, semconv.MessagingOperationTypeSend, semconv.MessagingOperationName("publish"),
+				semconv.MessagingMessageID(p.ev.ID), semconv.MessagingDestinationName(p.msg.Subject),
+				AttrCommitLSN.String(p.ev.Pos.CommitLSN.String())))
+		if table != "" {
+			p.span.SetAttributes(AttrTable.String(table))
+		}
+	} else {
+		p.resends++
+	}
+	tr.prop.Inject(trace.ContextWithSpan(context.Background(), p.span), headerCarrier(p.msg.Header))
+}
+
+// acked ends p's span with where the event was stored.
+func (tr *tracing) acked(p *pending, ack *Ack, now time.Time) {
+	s := p.span
+	if s == nil {
+		return
+	}
+	p.span = nil
+	// The destination is where it went last: a dead letter's is the
+	// dead-letter subject or topic.
+	attrs := []attribute.KeyValue{semconv.MessagingDestinationName(p.msg.Subject), AttrResends.Int(p.resends),
+		AttrCommitToAck.Float64(float64(now.Sub(p.ev.CommitTime).Microseconds()) / 1000)}
+	if tr.kafka {
+		attrs = append(attrs, semconv.MessagingDestinationPartitionID(strconv.Itoa(int(ack.Partition))))
+		if ack.Sequence > 0 {
+			attrs = append(attrs, semconv.MessagingKafkaOffset(int(ack.Sequence-1)))
+		}
+	} else {
+		attrs = append(attrs, AttrStream.String(ack.Stream), AttrSequence.Int64(int64(ack.Sequence)))
+	}
+	if ack.Duplicate {
+		attrs = append(attrs, AttrDuplicate.Bool(true))
+	}
+	s.SetAttributes(attrs...)
+	if p.dlq {
+		s.SetAttributes(AttrDeadLetter.String(p.reason))
+		s.SetStatus(codes.Error, "dead-lettered: "+p.reason)
+	}
+	s.End(trace.WithTimestamp(now))
+}

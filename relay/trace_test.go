@@ -1,0 +1,114 @@
+package relay
+
+import (
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"go.opentelemetry.io/otel/codes"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// TestPublishSpans: each published event gets one "walbox publish" span, a
+// child of the traceparent in its headers column (a new root without one);
+// the message carries the span's own context onward; a publish lost and
+// resent counts one resend on the same span; a dead letter's span says why
+// and ends in error.
+func TestPublishSpans(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const producer = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+		exp := tracetest.NewInMemoryExporter()
+		tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+		st := newFakeStream()
+		st.lose[2] = true // the second publish vanishes: its event is resent
+		src, ids := newScript(2, 2)
+		src.changes[1].Event.Headers = []byte(`{"traceparent": "` + producer + `"}`) // e000-0's headers column
+		src.changes[2].Event.Topic = "nowhere.created"                               // e000-1: no stream captures it
+		sink := &fakeSink{st: st, dlq: newFakeStream(), ackTimeout: 5 * time.Second}
+		router := NewRouter("", "app/walbox", []Route{{Stream: "ORDERS", Subjects: []string{"orders.>"}}, {Stream: "DLQ", Subjects: []string{"walbox.dlq.>"}}})
+		r := New(Config{Window: 16, BackoffInitial: 100 * time.Millisecond, BackoffMax: time.Second,
+			Tracer: tp.Tracer("test"), TraceSystem: "nats"}, sink, router)
+		serveUntilReached(t, r, src)
+
+		spans := map[string]tracetest.SpanStub{}
+		for _, s := range exp.GetSpans() {
+			if s.Name != SpanName || s.SpanKind != trace.SpanKindProducer {
+				t.Fatalf("span %q of kind %v", s.Name, s.SpanKind)
+			}
+			id := attr(s, "messaging.message.id")
+			if _, dup := spans[id]; dup {
+				t.Fatalf("two spans for event %s", id)
+			}
+			spans[id] = s
+		}
+		if len(spans) != len(ids) {
+			t.Fatalf("%d spans for %d events: %v", len(spans), len(ids), spans)
+		}
+		child := spans["e000-0"]
+		if child.Parent.TraceID().String() != "4bf92f3577b34da6a3ce929d0e0e4736" || child.Parent.SpanID().String() != "00f067aa0ba902b7" {
+			t.Fatalf("e000-0's span parent %v, want the producer's traceparent", child.Parent)
+		}
+		if got := st.hdrs[0].Get("traceparent"); got != "00-"+child.SpanContext.TraceID().String()+"-"+child.SpanContext.SpanID().String()+"-01" {
+			t.Fatalf("the message carries traceparent %q, want the publish span's", got)
+		}
+		for k, want := range map[string]string{"messaging.system": "nats", "messaging.operation.type": "send",
+			"messaging.destination.name": "orders.created", "walbox.stream": "ORDERS", "walbox.commit_lsn": "0/1000", "walbox.stream_sequence": "1"} {
+			if got := attr(child, k); got != want {
+				t.Errorf("e000-0's span: %s = %q, want %q", k, got, want)
+			}
+		}
+		if root := spans["e001-0"]; root.Parent.IsValid() {
+			t.Fatalf("an event without traceparent got parent %v, want a new root", root.Parent)
+		}
+		// Publish 2 of the stream is e001-0's first (e000-1 went to the
+		// dead-letter stream): lost, then resent once.
+		if got := attr(spans["e001-0"], "walbox.resends"); got != "1" {
+			t.Fatalf("e001-0's span counts %s resends, want 1", got)
+		}
+		if got := attr(child, "walbox.resends"); got != "0" {
+			t.Fatalf("e000-0's span counts %s resends, want 0", got)
+		}
+		dl := spans["e000-1"]
+		if dl.Status.Code != codes.Error || attr(dl, "walbox.dead_letter.reason") == "" || !strings.HasPrefix(attr(dl, "messaging.destination.name"), "walbox.dlq.") {
+			t.Fatalf("the dead letter's span: status %v, attributes %v", dl.Status, dl.Attributes)
+		}
+	})
+}
+
+func attr(s tracetest.SpanStub, key string) string {
+	for _, kv := range s.Attributes {
+		if string(kv.Key) == key {
+			return kv.Value.Emit()
+		}
+	}
+	return ""
+}
+
+// TestPublishSpansOnKafka: on Kafka the span says where the record went
+// as OpenTelemetry's Kafka conventions do: partition and offset.
+func TestPublishSpansOnKafka(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		exp := tracetest.NewInMemoryExporter()
+		tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+		st := newFakeStream()
+		src, _ := newScript(1, 2)
+		sink := &fakeSink{st: st, dlq: newFakeStream(), ackTimeout: 5 * time.Second}
+		router := NewRouter("", "app/walbox", []Route{{Stream: "orders.created", Subjects: []string{"orders.created"}}})
+		r := New(Config{Window: 16, BackoffInitial: 100 * time.Millisecond, BackoffMax: time.Second,
+			Tracer: tp.Tracer("test"), TraceSystem: "kafka"}, sink, router)
+		serveUntilReached(t, r, src)
+		offsets := map[string]string{}
+		for _, s := range exp.GetSpans() {
+			if attr(s, "messaging.system") != "kafka" || attr(s, "messaging.destination.partition.id") != "0" || attr(s, "walbox.stream") != "" {
+				t.Fatalf("a Kafka publish span's attributes: %v", s.Attributes)
+			}
+			offsets[attr(s, "messaging.message.id")] = attr(s, "messaging.kafka.offset")
+		}
+		if offsets["e000-0"] != "0" || offsets["e000-1"] != "1" {
+			t.Fatalf("offsets %v, want e000-0 at 0 and e000-1 at 1 (sequence - 1)", offsets)
+		}
+	})
+}
