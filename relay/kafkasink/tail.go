@@ -60,6 +60,11 @@ type partTail struct {
 	recs     []tailRec
 	bytes    int64
 	own      int
+	// epoch is the leader epoch the brokers gave with the partition's end
+	// when the suffix was read: another one means a new leader, which may
+	// have truncated the log under the suffix (an unclean election), so
+	// the suffix is read again rather than trusted.
+	epoch int32
 }
 
 func (pt *partTail) enough(n int, maxBytes int64, start int64) bool {
@@ -186,10 +191,11 @@ func (s *Sink) readTail(ctx context.Context, topic, source string, n int) (map[i
 		}
 		startOf[e.Partition] = start
 		pt := parts[e.Partition]
-		if pt == nil || pt.to > e.Offset || pt.to < start {
+		if pt == nil || pt.to > e.Offset || pt.to < start || pt.epoch != e.LeaderEpoch {
 			// New, or the partition was truncated or recreated under the
-			// suffix, or retention passed all of it: start again at its end.
-			pt = &partTail{from: e.Offset, to: e.Offset}
+			// suffix, or has had a new leader since, or retention passed
+			// all of it: start again at its end.
+			pt = &partTail{from: e.Offset, to: e.Offset, epoch: e.LeaderEpoch}
 			parts[e.Partition] = pt
 		}
 		if pt.from < start { // retention deleted the oldest part
@@ -214,11 +220,7 @@ func (s *Sink) readTail(ctx context.Context, topic, source string, n int) (map[i
 	s.parts[topic] = count
 	s.mu.Unlock()
 
-	r, err := newTailReader(s.cfg, topic, source)
-	if err != nil {
-		return parts, err
-	}
-	defer r.close()
+	r := &tailReader{cfg: s.cfg, topic: topic, source: source}
 	// First what was added on top since the last read-back (for a new
 	// partition, or one that grew by n offsets or more since, its newest
 	// chunk), then older chunks below the suffixes that are not enough
@@ -236,7 +238,7 @@ func (s *Sink) readTail(ctx context.Context, topic, source string, n int) (map[i
 			end = o.Offset
 		}
 		if end-pt.to >= int64(n) {
-			pt = &partTail{from: end, to: end}
+			pt = &partTail{from: end, to: end, epoch: pt.epoch}
 			parts[p] = pt
 		}
 		switch {
@@ -286,27 +288,16 @@ func (s *Sink) readTail(ctx context.Context, topic, source string, n int) (map[i
 	return parts, nil
 }
 
-// tailReader reads chunks of one topic's partitions with one client, round
-// after round, handing each partition's chunk over once it is read whole.
+// tailReader reads rounds of chunks of one topic's partitions, handing
+// each partition's chunk over once it is read whole. Each round has a
+// client of its own, consuming its chunks from their first offsets: a
+// client made to consume a partition again from an earlier offset can take
+// it for truncation (KIP-320) after a leader change, and stop.
 type tailReader struct {
-	cl     *kgo.Client
+	cfg    Config
 	topic  string
 	source string
 }
-
-func newTailReader(cfg Config, topic, source string) (*tailReader, error) {
-	cl, err := NewClient(cfg, append(ReadOpts(),
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{}),
-		// Memory: one fetch holds at most 1 MiB of a partition and 16 MiB
-		// in all, whatever the records' sizes and the chunks' lengths.
-		kgo.FetchMaxPartitionBytes(1<<20), kgo.FetchMaxBytes(16<<20))...)
-	if err != nil {
-		return nil, fmt.Errorf("read back %s: %w", topic, err)
-	}
-	return &tailReader{cl: cl, topic: topic, source: source}, nil
-}
-
-func (r *tailReader) close() { r.cl.Close() }
 
 // errTailStalled: no fetch answered for tailStall.
 var errTailStalled = errors.New("no fetch answered")
@@ -325,16 +316,19 @@ func (r *tailReader) read(ctx context.Context, spans map[int32]span, done func(p
 	if len(add) == 0 {
 		return nil
 	}
-	r.cl.AddConsumePartitions(map[string]map[int32]kgo.Offset{r.topic: add})
-	added := make([]int32, 0, len(add))
-	for p := range add {
-		added = append(added, p)
+	cl, err := NewClient(r.cfg, append(ReadOpts(),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{r.topic: add}),
+		// Memory: one fetch holds at most 1 MiB of a partition and 16 MiB
+		// in all, whatever the records' sizes and the chunks' lengths.
+		kgo.FetchMaxPartitionBytes(1<<20), kgo.FetchMaxBytes(16<<20))...)
+	if err != nil {
+		return fmt.Errorf("read back %s: %w", r.topic, err)
 	}
-	defer r.cl.RemoveConsumePartitions(map[string][]int32{r.topic: added})
+	defer cl.Close()
 	got := map[int32][]tailRec{}
 	for len(add) > 0 {
 		pctx, cancel := context.WithTimeout(ctx, tailStall)
-		fs := r.cl.PollFetches(pctx)
+		fs := cl.PollFetches(pctx)
 		stalled := pctx.Err() != nil
 		cancel()
 		if err := ctx.Err(); err != nil {
@@ -349,13 +343,13 @@ func (r *tailReader) read(ctx context.Context, spans map[int32]span, done func(p
 		for it := fs.RecordIter(); !it.Done(); {
 			rec := it.Next()
 			sp := spans[rec.Partition]
-			if _, reading := add[rec.Partition]; !reading || rec.Offset < sp.from || rec.Offset >= sp.to {
+			if _, reading := add[rec.Partition]; !reading || rec.Offset < sp.from {
 				continue
 			}
-			if !rec.Attrs.IsControl() {
+			if rec.Offset < sp.to && !rec.Attrs.IsControl() {
 				got[rec.Partition] = append(got[rec.Partition], r.keep(rec))
 			}
-			if rec.Offset >= sp.to-1 {
+			if rec.Offset >= sp.to-1 { // the span's last offset, or past it
 				done(rec.Partition, sp, got[rec.Partition])
 				delete(add, rec.Partition)
 				delete(got, rec.Partition)

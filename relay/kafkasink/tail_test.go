@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -149,5 +150,57 @@ func TestStoredTailStopsAtTheByteBound(t *testing.T) {
 	}
 	if n := fetched.Load(); n != 0 {
 		t.Fatalf("the second read-back fetched below offset 400 %d times: it read again what it had", n)
+	}
+}
+
+// TestStoredTailReadsAgainAfterALeaderChange: a suffix read under one
+// leader is not trusted under the next (an unclean election may have
+// truncated the log under it): after the partition moves to another
+// broker, the read-back reads the partition again, and still finishes.
+func TestStoredTailReadsAgainAfterALeaderChange(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s, err := kafkasink.New(kafkasink.Config{Brokers: c.ListenAddrs(), AckTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := kafkasink.EnsureTopics(ctx, s.Client(), []kafkasink.TopicSpec{{Name: "moved", Partitions: 1, ReplicationFactor: 3, Manage: true}}); err != nil {
+		t.Fatal(err)
+	}
+	fillTopic(ctx, t, c.ListenAddrs(), "moved", 1, 300, 64, 0)
+	if _, err := s.StoredTail(ctx, "moved", "db/slot", 200); err != nil {
+		t.Fatal(err)
+	}
+	var below atomic.Int64
+	c.ControlKey(int16(kmsg.Fetch), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		for _, tp := range req.(*kmsg.FetchRequest).Topics {
+			for _, p := range tp.Partitions {
+				if p.FetchOffset < 300 {
+					below.Add(1)
+				}
+			}
+		}
+		return nil, nil, false
+	})
+	if err := c.MoveTopicPartition("moved", 0, (c.LeaderFor("moved", 0)+1)%3); err != nil {
+		t.Fatal(err)
+	}
+	fillTopic(ctx, t, c.ListenAddrs(), "moved", 1, 10, 64, 300)
+	tail, err := s.StoredTail(ctx, "moved", "db/slot", 200)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if below.Load() == 0 {
+		t.Fatal("after the leader change the read-back trusted the suffix it read before")
+	}
+	if _, ok := tail.IDs[relay.IdentityKey("", "p0-309")]; !ok || len(tail.IDs) < 200 {
+		t.Fatalf("read back %d identities (p0-309 among them: %v), want at least 200 with the newest", len(tail.IDs), ok)
 	}
 }
