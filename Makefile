@@ -15,16 +15,20 @@ LIBS    := outbox consumer
 build:
 	$(GO) build -ldflags=-X=runtime.godebugDefault=schedtrace=2147483647 -o $(BIN) ./cmd/walbox
 
-# The whole suite, race detector on, against real PostgreSQL and NATS.
+# The whole suite, race detector on, against real PostgreSQL and NATS. The
+# Helm chart's tests (deploy/helmtest, a module of its own so that Helm's SDK
+# stays out of walbox's go.mod) need no cluster.
 test:
 	bash scripts/ensure-kcat.sh
 	$(GO) vet $(PKGS)
 	for m in $(LIBS); do (cd $$m && $(GO) vet ./...) || exit 1; done
 	cd bench && $(GO) vet ./...
 	cd bench/watermill && $(GO) vet ./...
+	cd deploy/helmtest && $(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || (echo "gofmt needed:"; gofmt -l .; exit 1)
 	for m in $(LIBS); do (cd $$m && $(GO) test -race -count=1 ./...) || exit 1; done
 	cd bench && $(GO) test -race -count=1 .
+	cd deploy/helmtest && $(GO) test -race -count=1 ./...
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 
 # A few minutes: the unit tests (no servers) and one end-to-end smoke test
@@ -62,6 +66,7 @@ lint:
 	for m in $(LIBS); do (cd $$m && $(GO) vet ./...) || exit 1; done
 	cd bench && $(GO) vet ./...
 	cd bench/watermill && $(GO) vet ./...
+	cd deploy/helmtest && $(GO) vet ./...
 	@out=$$(gofmt -l .); test -z "$$out" || (echo "gofmt needed: $$out"; exit 1)
 
 # The benchmark is its own module (bench/go.mod): its peers and chart library

@@ -32,14 +32,14 @@ type Leadership struct {
 const lockKeySQL = "hashtextextended('walbox:' || $1, 0)"
 
 // AcquireLeadership blocks until this process holds the lock for slot, or ctx
-// ends. waiting is called once when another relay holds it. A connection
+// ends. waiting is called after every poll that finds another relay holding
+// it (a standby's sign of life: it reached PostgreSQL and asked). A connection
 // error that retrying cannot cure (no such database or role, a wrong
 // password, no pg_hba.conf entry) is returned at once, with its fix; others
 // (the network, a server starting) are passed to retrying, if set, and
 // retried.
 func AcquireLeadership(ctx context.Context, connString, slot string, poll time.Duration, waiting func(), retrying func(error)) (*Leadership, error) {
 	var conn *pgx.Conn
-	told := false
 	for {
 		if conn == nil || conn.IsClosed() {
 			c, err := pgx.Connect(ctx, connString)
@@ -72,8 +72,7 @@ func AcquireLeadership(ctx context.Context, connString, slot string, poll time.D
 			l.stopped.Add(1)
 			go l.watch(poll)
 			return l, nil
-		} else if !told && waiting != nil {
-			told = true
+		} else if waiting != nil {
 			waiting()
 		}
 		if !sleepCtx(ctx, poll) {

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -197,10 +198,14 @@ func startLoop(t *testing.T, sc *loopScript, cfg Config, setup func(st, dlq *fak
 	rig.sink.epoch.Store(1)
 	rig.src = &loopSource{t: t, sc: sc, st: st, dlq: dlq, feed: make(chan []cdc.Change, 16), fail: make(chan error, 1)}
 	cfg.Metrics = rig.m
+	also := cfg.OnDelivered
 	cfg.OnDelivered = func(d Delivered) {
 		rig.mu.Lock()
-		defer rig.mu.Unlock()
 		rig.delivered = append(rig.delivered, d)
+		rig.mu.Unlock()
+		if also != nil {
+			also(d)
+		}
 	}
 	if cfg.BackoffInitial == 0 {
 		cfg.BackoffInitial = 100 * time.Millisecond
@@ -958,5 +963,47 @@ func TestLoopSplitsCommitToAckAtTheServersSend(t *testing.T) {
 				t.Errorf("%s: %d samples summing to %.6fs, want %d summing to %.6fs", h.name, got.GetSampleCount(), got.GetSampleSum(), h.count, h.sumSeconds)
 			}
 		}
+	})
+}
+
+// TestLoopAliveTicksWhileTheLoopTurns: Alive, the liveness probe's
+// heartbeat, is called every second by the loop itself, idle or not, and
+// not at all while the loop is blocked (here in OnDelivered, which must
+// not block: the wedge a liveness probe exists for).
+func TestLoopAliveTicksWhileTheLoopTurns(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var ticks atomic.Int64
+		var blocking atomic.Bool
+		gate := make(chan struct{})
+		cfg := Config{Window: 4,
+			Alive: func() { ticks.Add(1) },
+			OnDelivered: func(Delivered) {
+				if blocking.Load() {
+					<-gate
+				}
+			}}
+		rig := startLoop(t, buildScript(1, 1), cfg, nil)
+		time.Sleep(10*time.Second + time.Millisecond)
+		synctest.Wait()
+		if n := ticks.Load(); n != 11 { // once at the start, then every second
+			t.Fatalf("idle for 10 s: %d heartbeats, want 11", n)
+		}
+		blocking.Store(true)
+		rig.feed(0, 1)
+		synctest.Wait() // the loop is blocked in OnDelivered now
+		rig.wantDelivered(rig.sc.ids[:1], "blocked in OnDelivered")
+		before := ticks.Load()
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if n := ticks.Load(); n != before {
+			t.Fatalf("%d heartbeats while the loop was blocked, want none", n-before)
+		}
+		close(gate)
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		if n := ticks.Load(); n <= before {
+			t.Fatal("no heartbeat after the loop was unblocked")
+		}
+		rig.stop()
 	})
 }

@@ -101,8 +101,13 @@ type Config struct {
 	// OnDelivered, if set, is called from the publisher goroutine for every
 	// event that left the window. It must not block.
 	OnDelivered func(Delivered)
-	Metrics     *Metrics
-	Logger      zerolog.Logger
+	// Alive, if set, is called once a second from the publisher goroutine
+	// while its loop turns, and once as it starts: the heartbeat a liveness
+	// probe watches. A loop blocked anywhere (a sink call, OnDelivered)
+	// stops calling it. It must not block.
+	Alive   func()
+	Metrics *Metrics
+	Logger  zerolog.Logger
 	// Tracer, when set, gives each published event a span (trace.go);
 	// TraceSystem is OpenTelemetry's messaging.system: "nats" or "kafka".
 	Tracer      trace.Tracer
@@ -328,6 +333,13 @@ func (r *Relay) run(ctx context.Context, in <-chan []cdc.Change, conf Confirmer)
 	defer progress.Stop()
 	var lastDelivered uint64
 	ticks := 0
+	var aliveCh <-chan time.Time
+	if r.cfg.Alive != nil {
+		r.cfg.Alive()
+		alive := time.NewTicker(time.Second)
+		defer alive.Stop()
+		aliveCh = alive.C
+	}
 	for {
 		if ctx.Err() != nil {
 			return l.drain(in)
@@ -355,6 +367,8 @@ func (r *Relay) run(ctx context.Context, in <-chan []cdc.Change, conf Confirmer)
 			l.drainResolved()
 		case b := <-inCh:
 			l.cur, l.curPos = b, 0
+		case <-aliveCh:
+			r.cfg.Alive()
 		case <-progress.C:
 			ticks++
 			_, delivered := r.Progress()

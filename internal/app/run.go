@@ -83,7 +83,7 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 	defer bus.close()
 
 	var srv *http.Server
-	health := &health{src: src, busUp: bus.up, bus: bus.name}
+	health := newHealth(src.Connected, bus.up, bus.name, cfg.Metrics.LivenessTimeout, cfg.Metrics.StuckAfter)
 	if cfg.Metrics.Listen != "" {
 		srv, err = serveHTTP(cfg.Metrics.Listen, reg, health)
 		if err != nil {
@@ -134,11 +134,13 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 		BackoffInitial: cfg.Retry.Initial,
 		BackoffMax:     cfg.Retry.Max,
 		OnDelivered:    ts.hook(opts.OnDelivered),
+		Alive:          health.alive,
 		Metrics:        metrics,
 		Logger:         log,
 		Tracer:         tracer,
 		TraceSystem:    cfg.Sink,
 	}, bus.sink, router)
+	health.watch(r.Progress)
 	health.started.Store(true)
 	if opts.Ready != nil {
 		go signalReady(ctx, src, opts.Ready)
@@ -167,11 +169,18 @@ func lead(ctx context.Context, cfg config.Config, log zerolog.Logger, r *relay.R
 	for {
 		// Several relays may run for one database: one holds the leader
 		// lock and streams, the others wait here and take over when it dies.
+		// Each poll of the lock is a turn of the main loop (liveness).
+		health.alive()
 		var lastWarn time.Time
+		told := false
 		lock, err := cdc.AcquireLeadership(ctx, cfg.Postgres.URL, cfg.Postgres.Slot, time.Second, func() {
-			health.standby.Store(true)
-			log.Info().Str("slot", cfg.Postgres.Slot).Msg("standby: another walbox holds the leader lock for this slot; waiting to take over")
+			health.standingBy()
+			if !told {
+				told = true
+				log.Info().Str("slot", cfg.Postgres.Slot).Msg("standby: another walbox holds the leader lock for this slot; waiting to take over")
+			}
 		}, func(err error) {
+			health.cannotAsk()
 			// Once, then every 30 s: the cause, not a silent loop.
 			if time.Since(lastWarn) >= 30*time.Second {
 				lastWarn = time.Now()
@@ -184,7 +193,7 @@ func lead(ctx context.Context, cfg config.Config, log zerolog.Logger, r *relay.R
 			}
 			return fmt.Errorf("take leader lock: %w", err)
 		}
-		health.standby.Store(false)
+		health.lead(true)
 		leader.Store(lock)
 		metrics.Leader.Set(1)
 		log.Info().Str("slot", cfg.Postgres.Slot).Msg("leader: streaming")
@@ -196,6 +205,7 @@ func lead(ctx context.Context, cfg config.Config, log zerolog.Logger, r *relay.R
 			// reads back is final.
 			if err := bus.takeOver(runCtx); err != nil {
 				cancel()
+				health.lead(false)
 				leader.Store(nil)
 				lock.Release()
 				metrics.Leader.Set(0)
@@ -224,6 +234,7 @@ func lead(ctx context.Context, cfg config.Config, log zerolog.Logger, r *relay.R
 		go monitorSlot(runCtx, cfg.Postgres.URL, cfg.Postgres.Slot, 5*time.Second, r, metrics, log)
 		err = r.Serve(runCtx, src)
 		cancel()
+		health.lead(false)
 		leader.Store(nil)
 		lock.Release()
 		metrics.Leader.Set(0)
@@ -237,11 +248,29 @@ func lead(ctx context.Context, cfg config.Config, log zerolog.Logger, r *relay.R
 		if wasFenced.Load() {
 			// Whoever fenced this relay leads now, or shares its
 			// transactional id by mistake: do not fence it back at once.
-			select {
-			case <-ctx.Done():
+			// The wait is a turn of the main loop every second (liveness).
+			if !waitAlive(ctx, cfg.Retry.Max, health) {
 				return nil
-			case <-time.After(cfg.Retry.Max):
 			}
+		}
+	}
+}
+
+// waitAlive waits d, recording a turn of the main loop every second; false
+// when ctx ended first.
+func waitAlive(ctx context.Context, d time.Duration, h *health) bool {
+	end := time.NewTimer(d)
+	defer end.Stop()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-end.C:
+			return true
+		case <-tick.C:
+			h.alive()
 		}
 	}
 }
@@ -377,13 +406,18 @@ func streamsError(err error) (permanent bool, out error) {
 func serveHTTP(addr string, reg *prometheus.Registry, h *health) (*http.Server, error) {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	// Probes: docs/kubernetes.md says what each checks and why.
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		ok, why := h.live()
+		answer(w, ok, why)
+	})
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if ok, why := h.ready(); !ok {
-			http.Error(w, why, http.StatusServiceUnavailable)
-			return
-		}
-		fmt.Fprintln(w, "ready")
+		ok, _, why := h.ready()
+		answer(w, ok, why)
+	})
+	mux.HandleFunc("/leader", func(w http.ResponseWriter, _ *http.Request) {
+		_, leader, why := h.ready()
+		answer(w, leader, why)
 	})
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -392,6 +426,15 @@ func serveHTTP(addr string, reg *prometheus.Registry, h *health) (*http.Server, 
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go srv.Serve(ln)
 	return srv, nil
+}
+
+// answer writes a probe's verdict: 200 or 503, and why, on one line.
+func answer(w http.ResponseWriter, ok bool, why string) {
+	if !ok {
+		http.Error(w, why, http.StatusServiceUnavailable)
+		return
+	}
+	fmt.Fprintln(w, why)
 }
 
 func tableNames(ts []config.Table) []string {

@@ -192,9 +192,18 @@ type Retry struct {
 	Max     time.Duration `yaml:"max" env:"MAX"`
 }
 
-// Metrics is the HTTP endpoint for /metrics, /healthz and /readyz.
+// Metrics is the HTTP endpoint for /metrics, /healthz, /readyz and /leader.
 type Metrics struct {
 	Listen string `yaml:"listen" env:"LISTEN"`
+	// LivenessTimeout: /healthz fails once the main loop (the publisher
+	// loop while leading, the leader-lock wait while standing by) has not
+	// turned for this long. Every blocking call in those loops ends by a
+	// timeout of its own well before it.
+	LivenessTimeout time.Duration `yaml:"liveness_timeout" env:"LIVENESS_TIMEOUT"`
+	// StuckAfter: /readyz fails while events wait in the publish window and
+	// none has left it for this long, the oldest committed at least this
+	// long ago.
+	StuckAfter time.Duration `yaml:"stuck_after" env:"STUCK_AFTER"`
 }
 
 // Log configures logging.
@@ -269,7 +278,7 @@ func Default() Config {
 			SubjectTemplate: relay.DefaultSubjectTemplate, PartitionBuckets: relay.DefaultPartitionBuckets, Envelope: relay.EnvelopeRaw,
 			DLQ: DLQ{Stream: "WALBOX_DLQ", SubjectPrefix: "walbox.dlq."}},
 		Retry:   Retry{Initial: retry.DefaultInitial, Max: retry.DefaultMax},
-		Metrics: Metrics{Listen: "127.0.0.1:9187"},
+		Metrics: Metrics{Listen: "127.0.0.1:9187", LivenessTimeout: 5 * time.Minute, StuckAfter: 2 * time.Minute},
 		Log:     Log{Level: "info", Format: "auto"},
 		Sweeper: Sweeper{MarkProcessed: true, BatchSize: 1000, Interval: 200 * time.Millisecond, PartitionStep: "day", PartitionsAhead: 7, Maintain: true, YieldAfter: time.Second, LockTimeout: 100 * time.Millisecond},
 		Archive: Archive{After: 90 * 24 * time.Hour, DeleteAfter: 3 * 365 * 24 * time.Hour, S3: S3{UseSSL: true}},
@@ -546,6 +555,12 @@ func (c *Config) validate(withNATS bool) error {
 	}
 	if c.Retry.Initial <= 0 || c.Retry.Max < c.Retry.Initial {
 		bad("retry", "initial must be positive and max at least initial")
+	}
+	if c.Metrics.LivenessTimeout < time.Second {
+		bad("metrics.liveness_timeout", "%s: must be at least 1s (the main loop turns every second)", c.Metrics.LivenessTimeout)
+	}
+	if c.Metrics.StuckAfter < time.Second {
+		bad("metrics.stuck_after", "%s: must be at least 1s", c.Metrics.StuckAfter)
 	}
 	switch c.Log.Format {
 	case "auto", "json", "console":

@@ -153,7 +153,7 @@ log:
 		},
 		DLQ: DLQ{Stream: "DEAD", SubjectPrefix: "app.dead."}}
 	want.Retry = Retry{Initial: 500 * time.Millisecond, Max: 30 * time.Second}
-	want.Metrics = Metrics{Listen: "0.0.0.0:9187"}
+	want.Metrics.Listen = "0.0.0.0:9187"
 	want.Log = Log{Level: "debug", Format: "json"}
 	if !reflect.DeepEqual(cfg, want) {
 		t.Fatalf("loaded\n%+v\nwant\n%+v", cfg, want)

@@ -179,7 +179,7 @@ func TestChaosKafka(t *testing.T) {
 }
 
 // relayPair is a leader and a standby relay process, each with a metrics
-// address of its own (its /readyz says which leads).
+// address of its own (its /leader says which leads).
 type relayPair struct {
 	e     *kafkaEnv
 	procs [2]*proc
@@ -198,7 +198,7 @@ func (rp *relayPair) leader(t *testing.T) int {
 	i := -1
 	relaytest.Eventually(t, 60*time.Second, "a relay leading", func() bool {
 		for j, a := range rp.addrs {
-			if rp.procs[j].running() && ready(a) {
+			if rp.procs[j].running() && leading(a) {
 				i = j
 				return true
 			}
@@ -236,7 +236,7 @@ func (rp *relayPair) pauseLeader(t *testing.T, ctx context.Context) {
 	if !rp.procs[other].running() {
 		rp.start(other)
 	}
-	relaytest.Eventually(t, 60*time.Second, "the standby to take over from the paused leader", func() bool { return ready(rp.addrs[other]) })
+	relaytest.Eventually(t, 60*time.Second, "the standby to take over from the paused leader", func() bool { return leading(rp.addrs[other]) })
 	time.Sleep(time.Second) // fault timing: the new leader publishes before the old one wakes
 }
 

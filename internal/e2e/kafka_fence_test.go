@@ -125,7 +125,7 @@ func TestKafkaPausedLeaderIsFenced(t *testing.T) {
 	release()
 	t.Logf("A stopped with %d produce requests held; terminating its PostgreSQL sessions", held.Load())
 	e.endLeaderSessions(relaytest.Ctx(t))
-	took := relaytest.Eventually(t, 30*time.Second, "B ready (leading)", func() bool { return ready(addrB) })
+	took := relaytest.Eventually(t, 30*time.Second, "B leading", func() bool { return leading(addrB) })
 	t.Logf("B took over %v after A was stopped", took.Round(10*time.Millisecond))
 	e.waitStored(e.stored()+150, 60*time.Second) // B publishes newer events of the same keys
 	if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {

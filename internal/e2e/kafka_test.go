@@ -351,7 +351,7 @@ func TestKafkaStandbyTakesOverWhenLeaderIsKilled(t *testing.T) {
 	stop := e.loadInBackground(outboxtest.Load{Producers: 3, MaxRows: 10, Rollback: 0.1, Rate: 30, Keys: 8})
 	e.waitStored(200, 60*time.Second)
 	a.signal(t, syscall.SIGKILL)
-	took := relaytest.Eventually(t, 30*time.Second, "the standby ready (leading)", func() bool { return ready(addrB) })
+	took := relaytest.Eventually(t, 30*time.Second, "the standby leading", func() bool { return leading(addrB) })
 	t.Logf("standby took over %v after the leader was killed", took.Round(10*time.Millisecond))
 	select {
 	case <-b.done:
