@@ -135,6 +135,16 @@ func (b *bench) catchUp(ctx context.Context) error {
 		if err := b.catchUpNoFlag(ctx, &nf); err != nil {
 			return fmt.Errorf("without the processed flag: %w", err)
 		}
+		for _, ratio := range traceRatios {
+			var tr catchupResult
+			if err := b.catchUpTraced(ctx, ratio, &tr); err != nil {
+				return fmt.Errorf("with tracing sampled at %s: %w", ratio, err)
+			}
+			if b.res.tracedRuns == nil {
+				b.res.tracedRuns = map[string][]catchupResult{}
+			}
+			b.res.tracedRuns[ratio] = append(b.res.tracedRuns[ratio], tr)
+		}
 		b.res.catchupRuns, b.res.decodeRuns = append(b.res.catchupRuns, c), append(b.res.decodeRuns, dec)
 		b.res.publishRuns, b.res.noflagRuns = append(b.res.publishRuns, pub), append(b.res.noflagRuns, nf)
 	}
@@ -277,7 +287,8 @@ func (b *bench) relayCatchup(ctx context.Context, phase string, res *catchupResu
 	if err := b.endCatchup(ctx, res, meter, self0, done, benchStream, base, target, r.started); err != nil {
 		return err
 	}
-	if err := b.settle(ctx, r, res, len(env) == 0 && !slices.Contains(b.p.Sets, "sweeper.mark_processed=false")); err != nil {
+	marks := !slices.Contains(env, "WALBOX_SWEEPER_MARK_PROCESSED=false") && !slices.Contains(b.p.Sets, "sweeper.mark_processed=false")
+	if err := b.settle(ctx, r, res, marks); err != nil {
 		return err
 	}
 	if err := b.stopRelay(r); err != nil {

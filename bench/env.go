@@ -533,7 +533,9 @@ func (b *bench) startProc(phase, prog string, args []string, env ...string) (*re
 	// benchmark stops the relay; killed if the benchmark dies.
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "WALBOX_") {
+		// Neither walbox's settings nor OpenTelemetry's: a relay traces
+		// only in the phases that say so (tracing.go).
+		if !strings.HasPrefix(kv, "WALBOX_") && !strings.HasPrefix(kv, "OTEL_") {
 			p.cmd.Env = append(p.cmd.Env, kv)
 		}
 	}

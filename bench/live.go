@@ -159,7 +159,10 @@ func (b *bench) live(ctx context.Context) error {
 	if err := b.stopRelay(t.proc); err != nil {
 		return err
 	}
-	return b.liveNoFlag(ctx, pool)
+	if err := b.liveNoFlag(ctx, pool); err != nil {
+		return err
+	}
+	return b.liveTraced(ctx, pool)
 }
 
 // liveNoFlag runs the live rates up to 2,000/s again with a fresh relay

@@ -179,8 +179,9 @@ type bench struct {
 	mu       sync.Mutex
 	cleanups []func()
 
-	env *environment
-	res results
+	env  *environment
+	res  results
+	otlp *otlpSink // where traced relays export (tracing.go)
 
 	seen      map[int]procSample // children of the postmaster and of this process, most CPU seen
 	accounted map[int]bool       // ... and those known to be gone
@@ -221,6 +222,9 @@ func (b *bench) run(ctx context.Context) error {
 	}
 	b.env = env
 	b.res.env = env.info
+	if b.otlp, err = b.startOTLPSink(); err != nil {
+		return err
+	}
 	if b.p.Profiles {
 		b.p.CPUProfile = filepath.Join(env.moduleDir, "bench", "results", "profiles")
 		b.logf("relay CPU profiles go to %s", b.p.CPUProfile)

@@ -31,8 +31,12 @@ type results struct {
 	concRuns                []concurrentResult
 	live                    []liveResult
 	liveNoFlag              []liveResult // live rates ≤ 2,000/s with sweeper.mark_processed=false
-	big                     bigResult
-	peers                   []peerResult
+	// Tracing on, by sampled share (tracing.go): catch-up rounds and the
+	// first live rate.
+	tracedRuns map[string][]catchupResult
+	liveTraced map[string]liveResult
+	big        bigResult
+	peers      []peerResult
 
 	idleBusy  float64 // machine busy share before the run
 	idleWhere []cpuShare
@@ -519,6 +523,8 @@ func (r *results) render() table {
 				fmt.Sprintf("no effect (on ≤ %.1f× off)", targetFlagP99), verdict(on.P99 <= time.Duration(float64(off.P99)*targetFlagP99)))
 		}
 	}
+
+	r.tracingReport(head, add)
 
 	name, f := r.worstForeign()
 	head("Machine")

@@ -94,7 +94,7 @@ func (c headerCarrier) Keys() []string {
 func (tr *tracing) published(p *pending, table string) {
 	if p.span == nil {
 		parent := tr.prop.Extract(context.Background(), headerCarrier(p.msg.Header))
-		if !trace.SpanContextFromContext(parent).IsValid() && len(p.ev.Headers) > 0 {
+		if p.dlq && !trace.SpanContextFromContext(parent).IsValid() && len(p.ev.Headers) > 0 {
 			// A dead letter does not carry the headers column as headers:
 			// the producer's context is read from the column itself.
 			var cols map[string]any
@@ -108,18 +108,24 @@ func (tr *tracing) published(p *pending, table string) {
 				parent = tr.prop.Extract(context.Background(), headerCarrier(h))
 			}
 		}
-		_, p.span = tr.t.Start(parent, SpanName, trace.WithSpanKind(trace.SpanKindProducer),
-			trace.WithTimestamp(p.sentAt),
-			trace.WithAttributes(tr.system, semconv.MessagingOperationTypeSend, semconv.MessagingOperationName("publish"),
+		_, p.span = tr.t.Start(parent, SpanName, trace.WithSpanKind(trace.SpanKindProducer), trace.WithTimestamp(p.sentAt))
+		if p.span.IsRecording() {
+			p.span.SetAttributes(tr.system, semconv.MessagingOperationTypeSend, semconv.MessagingOperationName("publish"),
 				semconv.MessagingMessageID(p.ev.ID), semconv.MessagingDestinationName(p.msg.Subject),
-				AttrCommitLSN.String(p.ev.Pos.CommitLSN.String())))
-		if table != "" {
-			p.span.SetAttributes(AttrTable.String(table))
+				AttrCommitLSN.String(p.ev.Pos.CommitLSN.String()))
+			if table != "" {
+				p.span.SetAttributes(AttrTable.String(table))
+			}
 		}
 	} else {
 		p.resends++
 	}
-	tr.prop.Inject(trace.ContextWithSpan(context.Background(), p.span), headerCarrier(p.msg.Header))
+	if p.span.IsRecording() {
+		// An unsampled span is exported nowhere: the message keeps the
+		// producer's context (or none), and a consumer's span is the
+		// producer's child. A sampled one is the consumer's parent.
+		tr.prop.Inject(trace.ContextWithSpan(context.Background(), p.span), headerCarrier(p.msg.Header))
+	}
 }
 
 // acked ends p's span with where the event was stored.
@@ -129,6 +135,10 @@ func (tr *tracing) acked(p *pending, ack *Ack, now time.Time) {
 		return
 	}
 	p.span = nil
+	if !s.IsRecording() {
+		s.End()
+		return
+	}
 	// The destination is where it went last: a dead letter's is the
 	// dead-letter subject or topic.
 	attrs := []attribute.KeyValue{semconv.MessagingDestinationName(p.msg.Subject), AttrResends.Int(p.resends),

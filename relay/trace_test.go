@@ -112,3 +112,32 @@ func TestPublishSpansOnKafka(t *testing.T) {
 		}
 	})
 }
+
+// TestUnsampledPublishKeepsTheProducersContext: a span the sampler drops is
+// exported nowhere, so the message keeps the producer's traceparent (the
+// consumer's span is the producer's child) and an event without one gets
+// none.
+func TestUnsampledPublishKeepsTheProducersContext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const producer = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+		exp := tracetest.NewInMemoryExporter()
+		tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp), sdktrace.WithSampler(sdktrace.NeverSample()))
+		st := newFakeStream()
+		src, _ := newScript(1, 2)
+		src.changes[1].Event.Headers = []byte(`{"traceparent": "` + producer + `"}`)
+		sink := &fakeSink{st: st, dlq: newFakeStream(), ackTimeout: 5 * time.Second}
+		router := NewRouter("", "app/walbox", []Route{{Stream: "ORDERS", Subjects: []string{"orders.>"}}})
+		r := New(Config{Window: 16, BackoffInitial: 100 * time.Millisecond, BackoffMax: time.Second,
+			Tracer: tp.Tracer("test"), TraceSystem: "nats"}, sink, router)
+		serveUntilReached(t, r, src)
+		if n := len(exp.GetSpans()); n != 0 {
+			t.Fatalf("%d spans exported, want none", n)
+		}
+		if got := st.hdrs[0].Get("traceparent"); got != producer {
+			t.Fatalf("the first message carries traceparent %q, want the producer's %q", got, producer)
+		}
+		if got := st.hdrs[1].Get("traceparent"); got != "" {
+			t.Fatalf("the second message carries traceparent %q, want none", got)
+		}
+	})
+}
