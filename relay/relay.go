@@ -109,9 +109,12 @@ type Config struct {
 	Metrics *Metrics
 	Logger  zerolog.Logger
 	// Tracer, when set, gives each published event a span (trace.go);
-	// TraceSystem is OpenTelemetry's messaging.system: "nats" or "kafka".
+	// TraceSystem is OpenTelemetry's messaging.system: "nats" or "kafka";
+	// TraceRatio the share of events without a producer's context that
+	// get one (0: all; below 0: none).
 	Tracer      trace.Tracer
 	TraceSystem string
+	TraceRatio  float64
 }
 
 // Relay publishes the changes of a Source to a Sink, in order, and confirms
@@ -161,7 +164,7 @@ func New(cfg Config, sink Sink, router *Router) *Relay {
 	}
 	router.SetMaxPayload(sink.MaxPayload())
 	return &Relay{cfg: cfg, sink: sink, router: router, log: cfg.Logger.With().Str("component", "relay").Logger(), m: cfg.Metrics,
-		tr: newTracing(cfg.Tracer, cfg.TraceSystem)}
+		tr: newTracing(cfg.Tracer, cfg.TraceSystem, cfg.TraceRatio)}
 }
 
 // Serve runs src and the relay until ctx is cancelled or src fails for good.
@@ -222,8 +225,9 @@ type pending struct {
 	strict bool
 	// span is its trace span while it is in flight (trace.go), resends
 	// how many times it was published again.
-	span    trace.Span
-	resends int
+	span     trace.Span
+	resends  int
+	untraced bool // the sampler said no: no span, whatever happens to it
 }
 
 // errConnectionChanged stops publishing when the connection was replaced

@@ -141,3 +141,30 @@ func TestUnsampledPublishKeepsTheProducersContext(t *testing.T) {
 		}
 	})
 }
+
+// TestTraceRatioDecidesBeforeAnySpan: the relay samples parent-based before
+// it starts a span: a producer's sampled context is followed whatever the
+// ratio, an unsampled one is not, and with no parent the ratio decides
+// (below 0: none).
+func TestTraceRatioDecidesBeforeAnySpan(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		exp := tracetest.NewInMemoryExporter()
+		tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+		st := newFakeStream()
+		src, _ := newScript(1, 3)
+		src.changes[1].Event.Headers = []byte(`{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}`)
+		src.changes[2].Event.Headers = []byte(`{"traceparent": "00-5bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"}`)
+		sink := &fakeSink{st: st, dlq: newFakeStream(), ackTimeout: 5 * time.Second}
+		router := NewRouter("", "app/walbox", []Route{{Stream: "ORDERS", Subjects: []string{"orders.>"}}})
+		r := New(Config{Window: 16, BackoffInitial: 100 * time.Millisecond, BackoffMax: time.Second,
+			Tracer: tp.Tracer("test"), TraceSystem: "nats", TraceRatio: -1}, sink, router)
+		serveUntilReached(t, r, src)
+		var ids []string
+		for _, s := range exp.GetSpans() {
+			ids = append(ids, attr(s, "messaging.message.id"))
+		}
+		if len(ids) != 1 || ids[0] != "e000-0" {
+			t.Fatalf("spans for %v, want e000-0's alone (its producer's context is sampled)", ids)
+		}
+	})
+}

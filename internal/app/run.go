@@ -53,7 +53,7 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 	if err != nil {
 		return &config.Error{Key: "postgres.url", Msg: err.Error()}
 	}
-	tracer, stopTracing, err := startTracing(ctx, cfg.OTel, log)
+	tracer, traceRatio, stopTracing, err := startTracing(ctx, cfg.OTel, log)
 	if err != nil {
 		return err
 	}
@@ -139,6 +139,7 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 		Logger:         log,
 		Tracer:         tracer,
 		TraceSystem:    cfg.Sink,
+		TraceRatio:     traceRatio,
 	}, bus.sink, router)
 	health.watch(r.Progress)
 	health.started.Store(true)

@@ -3,7 +3,9 @@ package app
 import (
 	"context"
 	"fmt"
+	"os"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"time"
 
@@ -21,11 +23,11 @@ import (
 const tracerName = "github.com/walbox/walbox/relay"
 
 // startTracing builds the OTLP/HTTP trace pipeline of cfg.OTel and returns
-// the relay's tracer and a stop that flushes what is buffered; a nil
-// tracer when tracing is off. The exporter connects when it first sends.
-func startTracing(ctx context.Context, cfg config.OTel, log zerolog.Logger) (trace.Tracer, func(), error) {
+// the relay's tracer, its sampling ratio (relay.Config.TraceRatio) and a
+// stop that flushes what is buffered; a nil tracer when tracing is off. The exporter connects when it first sends.
+func startTracing(ctx context.Context, cfg config.OTel, log zerolog.Logger) (trace.Tracer, float64, func(), error) {
 	if !cfg.TracingOn() {
-		return nil, func() {}, nil
+		return nil, 0, func() {}, nil
 	}
 	var opts []otlptracehttp.Option
 	if cfg.Endpoint != "" {
@@ -33,7 +35,7 @@ func startTracing(ctx context.Context, cfg config.OTel, log zerolog.Logger) (tra
 	}
 	exp, err := otlptracehttp.New(ctx, opts...)
 	if err != nil {
-		return nil, nil, &config.Error{Key: "otel.endpoint", Msg: fmt.Sprintf("OTLP trace exporter: %v", err)}
+		return nil, 0, nil, &config.Error{Key: "otel.endpoint", Msg: fmt.Sprintf("OTLP trace exporter: %v", err)}
 	}
 	version := "devel"
 	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
@@ -46,14 +48,14 @@ func startTracing(ctx context.Context, cfg config.OTel, log zerolog.Logger) (tra
 	if err != nil {
 		res = resource.Environment()
 	}
-	tpOpts := []sdktrace.TracerProviderOption{sdktrace.WithBatcher(exp), sdktrace.WithResource(res)}
-	if cfg.SampleRatio > 0 {
-		// A span with a parent keeps the parent's decision: a sampled
-		// producer's trace is never cut at the relay.
-		tpOpts = append(tpOpts, sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(cfg.SampleRatio))))
-	}
+	// The relay samples before it starts a span (relay.Config.TraceRatio):
+	// parent-based, and the ratio for events without a parent. The SDK
+	// then records what it is given.
+	ratio := sampleRatio(cfg.SampleRatio)
+	tpOpts := []sdktrace.TracerProviderOption{sdktrace.WithBatcher(exp), sdktrace.WithResource(res),
+		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.AlwaysSample()))}
 	tp := sdktrace.NewTracerProvider(tpOpts...)
-	log.Info().Str("endpoint", cfg.Endpoint).Float64("sample_ratio", cfg.SampleRatio).Msg("tracing: a span per published event, exported with OTLP/HTTP")
+	log.Info().Str("endpoint", cfg.Endpoint).Float64("sample_ratio", ratio).Msg("tracing: a span per published event, exported with OTLP/HTTP")
 	stop := func() {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
@@ -61,5 +63,26 @@ func startTracing(ctx context.Context, cfg config.OTel, log zerolog.Logger) (tra
 			log.Warn().Err(err).Msg("tracing: spans not flushed at shutdown")
 		}
 	}
-	return tp.Tracer(tracerName), stop, nil
+	return tp.Tracer(tracerName), ratio, stop, nil
+}
+
+// sampleRatio is the share of events without a producer's context that
+// get a span: otel.sample_ratio, else OTEL_TRACES_SAMPLER's (a
+// traceidratio sampler's argument; always_off: none, as -1), else all.
+func sampleRatio(configured float64) float64 {
+	if configured > 0 {
+		return configured
+	}
+	switch os.Getenv("OTEL_TRACES_SAMPLER") {
+	case "traceidratio", "parentbased_traceidratio":
+		if r, err := strconv.ParseFloat(os.Getenv("OTEL_TRACES_SAMPLER_ARG"), 64); err == nil && r >= 0 && r <= 1 {
+			if r == 0 {
+				return -1
+			}
+			return r
+		}
+	case "always_off", "parentbased_always_off":
+		return -1
+	}
+	return 1
 }
