@@ -6,7 +6,7 @@ PKGS    := ./...
 # replace): ./... of the root module does not reach them.
 LIBS    := outbox consumer
 
-.PHONY: build test test-matrix test-short lint bench bench-quick bench-maintenance demo chaos clean
+.PHONY: build test test-matrix test-short lint lint-helm bench bench-quick bench-maintenance demo chaos clean
 
 # The binary's default GODEBUG keeps the Go runtime's sysmon thread from
 # deep sleep: otherwise every wake-up of the idle relay wakes it, and it polls
@@ -68,6 +68,14 @@ lint:
 	cd bench/watermill && $(GO) vet ./...
 	cd deploy/helmtest && $(GO) vet ./...
 	@out=$$(gofmt -l .); test -z "$$out" || (echo "gofmt needed: $$out"; exit 1)
+
+# The helm binary's own lint of the chart (make test runs Helm's lint code
+# through deploy/helmtest already): built from the Go module proxy, about
+# 2 minutes the first time. CI runs it.
+HELM_VERSION ?= v4.3.2
+lint-helm:
+	cd deploy/helmtest && $(GO) run helm.sh/helm/v4/cmd/helm@$(HELM_VERSION) lint --strict ../helm/walbox
+	cd deploy/helmtest && for v in ../helm/walbox/ci/*-values.yaml; do $(GO) run helm.sh/helm/v4/cmd/helm@$(HELM_VERSION) lint --strict ../helm/walbox -f $$v || exit 1; done
 
 # The benchmark is its own module (bench/go.mod): its peers and chart library
 # stay out of walbox's go.mod. BENCH_ARGS for more flags (see bench/README.md).
