@@ -20,18 +20,12 @@ import (
 func TestPublishSpans(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const producer = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-		exp := tracetest.NewInMemoryExporter()
-		tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
 		st := newFakeStream()
 		st.lose[2] = true // the second publish vanishes: its event is resent
 		src, ids := newScript(2, 2)
 		src.changes[1].Event.Headers = []byte(`{"traceparent": "` + producer + `"}`) // e000-0's headers column
 		src.changes[2].Event.Topic = "nowhere.created"                               // e000-1: no stream captures it
-		sink := &fakeSink{st: st, dlq: newFakeStream(), ackTimeout: 5 * time.Second}
-		router := NewRouter("", "app/walbox", []Route{{Stream: "ORDERS", Subjects: []string{"orders.>"}}, {Stream: "DLQ", Subjects: []string{"walbox.dlq.>"}}})
-		r := New(Config{Window: 16, BackoffInitial: 100 * time.Millisecond, BackoffMax: time.Second,
-			Tracer: tp.Tracer("test"), TraceSystem: "nats"}, sink, router)
-		serveUntilReached(t, r, src)
+		exp := traceRelay(t, st, src, "nats", 0, nil, Route{Stream: "ORDERS", Subjects: []string{"orders.>"}}, Route{Stream: "DLQ", Subjects: []string{"walbox.dlq.>"}})
 
 		spans := map[string]tracetest.SpanStub{}
 		for _, s := range exp.GetSpans() {
@@ -78,6 +72,24 @@ func TestPublishSpans(t *testing.T) {
 	})
 }
 
+// traceRelay runs a traced relay over src into st until every transaction
+// is confirmed, with sampler in the SDK (nil: its default) and ratio as
+// Config.TraceRatio, and returns what it exported.
+func traceRelay(t *testing.T, st *fakeStream, src *scriptSource, system string, ratio float64, sampler sdktrace.Sampler, routes ...Route) *tracetest.InMemoryExporter {
+	t.Helper()
+	exp := tracetest.NewInMemoryExporter()
+	opts := []sdktrace.TracerProviderOption{sdktrace.WithSyncer(exp)}
+	if sampler != nil {
+		opts = append(opts, sdktrace.WithSampler(sampler))
+	}
+	tp := sdktrace.NewTracerProvider(opts...)
+	sink := &fakeSink{st: st, dlq: newFakeStream(), ackTimeout: 5 * time.Second}
+	r := New(Config{Window: 16, BackoffInitial: 100 * time.Millisecond, BackoffMax: time.Second,
+		Tracer: tp.Tracer("test"), TraceSystem: system, TraceRatio: ratio}, sink, NewRouter("", "app/walbox", routes))
+	serveUntilReached(t, r, src)
+	return exp
+}
+
 func attr(s tracetest.SpanStub, key string) string {
 	for _, kv := range s.Attributes {
 		if string(kv.Key) == key {
@@ -91,15 +103,8 @@ func attr(s tracetest.SpanStub, key string) string {
 // as OpenTelemetry's Kafka conventions do: partition and offset.
 func TestPublishSpansOnKafka(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		exp := tracetest.NewInMemoryExporter()
-		tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
-		st := newFakeStream()
 		src, _ := newScript(1, 2)
-		sink := &fakeSink{st: st, dlq: newFakeStream(), ackTimeout: 5 * time.Second}
-		router := NewRouter("", "app/walbox", []Route{{Stream: "orders.created", Subjects: []string{"orders.created"}}})
-		r := New(Config{Window: 16, BackoffInitial: 100 * time.Millisecond, BackoffMax: time.Second,
-			Tracer: tp.Tracer("test"), TraceSystem: "kafka"}, sink, router)
-		serveUntilReached(t, r, src)
+		exp := traceRelay(t, newFakeStream(), src, "kafka", 0, nil, Route{Stream: "orders.created", Subjects: []string{"orders.created"}})
 		offsets := map[string]string{}
 		for _, s := range exp.GetSpans() {
 			if attr(s, "messaging.system") != "kafka" || attr(s, "messaging.destination.partition.id") != "0" || attr(s, "walbox.stream") != "" {
@@ -120,16 +125,10 @@ func TestPublishSpansOnKafka(t *testing.T) {
 func TestUnsampledPublishKeepsTheProducersContext(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const producer = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-		exp := tracetest.NewInMemoryExporter()
-		tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp), sdktrace.WithSampler(sdktrace.NeverSample()))
 		st := newFakeStream()
 		src, _ := newScript(1, 2)
 		src.changes[1].Event.Headers = []byte(`{"traceparent": "` + producer + `"}`)
-		sink := &fakeSink{st: st, dlq: newFakeStream(), ackTimeout: 5 * time.Second}
-		router := NewRouter("", "app/walbox", []Route{{Stream: "ORDERS", Subjects: []string{"orders.>"}}})
-		r := New(Config{Window: 16, BackoffInitial: 100 * time.Millisecond, BackoffMax: time.Second,
-			Tracer: tp.Tracer("test"), TraceSystem: "nats"}, sink, router)
-		serveUntilReached(t, r, src)
+		exp := traceRelay(t, st, src, "nats", 0, sdktrace.NeverSample(), Route{Stream: "ORDERS", Subjects: []string{"orders.>"}})
 		if n := len(exp.GetSpans()); n != 0 {
 			t.Fatalf("%d spans exported, want none", n)
 		}
@@ -148,17 +147,10 @@ func TestUnsampledPublishKeepsTheProducersContext(t *testing.T) {
 // (below 0: none).
 func TestTraceRatioDecidesBeforeAnySpan(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		exp := tracetest.NewInMemoryExporter()
-		tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
-		st := newFakeStream()
 		src, _ := newScript(1, 3)
 		src.changes[1].Event.Headers = []byte(`{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}`)
 		src.changes[2].Event.Headers = []byte(`{"traceparent": "00-5bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"}`)
-		sink := &fakeSink{st: st, dlq: newFakeStream(), ackTimeout: 5 * time.Second}
-		router := NewRouter("", "app/walbox", []Route{{Stream: "ORDERS", Subjects: []string{"orders.>"}}})
-		r := New(Config{Window: 16, BackoffInitial: 100 * time.Millisecond, BackoffMax: time.Second,
-			Tracer: tp.Tracer("test"), TraceSystem: "nats", TraceRatio: -1}, sink, router)
-		serveUntilReached(t, r, src)
+		exp := traceRelay(t, newFakeStream(), src, "nats", -1, nil, Route{Stream: "ORDERS", Subjects: []string{"orders.>"}})
 		var ids []string
 		for _, s := range exp.GetSpans() {
 			ids = append(ids, attr(s, "messaging.message.id"))

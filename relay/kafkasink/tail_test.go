@@ -124,18 +124,7 @@ func TestStoredTailStopsAtTheByteBound(t *testing.T) {
 		}
 	}
 	fillTopic(ctx, t, c.ListenAddrs(), "big", partitions, 10, size, 400)
-	var fetched atomic.Int64
-	c.ControlKey(int16(kmsg.Fetch), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		c.KeepControl()
-		for _, tp := range req.(*kmsg.FetchRequest).Topics {
-			for _, p := range tp.Partitions {
-				if p.FetchOffset < 400 {
-					fetched.Add(1)
-				}
-			}
-		}
-		return nil, nil, false
-	})
+	fetched := fetchesBelow(c, 400)
 	tail, err = s.StoredTail(ctx, "big", "db/slot", 800)
 	if err != nil {
 		t.Fatal(err)
@@ -177,18 +166,7 @@ func TestStoredTailReadsAgainAfterALeaderChange(t *testing.T) {
 	if _, err := s.StoredTail(ctx, "moved", "db/slot", 200); err != nil {
 		t.Fatal(err)
 	}
-	var below atomic.Int64
-	c.ControlKey(int16(kmsg.Fetch), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		c.KeepControl()
-		for _, tp := range req.(*kmsg.FetchRequest).Topics {
-			for _, p := range tp.Partitions {
-				if p.FetchOffset < 300 {
-					below.Add(1)
-				}
-			}
-		}
-		return nil, nil, false
-	})
+	below := fetchesBelow(c, 300)
 	if err := c.MoveTopicPartition("moved", 0, (c.LeaderFor("moved", 0)+1)%3); err != nil {
 		t.Fatal(err)
 	}
@@ -203,4 +181,22 @@ func TestStoredTailReadsAgainAfterALeaderChange(t *testing.T) {
 	if _, ok := tail.IDs[relay.IdentityKey("", "p0-309")]; !ok || len(tail.IDs) < 200 {
 		t.Fatalf("read back %d identities (p0-309 among them: %v), want at least 200 with the newest", len(tail.IDs), ok)
 	}
+}
+
+// fetchesBelow counts, from now on, the partitions fetched from an offset
+// below offset.
+func fetchesBelow(c *kfake.Cluster, offset int64) *atomic.Int64 {
+	var n atomic.Int64
+	c.ControlKey(int16(kmsg.Fetch), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		for _, tp := range req.(*kmsg.FetchRequest).Topics {
+			for _, p := range tp.Partitions {
+				if p.FetchOffset < offset {
+					n.Add(1)
+				}
+			}
+		}
+		return nil, nil, false
+	})
+	return &n
 }
