@@ -18,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/relay/kafkasink"
 )
 
 // Cluster is a kfake cluster of three brokers and a client on it, both
@@ -86,71 +87,18 @@ func FailProduces(c *kfake.Cluster, cut bool, fail func(failed int64) bool) *ato
 	return &hits
 }
 
-// Counts reads topics to their last stable offsets with a read_committed
-// consumer of its own and counts the data records of every partition: what
-// the topics store. End offsets are no count on a topic written in
-// transactions (commit markers and aborted records take offsets too).
+// Counts is how many committed data records every partition of topics
+// holds (kafkasink.CountRecords): what the topics store. End offsets are no
+// count on a topic written in transactions (commit markers and aborted
+// records take offsets too).
 func Counts(ctx context.Context, brokers []string, topics ...string) (map[string]map[int32]int64, error) {
-	adm, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-	if err != nil {
-		return nil, err
-	}
-	defer adm.Close()
-	ends, err := kadm.NewClient(adm).ListCommittedOffsets(ctx, topics...)
-	if err != nil {
-		return nil, fmt.Errorf("list end offsets: %w", err)
-	}
 	out := map[string]map[int32]int64{}
-	want := map[string]map[int32]kgo.Offset{}
-	to := map[string]map[int32]int64{}
-	left := 0
-	var lerr error
-	ends.Each(func(o kadm.ListedOffset) {
-		if o.Err != nil {
-			lerr = fmt.Errorf("end offset of %s/%d: %w", o.Topic, o.Partition, o.Err)
-			return
+	for _, topic := range topics {
+		n, err := kafkasink.CountRecords(ctx, kafkasink.Config{Brokers: brokers}, topic)
+		if err != nil {
+			return nil, fmt.Errorf("count the records of %s: %w", topic, err)
 		}
-		if out[o.Topic] == nil {
-			out[o.Topic], want[o.Topic], to[o.Topic] = map[int32]int64{}, map[int32]kgo.Offset{}, map[int32]int64{}
-		}
-		out[o.Topic][o.Partition] = 0
-		if o.Offset > 0 {
-			want[o.Topic][o.Partition] = kgo.NewOffset().AtStart()
-			to[o.Topic][o.Partition] = o.Offset
-			left++
-		}
-	})
-	if lerr != nil || left == 0 {
-		return out, lerr
-	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumePartitions(want),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.KeepControlRecords())
-	if err != nil {
-		return nil, err
-	}
-	defer cl.Close()
-	for left > 0 {
-		fs := cl.PollFetches(ctx)
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("count records: %w", ctx.Err())
-		}
-		var ferr error
-		fs.EachError(func(t string, p int32, err error) { ferr = fmt.Errorf("fetch %s/%d: %w", t, p, err) })
-		if ferr != nil {
-			return nil, ferr
-		}
-		fs.EachRecord(func(r *kgo.Record) {
-			end, ok := to[r.Topic][r.Partition]
-			if !ok || r.Offset >= end {
-				return
-			}
-			if !r.Attrs.IsControl() {
-				out[r.Topic][r.Partition]++
-			}
-			if r.Offset == end-1 {
-				left--
-			}
-		})
+		out[topic] = n
 	}
 	return out, nil
 }

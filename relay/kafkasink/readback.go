@@ -372,23 +372,26 @@ func (s *Sink) ReadBack(ctx context.Context, topic, source string, rr relay.Read
 // read-back of the newest records reads.
 const maxReadBackChunk = 1 << 20
 
-// CountRecords is how many records topic holds (end minus start offsets
-// over its partitions), with a client of its own: for `walbox status`.
-func CountRecords(ctx context.Context, cfg Config, topic string) (int64, error) {
-	cl, err := kgo.NewClient(cfg.clientOpts()...)
+// CountRecords is how many committed data records each partition of topic
+// holds, read with a client of its own (end minus start offsets would also
+// count transaction markers and aborted records). Empty partitions are
+// left out.
+func CountRecords(ctx context.Context, cfg Config, topic string) (map[int32]int64, error) {
+	cl, err := NewClient(cfg)
 	if err != nil {
-		return 0, fmt.Errorf("kafka client: %w", err)
+		return nil, err
 	}
 	defer cl.Close()
 	sp, _, err := spans(ctx, kadm.NewClient(cl), topic, 0, 0, 1<<62)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	var n int64
-	for _, s := range sp {
-		n += s.to - s.from
-	}
-	return n, nil
+	out := map[int32]int64{}
+	err = readSpans(ctx, cfg, topic, sp, func(r *kgo.Record) error {
+		out[r.Partition]++
+		return nil
+	})
+	return out, err
 }
 
 // NewClient is a client with the sink's connection options (brokers, TLS,
