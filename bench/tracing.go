@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -123,17 +124,17 @@ func (r *results) tracingReport(head func(string), add func(what, value, target,
 			fmt.Sprintf("%.1f µs (%+.1f%%); %.0f events/s (off: %.0f)%s", us(onCPU), cost*100, rate(on.Events, on.Took), rate(off.Events, off.Took),
 				runsString(runs, func(x catchupResult) float64 { return rate(x.Events, x.Took) })), target, v)
 	}
-	var offLive liveResult
-	for _, l := range r.live {
-		if len(r.liveTraced) > 0 && l.Events > 0 && offLive.Events == 0 {
-			offLive = l
-		}
-	}
 	for _, ratio := range traceRatios {
 		on, ok := r.liveTraced[ratio]
-		if !ok || on.Events == 0 || offLive.Events == 0 || on.Rate != offLive.Rate {
+		if !ok || on.Events == 0 {
 			continue
 		}
+		// Tracing off: phase 2's run at the same rate.
+		i := slices.IndexFunc(r.live, func(l liveResult) bool { return l.Rate == on.Rate && l.Events > 0 })
+		if i < 0 {
+			continue
+		}
+		offLive := r.live[i]
 		cost := float64(perEvent(on.CPU, on.Events))/float64(perEvent(offLive.CPU, offLive.Events)) - 1
 		target, v := "p99 unchanged (≤ 1.1× off)", verdict(on.P99 <= time.Duration(float64(offLive.P99)*1.1))
 		if ratio == "0.01" {
