@@ -564,6 +564,8 @@ func (l *loop) publish(p *pending, alone bool) {
 		expect = l.lastSeq[p.stream]
 	}
 	p.msg.Expect, p.msg.ExpectSet = expect, strict
+	p.msg.Stream = p.stream
+	p.msg.MayBeStored = p.tried || alone || l.maybeStored(p)
 	p.strict = false
 	epoch := l.r.sink.Epoch()
 	if len(l.window) > 0 && l.window[len(l.window)-1].epoch != epoch {

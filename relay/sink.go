@@ -57,6 +57,15 @@ type Msg struct {
 	// sink whose epoch has moved since refuses the message unsent (a
 	// failed publish it has not heard of must be resent first).
 	Epoch uint64
+	// Stream is the JetStream stream the router sends Subject to ("" for
+	// a dead letter and for Kafka): a sink that batches per stream needs it.
+	Stream string
+	// MayBeStored: the broker may hold this event already (a resend, or one
+	// the resume check could not rule out). A sink publishes it on its own,
+	// so that its ack says whether it was stored or dropped as a duplicate
+	// and where: a batch's acks prove only what a batch stored (see
+	// relay/jssink/batch.go).
+	MayBeStored bool
 
 	slots *headerSlots // Router.Message's, for Recycle
 }

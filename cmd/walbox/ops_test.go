@@ -194,7 +194,7 @@ func TestOpsCommandsExitCodes(t *testing.T) {
 	}
 	defer nc.Close()
 	js, _ := jetstream.New(nc)
-	if _, err := jssink.EnsureStreams(ctx, js, gc.StreamSpecs()); err != nil {
+	if _, _, err := jssink.EnsureStreams(ctx, js, gc.StreamSpecs()); err != nil {
 		t.Fatal(err)
 	}
 	for _, args := range [][]string{

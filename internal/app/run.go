@@ -355,7 +355,21 @@ const jsErrClusterNoPeers jetstream.ErrorCode = 10005
 func ensureStreams(ctx context.Context, sink *jssink.Sink, cfg config.Config, log zerolog.Logger, lastErr *atomic.Pointer[error]) ([]relay.Route, error) {
 	return retryEnsure(ctx, cfg, 10*time.Second,
 		func(ctx context.Context) ([]relay.Route, error) {
-			return jssink.EnsureStreams(ctx, sink.JetStream(), cfg.StreamSpecs())
+			routes, paths, err := jssink.EnsureStreams(ctx, sink.JetStream(), cfg.StreamSpecs())
+			if err != nil {
+				return nil, err
+			}
+			for _, p := range paths {
+				if p.Batch {
+					log.Info().Str("stream", p.Stream).Msg("publishing in fast batches while the stream is busy, per message otherwise")
+				} else {
+					log.Info().Str("stream", p.Stream).Str("why", p.Why).Msg("publishing per message")
+				}
+			}
+			sink.SetBatching(jssink.Batching{Paths: paths, Window: cfg.NATS.Window, OnFallBack: func(p jssink.PublishPath) {
+				log.Warn().Str("stream", p.Stream).Str("why", p.Why).Msg("fast batches off for this stream: publishing per message")
+			}})
+			return routes, nil
 		},
 		func(err error) (retry, permanent error) {
 			stop, err := streamsError(err)

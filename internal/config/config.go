@@ -133,8 +133,13 @@ type NATS struct {
 	// stream rejects a message whose predecessor was lost (a leader change
 	// in a cluster) and walbox resends in order. Turn it off when several
 	// writers share a stream.
-	StrictOrder bool     `yaml:"strict_order" env:"STRICT_ORDER"`
-	Streams     []Stream `yaml:"streams"`
+	StrictOrder bool `yaml:"strict_order" env:"STRICT_ORDER"`
+	// FastBatch publishes a busy stream's messages in flow-controlled
+	// batches (nats-server 2.14+, allow_batched on the stream, which walbox
+	// sets on the streams it manages): one flow ack per up to 256 messages
+	// instead of one ack each. Needs strict_order; per message otherwise.
+	FastBatch bool     `yaml:"fast_batch" env:"FAST_BATCH"`
+	Streams   []Stream `yaml:"streams"`
 	// Routes assert the stream of topics by prefix: an event whose topic
 	// starts with TopicPrefix must land in Stream, else it is dead-lettered.
 	Routes []RouteRule `yaml:"routes"`
@@ -274,7 +279,7 @@ func Default() Config {
 		Postgres: Postgres{Slot: "walbox", Publication: "walbox_outbox", CreatePublication: true, StatusInterval: cdc.DefaultStatusInterval,
 			OnSlotLost: "recreate", HeartbeatInterval: 30 * time.Second, Origin: "any"},
 		Outbox: Outbox{Table: "public.outbox_events", Layout: LayoutWalbox},
-		NATS: NATS{URL: "nats://127.0.0.1:4222", AckTimeout: 10 * time.Second, Window: 1024, WindowBytes: 64 << 20, StrictOrder: true,
+		NATS: NATS{URL: "nats://127.0.0.1:4222", AckTimeout: 10 * time.Second, Window: 1024, WindowBytes: 64 << 20, StrictOrder: true, FastBatch: true,
 			SubjectTemplate: relay.DefaultSubjectTemplate, PartitionBuckets: relay.DefaultPartitionBuckets, Envelope: relay.EnvelopeRaw,
 			DLQ: DLQ{Stream: "WALBOX_DLQ", SubjectPrefix: "walbox.dlq."}},
 		Retry:   Retry{Initial: retry.DefaultInitial, Max: retry.DefaultMax},
@@ -699,11 +704,16 @@ func (c *Config) StreamSpecs() []jssink.StreamSpec {
 		if dw == 0 {
 			dw = 2 * time.Minute
 		}
+		noBatch := ""
+		if !c.NATS.StrictOrder {
+			noBatch = "nats.strict_order is false: a batch's acks prove each event stored only through its expected last sequence"
+		}
 		out = append(out, jssink.StreamSpec{Name: s.Name, Subjects: s.Subjects, Storage: s.Storage, Replicas: s.Replicas,
-			DuplicateWindow: dw, MaxAge: s.MaxAge, Manage: manage})
+			DuplicateWindow: dw, MaxAge: s.MaxAge, Manage: manage, FastBatch: c.NATS.FastBatch, NoBatch: noBatch})
 	}
 	out = append(out, jssink.StreamSpec{Name: c.NATS.DLQ.Stream, Subjects: []string{c.NATS.DLQ.SubjectPrefix + ">"},
-		Storage: "file", Replicas: max(dlqReplicas, 1), DuplicateWindow: 2 * time.Minute, Manage: true})
+		Storage: "file", Replicas: max(dlqReplicas, 1), DuplicateWindow: 2 * time.Minute, Manage: true,
+		FastBatch: c.NATS.FastBatch, NoBatch: "dead letters are published one at a time"})
 	return out
 }
 

@@ -38,7 +38,7 @@ func wantCheck(t *testing.T, r *DoctorReport, name string, status CheckStatus, f
 func TestDoctorGoodSetup(t *testing.T) {
 	e := newEnv(t)
 	ctx := testCtx(t)
-	if _, err := jssink.EnsureStreams(ctx, e.connectJS(), e.cfg.StreamSpecs()); err != nil {
+	if _, _, err := jssink.EnsureStreams(ctx, e.connectJS(), e.cfg.StreamSpecs()); err != nil {
 		t.Fatal(err)
 	}
 	rep := Doctor(ctx, e.cfg)
@@ -92,7 +92,7 @@ func TestDoctorBadRoleStreamsAndNATS(t *testing.T) {
 		e.exec("DROP ROLE " + role)
 	})
 	e.exec("GRANT SELECT ON outbox_events TO " + role)
-	if _, err := jssink.EnsureStreams(ctx, e.connectJS(), e.cfg.StreamSpecs()[:1]); err != nil {
+	if _, _, err := jssink.EnsureStreams(ctx, e.connectJS(), e.cfg.StreamSpecs()[:1]); err != nil {
 		t.Fatal(err)
 	}
 	u, _ := url.Parse(e.dbURL)

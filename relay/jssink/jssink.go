@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -45,11 +46,23 @@ type Sink struct {
 	waiting []waiter // tokens next-len(waiting) .. next-1, in order
 	timer   *time.Timer
 	armed   bool // timer will fire
+
+	// Fast batches (batch.go): their replies' subject prefix, each
+	// stream's lane, the timer that commits idle batches, and who hears of
+	// a stream falling back to per-message publishes.
+	bprefix string
+	lanes   atomic.Pointer[laneSet]
+	tick    *time.Timer
+	ticking atomic.Bool
+	flow    int
+	notify  func(PublishPath)
+	bstats  batchCounters
 }
 
 type waiter struct {
 	resolve  relay.Resolver // nil once resolved
 	deadline time.Time
+	ln       *lane // its stream's lane, whose in-flight count it is in
 }
 
 // New wraps a connection and subscribes to its reply subjects. ackTimeout
@@ -60,17 +73,24 @@ func New(nc *nats.Conn, ackTimeout time.Duration) (*Sink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("jetstream context: %w", err)
 	}
-	s := &Sink{nc: nc, js: js, ackTimeout: ackTimeout, prefix: nc.NewInbox() + "."}
+	s := &Sink{nc: nc, js: js, ackTimeout: ackTimeout, prefix: nc.NewInbox() + ".", bprefix: nc.NewInbox() + ".", flow: batchFlow}
 	s.timer = time.AfterFunc(time.Hour, s.expire)
 	s.timer.Stop()
-	sub, err := nc.Subscribe(s.prefix+"*", s.onReply)
-	if err != nil {
-		return nil, fmt.Errorf("subscribe to the publish acks: %w", err)
-	}
-	// An ack dropped as a slow consumer's would hold its future until the
-	// ack timeout; the relay's window bounds what can pile up.
-	if err := sub.SetPendingLimits(-1, -1); err != nil {
-		return nil, fmt.Errorf("subscribe to the publish acks: %w", err)
+	s.tick = time.AfterFunc(time.Hour, s.onTick)
+	s.tick.Stop()
+	for _, sub := range []struct {
+		subject string
+		cb      nats.MsgHandler
+	}{{s.prefix + "*", s.onReply}, {s.bprefix + ">", s.onBatchReply}} {
+		sub, err := nc.Subscribe(sub.subject, sub.cb)
+		if err != nil {
+			return nil, fmt.Errorf("subscribe to the publish acks: %w", err)
+		}
+		// An ack dropped as a slow consumer's would hold its future until
+		// the ack timeout; the relay's window bounds what can pile up.
+		if err := sub.SetPendingLimits(-1, -1); err != nil {
+			return nil, fmt.Errorf("subscribe to the publish acks: %w", err)
+		}
 	}
 	return s, nil
 }
@@ -90,11 +110,20 @@ func (s *Sink) Publish(m *relay.Msg) (relay.Future, error) {
 	}
 	m.SetHeader(relay.HeaderExpectedLastSeq, expect)
 	h := nats.Header(m.Header)
+	ln := s.lane(m.Stream)
+	if ln != nil && m.ExpectSet && !m.MayBeStored {
+		if fut, ok, err := ln.publish(m, h); ok {
+			return fut, err
+		}
+	}
+	if ln != nil {
+		ln.single.Add(1)
+	}
 	fut, resolve := relay.NewFuture()
 	s.mu.Lock()
 	tok := s.next
 	s.next++
-	s.waiting = append(s.waiting, waiter{resolve: resolve, deadline: time.Now().Add(s.ackTimeout)})
+	s.waiting = append(s.waiting, waiter{resolve: resolve, deadline: time.Now().Add(s.ackTimeout), ln: ln})
 	if !s.armed {
 		s.timer.Reset(s.ackTimeout)
 		s.armed = true
@@ -135,6 +164,9 @@ func (s *Sink) take(tok uint64) relay.Resolver {
 	}
 	w := &s.waiting[tok-first]
 	resolve := w.resolve
+	if resolve != nil && w.ln != nil {
+		w.ln.single.Add(-1)
+	}
 	w.resolve = nil
 	s.dropResolvedLocked()
 	return resolve
@@ -168,6 +200,9 @@ func (s *Sink) expire() {
 		if r := s.waiting[n].resolve; r != nil {
 			expired = append(expired, r)
 			s.waiting[n].resolve = nil
+			if ln := s.waiting[n].ln; ln != nil {
+				ln.single.Add(-1)
+			}
 		}
 		n++
 	}
@@ -247,27 +282,72 @@ func Classify(err error) relay.ErrorClass { return ErrKind(err).Class() }
 
 // EnsureStreams creates or updates the configured streams (manage = true)
 // or checks they exist. It returns the routes for the router, taken from the
-// server's view of each stream.
-func EnsureStreams(ctx context.Context, js jetstream.JetStream, streams []StreamSpec) ([]relay.Route, error) {
+// server's view of each stream, and how the sink is to publish to each
+// (SetBatching).
+func EnsureStreams(ctx context.Context, js jetstream.JetStream, streams []StreamSpec) ([]relay.Route, []PublishPath, error) {
 	var routes []relay.Route
+	var paths []PublishPath
+	version := js.Conn().ConnectedServerVersion()
 	for _, sp := range streams {
 		var info *jetstream.StreamInfo
 		if sp.Manage {
-			st, err := js.CreateOrUpdateStream(ctx, sp.Config())
+			c := sp.Config()
+			// A server before 2.14 may refuse a field it does not know.
+			c.AllowBatchPublish = sp.FastBatch && sp.NoBatch == "" && FastBatchServer(version)
+			st, err := js.CreateOrUpdateStream(ctx, c)
 			if err != nil {
-				return nil, fmt.Errorf("create or update stream %s: %w", sp.Name, err)
+				return nil, nil, fmt.Errorf("create or update stream %s: %w", sp.Name, err)
 			}
 			info = st.CachedInfo()
 		} else {
 			st, err := js.Stream(ctx, sp.Name)
 			if err != nil {
-				return nil, fmt.Errorf("stream %s (nats.streams[].manage is false, so walbox only checks it): %w", sp.Name, err)
+				return nil, nil, fmt.Errorf("stream %s (nats.streams[].manage is false, so walbox only checks it): %w", sp.Name, err)
 			}
 			info = st.CachedInfo()
 		}
 		routes = append(routes, relay.Route{Stream: sp.Name, Subjects: info.Config.Subjects})
+		paths = append(paths, PathFor(sp, info, version))
 	}
-	return routes, nil
+	return routes, paths, nil
+}
+
+// PathFor says how walbox publishes to the stream sp, whose server's view is
+// info (nil: not created yet) on a server of version: in fast batches when
+// it is configured, the server knows them (2.14+) and the stream allows
+// them (allow_batched, which walbox sets on a stream it manages); per
+// message otherwise, and why.
+func PathFor(sp StreamSpec, info *jetstream.StreamInfo, version string) PublishPath {
+	p := PublishPath{Stream: sp.Name}
+	switch {
+	case sp.NoBatch != "":
+		p.Why = sp.NoBatch
+	case !sp.FastBatch:
+		p.Why = "nats.fast_batch is false"
+	case !FastBatchServer(version):
+		p.Why = fmt.Sprintf("nats-server %s has no fast batches: upgrade to 2.14 or later", version)
+	case info == nil:
+		p.Batch, p.Why = true, "walbox sets allow_batched when it creates the stream"
+	case info.Config.Mirror != nil:
+		p.Why = "the stream is a mirror"
+	case !info.Config.AllowBatchPublish && sp.Manage:
+		p.Why = "the server did not keep allow_batched on the stream"
+	case !info.Config.AllowBatchPublish:
+		p.Why = fmt.Sprintf("stream %s does not allow fast batches: set allow_batched: true in its configuration (or let walbox manage it)", sp.Name)
+	default:
+		p.Batch = true
+	}
+	return p
+}
+
+// FastBatchServer reports whether a nats-server of version has fast batches
+// (2.14.0 and later).
+func FastBatchServer(version string) bool {
+	var major, minor int
+	if _, err := fmt.Sscanf(version, "%d.%d", &major, &minor); err != nil {
+		return false
+	}
+	return major > 2 || major == 2 && minor >= 14
 }
 
 // StreamSpec is a stream as the config declares it.
@@ -280,6 +360,11 @@ type StreamSpec struct {
 	MaxAge          time.Duration
 	MaxMsgSize      int32
 	Manage          bool
+	// FastBatch: publish in fast batches where the server and the stream
+	// allow them (nats.fast_batch); NoBatch, when set, says why this stream
+	// never takes them (strict order off, the dead-letter stream).
+	FastBatch bool
+	NoBatch   string
 }
 
 // Config is the JetStream stream configuration sp declares.

@@ -226,7 +226,7 @@ func startSink(tb testing.TB, ackTimeout time.Duration, name, subjects string) *
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := jssink.EnsureStreams(ctx, sink.JetStream(), []jssink.StreamSpec{{Name: name, Subjects: []string{subjects}, Storage: "memory", Manage: true}}); err != nil {
+	if _, _, err := jssink.EnsureStreams(ctx, sink.JetStream(), []jssink.StreamSpec{{Name: name, Subjects: []string{subjects}, Storage: "memory", Manage: true}}); err != nil {
 		tb.Fatal(err)
 	}
 	return sink

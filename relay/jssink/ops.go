@@ -299,6 +299,7 @@ func (o *Ops) checkStream(ctx context.Context, sp StreamSpec, key string, report
 	name := "nats.stream." + sp.Name
 	// What the stream has (or, before walbox created it, will have).
 	window, replicas, memory := sp.DuplicateWindow, max(sp.Replicas, 1), sp.Storage == "memory"
+	var info *jetstream.StreamInfo
 	st, err := o.js.Stream(ctx, sp.Name)
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound) && sp.Manage:
@@ -311,13 +312,14 @@ func (o *Ops) checkStream(ctx context.Context, sp StreamSpec, key string, report
 		report(name, busops.Fail, fmt.Sprintf("cannot read stream %s: %v", sp.Name, err), "")
 		return
 	default:
-		info := st.CachedInfo()
+		info = st.CachedInfo()
 		window, replicas, memory = info.Config.Duplicates, max(info.Config.Replicas, 1), info.Config.Storage == jetstream.MemoryStorage
 		checkStreamConfig(sp, info, key, report)
 	}
 	if key == "nats.dlq.stream" {
 		return // walbox creates the dead-letter stream itself: R1, 2m window
 	}
+	o.checkPath(sp, info, key, report)
 	if window < 2*time.Minute {
 		report(name+".duplicate_window", busops.Warn, fmt.Sprintf("duplicate window %s: a relay down (or restarting) for longer may republish events JetStream already stored, beyond what the resume check sees", window),
 			fmt.Sprintf("set %s.duplicate_window to 2m or more, longer than the downtime you expect", key))
@@ -333,6 +335,29 @@ func (o *Ops) checkStream(ctx context.Context, sp StreamSpec, key string, report
 	default:
 		report(name+".durability", busops.Warn, fmt.Sprintf("R%d stream: acks are durable only with sync_interval: always on the server; use replicas: 3 for durability", replicas),
 			fmt.Sprintf("set %s.replicas: 3 on a JetStream cluster, or sync_interval: always in the server's jetstream block (JetStream does not report it to clients)", key))
+	}
+}
+
+// checkPath says how walbox publishes to the stream, and what fast batches
+// would need where it publishes per message.
+func (o *Ops) checkPath(sp StreamSpec, info *jetstream.StreamInfo, key string, report busops.Report) {
+	name := "nats.stream." + sp.Name + ".publish"
+	version := o.nc.ConnectedServerVersion()
+	if sp.Manage && info != nil && !info.Config.AllowBatchPublish && sp.FastBatch && sp.NoBatch == "" && FastBatchServer(version) {
+		report(name, busops.OK, "per message until walbox run updates the stream with allow_batched; then fast batches while the stream is busy", "")
+		return
+	}
+	p := PathFor(sp, info, version)
+	switch {
+	case p.Batch:
+		report(name, busops.OK, "fast batches while the stream is busy (one flow ack per up to 256 messages), per message otherwise", "")
+	case !sp.FastBatch || sp.NoBatch != "":
+		report(name, busops.OK, "per message: "+p.Why, "")
+	case !FastBatchServer(version):
+		report(name, busops.Warn, "per message: "+p.Why, "upgrade every node of the NATS cluster to nats-server 2.14 or later; walbox then sets allow_batched on the streams it manages")
+	default:
+		report(name, busops.Warn, "per message: "+p.Why,
+			fmt.Sprintf("set allow_batched: true on stream %s (a stream walbox does not manage; or set %s.manage: true), or nats.fast_batch: false to silence this", sp.Name, key))
 	}
 }
 

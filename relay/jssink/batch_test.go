@@ -1,0 +1,168 @@
+package jssink_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/walbox/walbox/internal/natstest"
+	"github.com/walbox/walbox/relay"
+	"github.com/walbox/walbox/relay/jssink"
+)
+
+// batchSink is a sink on an embedded nats-server whose stream takes fast
+// batches, with the connection for the test's own reads and writes.
+type batchSink struct {
+	*jssink.Sink
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	stream string
+	paths  []jssink.PublishPath
+}
+
+func startBatchSink(tb testing.TB, ackTimeout time.Duration, window int, sp jssink.StreamSpec) *batchSink {
+	tb.Helper()
+	srv := natstest.New(tb)
+	return batchSinkOn(tb, srv.URL(), ackTimeout, window, sp)
+}
+
+func batchSinkOn(tb testing.TB, url string, ackTimeout time.Duration, window int, sp jssink.StreamSpec) *batchSink {
+	tb.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(nc.Close)
+	sink, err := jssink.New(nc, ackTimeout)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, paths, err := jssink.EnsureStreams(ctx, sink.JetStream(), []jssink.StreamSpec{sp})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	sink.SetBatching(jssink.Batching{Paths: paths, Window: window})
+	return &batchSink{Sink: sink, nc: nc, js: sink.JetStream(), stream: sp.Name, paths: paths}
+}
+
+func ordersSpec() jssink.StreamSpec {
+	return jssink.StreamSpec{Name: "ORDERS", Subjects: []string{"orders.>"}, Storage: "file", Manage: true,
+		DuplicateWindow: 2 * time.Minute, FastBatch: true}
+}
+
+// strictMsg is event i of a run, expected after sequence expect.
+func strictMsg(i int, expect uint64) *relay.Msg {
+	m := &relay.Msg{Subject: "orders.created", Stream: "ORDERS", Header: relay.Header{}, Data: fmt.Appendf(nil, `{"n":%d}`, i)}
+	m.Header.Set(relay.HeaderMsgID, fmt.Sprintf("e%d", i))
+	m.Expect, m.ExpectSet = expect, true
+	return m
+}
+
+type published struct {
+	i   int
+	fut relay.Future
+}
+
+// publishRun publishes events from..to-1 with a window, as the relay does:
+// never more than window in flight, each expecting the one before it
+// stored. It returns each event's result in order.
+func publishRun(tb testing.TB, s *batchSink, from, to int, expect uint64, window int) []relay.Result {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var q []published
+	var out []relay.Result
+	take := func() {
+		select {
+		case r := <-q[0].fut:
+			out = append(out, r)
+			q = q[1:]
+		case <-ctx.Done():
+			tb.Fatalf("event %d: no result", q[0].i)
+		}
+	}
+	for i := from; i < to; i++ {
+		for len(q) >= window {
+			take()
+		}
+		f, err := s.Publish(strictMsg(i, expect))
+		if err != nil {
+			tb.Fatalf("publish %d: %v", i, err)
+		}
+		expect++
+		q = append(q, published{i, f})
+	}
+	for len(q) > 0 {
+		take()
+	}
+	return out
+}
+
+// storedIDs reads the stream's messages' ids in sequence order.
+func storedIDs(tb testing.TB, s *batchSink) []string {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := s.js.Stream(ctx, s.stream)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var ids []string
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
+		m, err := st.GetMsg(ctx, seq)
+		if err != nil {
+			tb.Fatalf("read seq %d: %v", seq, err)
+		}
+		ids = append(ids, m.Header.Get(relay.HeaderMsgID))
+	}
+	return ids
+}
+
+// TestBatchCatchUpStoresEverythingOnceInOrder: a backlog published with
+// the relay's window goes out in fast batches (the server's batch count
+// shows it), every future resolves with the sequence its event is stored
+// at, and the stream holds each event once, in order.
+func TestBatchCatchUpStoresEverythingOnceInOrder(t *testing.T) {
+	for _, window := range []int{1024, 64} {
+		t.Run(fmt.Sprintf("window %d", window), func(t *testing.T) {
+			s := startBatchSink(t, 5*time.Second, window, ordersSpec())
+			if !s.paths[0].Batch {
+				t.Fatalf("path %+v: want fast batches", s.paths[0])
+			}
+			const n = 20000
+			res := publishRun(t, s, 0, n, 0, window)
+			for i, r := range res {
+				if r.Err != nil {
+					t.Fatalf("event %d: %v", i, r.Err)
+				}
+				if r.Ack.Stream != "ORDERS" || r.Ack.Sequence != uint64(i+1) || r.Ack.Duplicate {
+					t.Fatalf("event %d: ack %+v, want ORDERS seq %d", i, *r.Ack, i+1)
+				}
+			}
+			ids := storedIDs(t, s)
+			if len(ids) != n {
+				t.Fatalf("stream holds %d messages, want %d", len(ids), n)
+			}
+			for i, id := range ids {
+				if id != fmt.Sprintf("e%d", i) {
+					t.Fatalf("seq %d holds %s, want e%d", i+1, id, i)
+				}
+			}
+			st := s.BatchStats()
+			if st.Batches == 0 || st.Batched < n/2 {
+				t.Fatalf("batch stats %+v: want most of %d events batched", st, n)
+			}
+			t.Logf("window %d: %+v", window, st)
+		})
+	}
+}
