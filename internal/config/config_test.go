@@ -144,7 +144,7 @@ log:
 	want.Postgres.URL, want.Postgres.Slot, want.Postgres.Publication = "postgres://u:p@db:5432/app?sslmode=require", "orders_relay", "orders_pub"
 	want.Postgres.CreatePublication, want.Postgres.StatusInterval = false, 5*time.Second
 	want.Outbox = Outbox{Table: "app.events", Columns: map[string]string{"id": "event_id", "topic": "subject"}, Layout: LayoutWalbox}
-	want.NATS = NATS{URL: "nats://nats:4222", SubjectPrefix: "app.", AckTimeout: 3 * time.Second, Window: 256, WindowBytes: 64 << 20, StrictOrder: true,
+	want.NATS = NATS{URL: "nats://nats:4222", SubjectPrefix: "app.", AckTimeout: 3 * time.Second, Window: 256, WindowBytes: 64 << 20, StrictOrder: true, FastBatch: true,
 		SubjectTemplate: "{topic}", PartitionBuckets: 16, Envelope: "raw",
 		Streams: []Stream{
 			{Name: "ORDERS", Subjects: []string{"app.orders.>"}, Storage: "memory", Replicas: 3,
@@ -506,8 +506,8 @@ func TestStreamSpecs(t *testing.T) {
 			streams: []Stream{{Name: "ORDERS", Subjects: []string{"orders.>"}}},
 			dlq:     Default().NATS.DLQ,
 			want: []jssink.StreamSpec{
-				{Name: "ORDERS", Subjects: []string{"orders.>"}, DuplicateWindow: 2 * time.Minute, Manage: true},
-				{Name: "WALBOX_DLQ", Subjects: []string{"walbox.dlq.>"}, Storage: "file", Replicas: 1, DuplicateWindow: 2 * time.Minute, Manage: true},
+				{Name: "ORDERS", Subjects: []string{"orders.>"}, DuplicateWindow: 2 * time.Minute, Manage: true, FastBatch: true},
+				{Name: "WALBOX_DLQ", Subjects: []string{"walbox.dlq.>"}, Storage: "file", Replicas: 1, DuplicateWindow: 2 * time.Minute, Manage: true, FastBatch: true, NoBatch: "dead letters are published one at a time"},
 			},
 		},
 		{
@@ -518,9 +518,9 @@ func TestStreamSpecs(t *testing.T) {
 			},
 			dlq: DLQ{Stream: "DEAD", SubjectPrefix: "app.dead."},
 			want: []jssink.StreamSpec{
-				{Name: "ORDERS", Subjects: []string{"orders.>"}, Storage: "memory", Replicas: 3, DuplicateWindow: 10 * time.Minute, MaxAge: time.Hour, Manage: false},
-				{Name: "PAYMENTS", Subjects: []string{"payments.*", "refunds.*"}, DuplicateWindow: 2 * time.Minute, Manage: true},
-				{Name: "DEAD", Subjects: []string{"app.dead.>"}, Storage: "file", Replicas: 3, DuplicateWindow: 2 * time.Minute, Manage: true},
+				{Name: "ORDERS", Subjects: []string{"orders.>"}, Storage: "memory", Replicas: 3, DuplicateWindow: 10 * time.Minute, MaxAge: time.Hour, Manage: false, FastBatch: true},
+				{Name: "PAYMENTS", Subjects: []string{"payments.*", "refunds.*"}, DuplicateWindow: 2 * time.Minute, Manage: true, FastBatch: true},
+				{Name: "DEAD", Subjects: []string{"app.dead.>"}, Storage: "file", Replicas: 3, DuplicateWindow: 2 * time.Minute, Manage: true, FastBatch: true, NoBatch: "dead letters are published one at a time"},
 			},
 		},
 		{
@@ -528,8 +528,8 @@ func TestStreamSpecs(t *testing.T) {
 			streams: []Stream{{Name: "ORDERS", Subjects: []string{"orders.>"}, Replicas: 3}},
 			dlq:     DLQ{Stream: "WALBOX_DLQ", SubjectPrefix: "walbox.dlq.", Replicas: 5},
 			want: []jssink.StreamSpec{
-				{Name: "ORDERS", Subjects: []string{"orders.>"}, Replicas: 3, DuplicateWindow: 2 * time.Minute, Manage: true},
-				{Name: "WALBOX_DLQ", Subjects: []string{"walbox.dlq.>"}, Storage: "file", Replicas: 5, DuplicateWindow: 2 * time.Minute, Manage: true},
+				{Name: "ORDERS", Subjects: []string{"orders.>"}, Replicas: 3, DuplicateWindow: 2 * time.Minute, Manage: true, FastBatch: true},
+				{Name: "WALBOX_DLQ", Subjects: []string{"walbox.dlq.>"}, Storage: "file", Replicas: 5, DuplicateWindow: 2 * time.Minute, Manage: true, FastBatch: true, NoBatch: "dead letters are published one at a time"},
 			},
 		},
 	}

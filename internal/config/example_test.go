@@ -135,7 +135,7 @@ func TestExampleConfigShowsTheDefaults(t *testing.T) {
 		t.Fatal("no nats.streams")
 	}
 	first := got.NATS.Streams[0]
-	bare := config.Config{NATS: config.NATS{DLQ: got.NATS.DLQ, Streams: []config.Stream{{Name: first.Name, Subjects: first.Subjects}}}}
+	bare := config.Config{NATS: config.NATS{DLQ: got.NATS.DLQ, StrictOrder: got.NATS.StrictOrder, FastBatch: got.NATS.FastBatch, Streams: []config.Stream{{Name: first.Name, Subjects: first.Subjects}}}}
 	implied := bare.StreamSpecs()[0]
 	// The relay creates a stream with storage "" as file and replicas 0
 	// as 1 (jssink.StreamSpec).

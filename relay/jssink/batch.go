@@ -233,7 +233,7 @@ func (ln *lane) publish(m *relay.Msg, h nats.Header) (fut relay.Future, ok bool,
 	b := ln.open
 	now := time.Now()
 	if b == nil {
-		if !ln.allowed || ln.single.Load() < batchEnter || now.Before(ln.pause) {
+		if !ln.allowed || ln.single.Load() < int64(ln.s.enter) || now.Before(ln.pause) {
 			return nil, false, nil
 		}
 		b = ln.start(now)
@@ -424,6 +424,11 @@ func (s *Sink) onBatchReply(m *nats.Msg) {
 		// publish: this is that message's own pub ack, and every message
 		// of the batch gets one.
 		ln.fallBack("the server does not know fast batches (nats-server 2.14 or later does)", time.Time{})
+		if ln.open == b {
+			// No commit: that server would store the marker as a message.
+			ln.open = nil
+			ln.ending = append(ln.ending, b)
+		}
 		ln.single1(b, seq, &relay.Ack{Stream: r.Stream, Sequence: r.Seq, Duplicate: r.Duplicate})
 	default:
 		var errNext error
@@ -496,9 +501,6 @@ func (ln *lane) fallBack(why string, until time.Time) {
 	if until.After(ln.pause) {
 		ln.pause = until
 	}
-	if ln.open != nil {
-		ln.commit(ln.open)
-	}
 }
 
 // armTick starts the batches' timer unless it runs.
@@ -521,9 +523,12 @@ func (s *Sink) onTick() {
 	busy := false
 	for _, ln := range ls.list {
 		ln.mu.Lock()
-		if b := ln.open; b != nil {
-			unacked := b.sent - b.acked
-			ackComing := b.am > 0 && unacked >= b.am
+		// A batch is committed (and pinged) only once the server has
+		// answered its first message with a flow ack: a server that does
+		// not know fast batches would store the marker (and the ping) as a
+		// message.
+		if b := ln.open; b != nil && b.am > 0 {
+			ackComing := b.sent-b.acked >= b.am
 			if now.Sub(b.lastPub) >= batchLinger && !ackComing {
 				ln.commit(b)
 			}
@@ -536,7 +541,7 @@ func (s *Sink) onTick() {
 				ln.end(b, nil, 0, jetstream.ErrAsyncPublishTimeout)
 				continue
 			}
-			if b == ln.open && now.Sub(b.heard) >= s.ackTimeout/3 {
+			if b == ln.open && b.am > 0 && now.Sub(b.heard) >= s.ackTimeout/3 {
 				// A flow ack may be lost: the server resends its latest.
 				b.heard = now
 				_ = s.nc.PublishRequest(b.subject, b.replyFor(b.sent, opPing), nil)

@@ -2,6 +2,7 @@ package jssink_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -164,5 +165,86 @@ func TestBatchCatchUpStoresEverythingOnceInOrder(t *testing.T) {
 			}
 			t.Logf("window %d: %+v", window, st)
 		})
+	}
+}
+
+// TestBatchRealDuplicateInside: on a real server, an event whose id the
+// stream already holds, in the middle of a batch, is dropped as a
+// duplicate; the batch's acks then prove everything before it and nothing
+// from it on. The duplicate is failed as unproven (the relay resends it on
+// its own, and its own ack says duplicate), the next gets the order
+// refusal, and the stream holds each stored event at the sequence its ack
+// named.
+func TestBatchRealDuplicateInside(t *testing.T) {
+	s := startBatchSink(t, 5*time.Second, 1024, ordersSpec())
+	s.BatchAtOnce()
+	res := publishRun(t, s, 0, 100, 0, 1024)
+	for i, r := range res {
+		if r.Err != nil || r.Ack.Sequence != uint64(i+1) {
+			t.Fatalf("event %d: %+v", i, r)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var futs []relay.Future
+	for i := 100; i < 1100; i++ {
+		m := strictMsg(i, uint64(i))
+		if i == 150 {
+			m.Header.Set(relay.HeaderMsgID, "e50") // stored at 51 already
+		}
+		f, err := s.Publish(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		futs = append(futs, f)
+	}
+	for k, f := range futs {
+		i := 100 + k
+		r, err := awaitResult(ctx, f)
+		if err != nil {
+			t.Fatalf("event %d: %v", i, err)
+		}
+		switch {
+		case i < 150:
+			if r.Err != nil || r.Ack.Sequence != uint64(i+1) {
+				t.Fatalf("event %d: %+v, want stored at %d", i, r, i+1)
+			}
+		case i == 150:
+			if !errors.Is(r.Err, jssink.ErrBatchUnproven) {
+				t.Fatalf("the duplicate: %+v, want unproven", r)
+			}
+		case i == 151:
+			if !errors.Is(r.Err, relay.ErrOrderRefused) {
+				t.Fatalf("after the duplicate: %+v, want the order refusal", r)
+			}
+		default:
+			if r.Err == nil {
+				t.Fatalf("event %d acked (%+v) after the batch ended", i, r.Ack)
+			}
+		}
+	}
+	if ids := storedIDs(t, s); len(ids) != 150 || ids[149] != "e149" {
+		t.Fatalf("stream holds %d messages, last %q; want 150 ending with e149", len(ids), ids[len(ids)-1])
+	}
+	// The resend on its own says what the batch could not.
+	m := strictMsg(150, 150)
+	m.Header.Set(relay.HeaderMsgID, "e50")
+	m.MayBeStored = true
+	f, err := s.Publish(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := awaitResult(ctx, f)
+	if err != nil || r.Err != nil || !r.Ack.Duplicate || r.Ack.Sequence != 51 {
+		t.Fatalf("resent alone: %+v %v, want a duplicate of seq 51", r, err)
+	}
+}
+
+func awaitResult(ctx context.Context, f relay.Future) (relay.Result, error) {
+	select {
+	case r := <-f:
+		return r, nil
+	case <-ctx.Done():
+		return relay.Result{}, ctx.Err()
 	}
 }

@@ -55,6 +55,7 @@ type Sink struct {
 	tick    *time.Timer
 	ticking atomic.Bool
 	flow    int
+	enter   int // batchEnter (tests lower it)
 	notify  func(PublishPath)
 	bstats  batchCounters
 }
@@ -73,7 +74,7 @@ func New(nc *nats.Conn, ackTimeout time.Duration) (*Sink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("jetstream context: %w", err)
 	}
-	s := &Sink{nc: nc, js: js, ackTimeout: ackTimeout, prefix: nc.NewInbox() + ".", bprefix: nc.NewInbox() + ".", flow: batchFlow}
+	s := &Sink{nc: nc, js: js, ackTimeout: ackTimeout, prefix: nc.NewInbox() + ".", bprefix: nc.NewInbox() + ".", flow: batchFlow, enter: batchEnter}
 	s.timer = time.AfterFunc(time.Hour, s.expire)
 	s.timer.Stop()
 	s.tick = time.AfterFunc(time.Hour, s.onTick)
