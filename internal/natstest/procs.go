@@ -49,6 +49,69 @@ func BuildServer(ctx context.Context, dir string) (string, error) {
 	return bin, nil
 }
 
+// InstallServer installs nats-server at version (say "v2.11.9") from the
+// Go module proxy, once per machine (in the user's cache directory), and
+// returns its path: an older server, for the paths walbox takes on one.
+func InstallServer(ctx context.Context, version string) (string, error) {
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		cache = os.TempDir()
+	}
+	dir := filepath.Join(cache, "walbox", "nats-server-"+version)
+	bin := filepath.Join(dir, "nats-server")
+	if _, err := os.Stat(bin); err == nil {
+		return bin, nil
+	}
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return "", err
+	}
+	tmp, err := os.MkdirTemp(filepath.Dir(dir), "install-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(tmp)
+	cmd := exec.CommandContext(ctx, "go", "install", "github.com/nats-io/nats-server/v2@"+version)
+	cmd.Env = append(os.Environ(), "GOBIN="+tmp, "GOFLAGS=-mod=mod")
+	cmd.Dir = tmp // outside walbox's module: its go.mod pins another version
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go install nats-server %s: %v\n%s", version, err, out)
+	}
+	// Concurrent installs: the first rename wins, the rest find it there.
+	if err := os.Rename(tmp, dir); err != nil {
+		if _, serr := os.Stat(bin); serr != nil {
+			return "", fmt.Errorf("install nats-server %s into %s: %w", version, dir, err)
+		}
+	}
+	return bin, nil
+}
+
+// NewProcServer starts one nats-server process of version (installed with
+// InstallServer), JetStream on, not clustered; killed at the end of the
+// test.
+func NewProcServer(t testing.TB, version string) *Proc {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	bin, err := InstallServer(ctx, version)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := ports.Reserve(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(res.Release)
+	p := &Proc{Name: "old", Port: res.Ports[0], HTTPPort: res.Ports[1], dir: t.TempDir(), bin: bin}
+	t.Cleanup(p.Kill)
+	if err := p.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.WaitHealthy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 // NewProcCluster builds nats-server and starts n nodes, stopped at the end
 // of the test.
 func NewProcCluster(t testing.TB, n int) *ProcCluster {
@@ -130,9 +193,13 @@ func (p *Proc) Start() error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(p.bin, "-n", p.Name, "-a", "127.0.0.1", "-p", fmt.Sprint(p.Port), "-m", fmt.Sprint(p.HTTPPort),
-		"-js", "-sd", filepath.Join(p.dir, "store"), "--cluster_name", "walbox",
-		"-cluster", fmt.Sprintf("nats://127.0.0.1:%d", p.ClusterPort), "-routes", p.routes)
+	args := []string{"-n", p.Name, "-a", "127.0.0.1", "-p", fmt.Sprint(p.Port), "-m", fmt.Sprint(p.HTTPPort),
+		"-js", "-sd", filepath.Join(p.dir, "store")}
+	if p.routes != "" {
+		args = append(args, "--cluster_name", "walbox",
+			"-cluster", fmt.Sprintf("nats://127.0.0.1:%d", p.ClusterPort), "-routes", p.routes)
+	}
+	cmd := exec.Command(p.bin, args...)
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
 		log.Close()
