@@ -65,6 +65,10 @@ func openBus(ctx context.Context, cfg config.Config, database string, log zerolo
 		nc.Close()
 		return nil, err
 	}
+	if err := registerBatchMetrics(reg, sink); err != nil {
+		nc.Close()
+		return nil, err
+	}
 	return &bus{
 		name: "NATS", sink: sink, reader: sink,
 		ensure: func(ctx context.Context) ([]relay.Route, error) {
@@ -177,4 +181,24 @@ func retryEnsure(ctx context.Context, cfg config.Config, timeout time.Duration,
 		case <-time.After(wait):
 		}
 	}
+}
+
+// registerBatchMetrics exports the sink's fast-batch counts.
+func registerBatchMetrics(reg prometheus.Registerer, sink *jssink.Sink) error {
+	for _, c := range []struct {
+		name, help string
+		get        func(jssink.BatchStats) uint64
+	}{
+		{"walbox_nats_batches_total", "Fast batches opened (nats.fast_batch).", func(s jssink.BatchStats) uint64 { return s.Batches }},
+		{"walbox_nats_batched_messages_total", "Messages published in fast batches.", func(s jssink.BatchStats) uint64 { return s.Batched }},
+		{"walbox_nats_batch_flow_acks_total", "Flow acks received for fast batches.", func(s jssink.BatchStats) uint64 { return s.FlowAcks }},
+		{"walbox_nats_batch_unproven_total", "Batched messages whose batch ended without proof they were stored: resent on their own.", func(s jssink.BatchStats) uint64 { return s.Unproven }},
+	} {
+		get := c.get
+		if err := reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: c.name, Help: c.help},
+			func() float64 { return float64(get(sink.BatchStats())) })); err != nil {
+			return fmt.Errorf("register %s: %w", c.name, err)
+		}
+	}
+	return nil
 }

@@ -366,7 +366,7 @@ func ensureStreams(ctx context.Context, sink *jssink.Sink, cfg config.Config, lo
 					log.Info().Str("stream", p.Stream).Str("why", p.Why).Msg("publishing per message")
 				}
 			}
-			sink.SetBatching(jssink.Batching{Paths: paths, Window: cfg.NATS.Window, OnFallBack: func(p jssink.PublishPath) {
+			sink.SetBatching(jssink.Batching{Paths: paths, Window: cfg.NATS.Window, After: cfg.NATS.FastBatchAfter, OnFallBack: func(p jssink.PublishPath) {
 				log.Warn().Str("stream", p.Stream).Str("why", p.Why).Msg("fast batches off for this stream: publishing per message")
 			}})
 			return routes, nil

@@ -138,8 +138,13 @@ type NATS struct {
 	// batches (nats-server 2.14+, allow_batched on the stream, which walbox
 	// sets on the streams it manages): one flow ack per up to 256 messages
 	// instead of one ack each. Needs strict_order; per message otherwise.
-	FastBatch bool     `yaml:"fast_batch" env:"FAST_BATCH"`
-	Streams   []Stream `yaml:"streams"`
+	FastBatch bool `yaml:"fast_batch" env:"FAST_BATCH"`
+	// FastBatchAfter: per-message publishes to a stream in flight before
+	// its next event opens a batch. A relay keeping up with a live rate has
+	// a few in flight and publishes per message (lowest latency); a
+	// catch-up fills the window and batches. 0 batches every event.
+	FastBatchAfter int      `yaml:"fast_batch_after" env:"FAST_BATCH_AFTER"`
+	Streams        []Stream `yaml:"streams"`
 	// Routes assert the stream of topics by prefix: an event whose topic
 	// starts with TopicPrefix must land in Stream, else it is dead-lettered.
 	Routes []RouteRule `yaml:"routes"`
@@ -279,7 +284,7 @@ func Default() Config {
 		Postgres: Postgres{Slot: "walbox", Publication: "walbox_outbox", CreatePublication: true, StatusInterval: cdc.DefaultStatusInterval,
 			OnSlotLost: "recreate", HeartbeatInterval: 30 * time.Second, Origin: "any"},
 		Outbox: Outbox{Table: "public.outbox_events", Layout: LayoutWalbox},
-		NATS: NATS{URL: "nats://127.0.0.1:4222", AckTimeout: 10 * time.Second, Window: 1024, WindowBytes: 64 << 20, StrictOrder: true, FastBatch: true,
+		NATS: NATS{URL: "nats://127.0.0.1:4222", AckTimeout: 10 * time.Second, Window: 1024, WindowBytes: 64 << 20, StrictOrder: true, FastBatch: true, FastBatchAfter: 32,
 			SubjectTemplate: relay.DefaultSubjectTemplate, PartitionBuckets: relay.DefaultPartitionBuckets, Envelope: relay.EnvelopeRaw,
 			DLQ: DLQ{Stream: "WALBOX_DLQ", SubjectPrefix: "walbox.dlq."}},
 		Retry:   Retry{Initial: retry.DefaultInitial, Max: retry.DefaultMax},
@@ -490,6 +495,9 @@ func (c *Config) validate(withNATS bool) error {
 	}
 	if c.NATS.Window < 1 || c.NATS.Window > 65536 {
 		bad("nats.window", "%d: must be between 1 and 65536", c.NATS.Window)
+	}
+	if c.NATS.FastBatchAfter < 0 {
+		bad("nats.fast_batch_after", "%d: must be 0 (batch every event) or more", c.NATS.FastBatchAfter)
 	}
 	if c.Postgres.Origin != "" && c.Postgres.Origin != "any" && c.Postgres.Origin != "none" {
 		bad("postgres.origin", "%q: use any or none", c.Postgres.Origin)

@@ -144,7 +144,7 @@ log:
 	want.Postgres.URL, want.Postgres.Slot, want.Postgres.Publication = "postgres://u:p@db:5432/app?sslmode=require", "orders_relay", "orders_pub"
 	want.Postgres.CreatePublication, want.Postgres.StatusInterval = false, 5*time.Second
 	want.Outbox = Outbox{Table: "app.events", Columns: map[string]string{"id": "event_id", "topic": "subject"}, Layout: LayoutWalbox}
-	want.NATS = NATS{URL: "nats://nats:4222", SubjectPrefix: "app.", AckTimeout: 3 * time.Second, Window: 256, WindowBytes: 64 << 20, StrictOrder: true, FastBatch: true,
+	want.NATS = NATS{URL: "nats://nats:4222", SubjectPrefix: "app.", AckTimeout: 3 * time.Second, Window: 256, WindowBytes: 64 << 20, StrictOrder: true, FastBatch: true, FastBatchAfter: 32,
 		SubjectTemplate: "{topic}", PartitionBuckets: 16, Envelope: "raw",
 		Streams: []Stream{
 			{Name: "ORDERS", Subjects: []string{"app.orders.>"}, Storage: "memory", Replicas: 3,

@@ -40,10 +40,25 @@ func TestR3StreamLeaderLossMidLoadLosesNothing(t *testing.T) {
 // and started again, then every node is restarted in turn while the load
 // goes on. Nothing may be lost, duplicated or reordered, the stream must be
 // healthy afterwards, and the whole load delivered within 30 s of the last
-// node's return.
+// node's return. It runs per message and with every event in a fast batch
+// (nats.fast_batch_after: 0): batches cut by a killed leader, a gap, a
+// batch the new leader does not know, pings, the unproven resent alone.
 func TestR3NATSProcessesLeaderKillAndRollingRestart(t *testing.T) {
+	for _, path := range []struct {
+		name  string
+		batch bool
+	}{{"per message", false}, {"fast batch", true}} {
+		t.Run(path.name, func(t *testing.T) {
+			testR3ProcessFaults(t, func(c *config.Config) {
+				c.NATS.FastBatch, c.NATS.FastBatchAfter = path.batch, 0
+			}, path.batch)
+		})
+	}
+}
+
+func testR3ProcessFaults(t *testing.T, mutate func(*config.Config), batch bool) {
 	cl := natstest.NewProcCluster(t, 3)
-	e := r3Env(t, cl.URLs(), func(c *config.Config) { c.NATS.AckTimeout = 2 * time.Second })
+	e := r3Env(t, cl.URLs(), func(c *config.Config) { c.NATS.AckTimeout = 2 * time.Second }, mutate)
 	w := e.witness("outbox_events")
 	e.startRelay()
 	stop := e.loadInBackground(outboxtest.Load{Producers: 4, MaxRows: 10, Rollback: 0.1, Rate: 50})
@@ -96,6 +111,13 @@ func TestR3NATSProcessesLeaderKillAndRollingRestart(t *testing.T) {
 	}
 	if _, err := e.js.Publish(ctx, "orders.probe", []byte(`{}`)); err != nil {
 		t.Fatalf("ORDERS does not store after the restarts: %v", err)
+	}
+	batches := e.counter("walbox_nats_batches_total", nil)
+	batched := e.counter("walbox_nats_batched_messages_total", nil)
+	t.Logf("fast batches: %.0f, %.0f messages batched, %.0f unproven and resent alone", batches, batched,
+		e.counter("walbox_nats_batch_unproven_total", nil))
+	if batch != (batched > 0) {
+		t.Fatalf("%.0f messages went in fast batches; want them %v", batched, map[bool]string{true: "used", false: "unused"}[batch])
 	}
 }
 

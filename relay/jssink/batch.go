@@ -173,6 +173,10 @@ type Batching struct {
 	// for is at most half of it, so that an ack is always on its way while
 	// the window is full.
 	Window int
+	// After is how many per-message publishes to a stream may be in flight
+	// before its next message opens a batch (nats.fast_batch_after); 0
+	// batches every message that can be, negative means the default (32).
+	After int
 	// OnFallBack hears of a stream that falls back to per-message
 	// publishes while walbox runs (the server refused a batch, or answered
 	// as a server older than 2.14).
@@ -187,6 +191,10 @@ func (s *Sink) SetBatching(c Batching) {
 		s.flow = min(batchFlow, c.Window/2)
 	}
 	s.notify = c.OnFallBack
+	s.enter = batchEnter
+	if c.After >= 0 {
+		s.enter = c.After
+	}
 	lanes := make(map[string]*lane, len(paths))
 	list := make([]*lane, 0, len(paths))
 	for _, p := range paths {
