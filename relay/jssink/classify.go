@@ -165,8 +165,10 @@ var Table = []Row{
 	{Code: 10227, Status: 400, Name: "JSMessageSourceHdrNotAllowedErr", Desc: "message stream source header is not allowed", Kind: KindConfig,
 		Why: "drawn only by a Nats-Stream-Source header, which walbox never sends"},
 
-	// Batch publishes (Nats-Batch-* headers), which walbox does not send
-	// yet: classed for a sink that will.
+	// Batch publishes. walbox sends fast batches (batch.go); a batch's
+	// refusal of its first message comes back as one of these and fails
+	// that message (the sink also falls back on 10205 and pauses batches
+	// on 10211). Atomic batches (Nats-Batch-* headers) walbox does not send.
 	{Code: 10174, Status: 400, Name: "JSAtomicPublishDisabledErr", Desc: "atomic publish is disabled", Kind: KindConfig,
 		Why: "the stream does not allow atomic batches (allow_atomic)"},
 	{Code: 10205, Status: 400, Name: "JSBatchPublishDisabledErr", Desc: "batch publish is disabled", Kind: KindConfig,
