@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"image/color"
 	"os"
+	"strings"
 	"time"
 
 	"gonum.org/v1/plot"
@@ -108,8 +109,8 @@ func (r *results) writeChart(path string) error {
 		{"walbox", "walbox", rate(r.catchup.Events, r.catchup.Took)},
 	}
 	if r.perMsg.Events > 0 { // the default is fast batches (issue 36)
-		bars[0].name = "walbox\nfast batches"
-		bars = append(bars, bar{"walbox\nper message", "walbox, per message", rate(r.perMsg.Events, r.perMsg.Took)})
+		bars[0].name = "walbox\nfast\nbatches"
+		bars = append(bars, bar{"walbox\nper\nmessage", "walbox, per message", rate(r.perMsg.Events, r.perMsg.Took)})
 	}
 	if r.noflag.Events > 0 {
 		bars = append(bars, bar{"walbox\nflag off", "walbox, flag off", rate(r.noflag.Events, r.noflag.Took)})
@@ -127,7 +128,8 @@ func (r *results) writeChart(path string) error {
 		bars = append(bars, bar{"concurrent\nceiling,\nbatched", "", c})
 	}
 	for _, pr := range r.peers {
-		bars = append(bars, bar{pr.System, pr.System, rate(pr.Catchup.Events, pr.Catchup.Took)})
+		// One word a line: the bars stand one label's width apart.
+		bars = append(bars, bar{strings.ReplaceAll(pr.System, "-", "-\n"), pr.System, rate(pr.Catchup.Events, pr.Catchup.Took)})
 	}
 	names := make([]string, len(bars))
 	for i, b := range bars {
