@@ -38,6 +38,7 @@ type catchupResult struct {
 	Where        []cpuShare    // CPU by process group
 	Span         time.Duration // time the CPU figures cover
 	MarkedAfter  time.Duration // last ack -> every row marked processed (flag on)
+	Batch        batchCounts   // the relay's fast-batch counters at the last ack
 	endLSN       string
 }
 
@@ -116,9 +117,9 @@ func (b *bench) catchUp(ctx context.Context) error {
 	rounds := max(1, p.Rounds)
 	for i := range rounds {
 		b.logf("catch-up round %d of %d", i+1, rounds)
-		var c, nf catchupResult
-		var dec, pub ceilingResult
-		var conc concurrentResult
+		var c, nf, pm catchupResult
+		var dec, pub, bpub ceilingResult
+		var conc, cbatch concurrentResult
 		if err := b.catchUpRound(ctx, &c); err != nil {
 			return err
 		}
@@ -128,10 +129,21 @@ func (b *bench) catchUp(ctx context.Context) error {
 		if err := b.publishCeiling(ctx, &pub, nil); err != nil {
 			return fmt.Errorf("publishing ceiling: %w", err)
 		}
-		if err := b.concurrentCeiling(ctx, c.endLSN, &conc); err != nil {
+		if err := b.concurrentCeiling(ctx, c.endLSN, concSlot, "the async publisher", b.publishCeiling, &conc); err != nil {
 			return fmt.Errorf("concurrent ceiling: %w", err)
 		}
 		b.res.concRuns = append(b.res.concRuns, conc)
+		if err := b.batchPublishCeiling(ctx, &bpub, nil); err != nil {
+			return fmt.Errorf("batched publishing ceiling: %w", err)
+		}
+		if err := b.concurrentCeiling(ctx, c.endLSN, concBatchSlot, "the batched publisher", b.batchPublishCeiling, &cbatch); err != nil {
+			return fmt.Errorf("concurrent ceiling with the batched publisher: %w", err)
+		}
+		b.res.batchPubRuns, b.res.concBatchRuns = append(b.res.batchPubRuns, bpub), append(b.res.concBatchRuns, cbatch)
+		if err := b.catchUpPerMsg(ctx, &pm); err != nil {
+			return fmt.Errorf("per-message path: %w", err)
+		}
+		b.res.perMsgRuns = append(b.res.perMsgRuns, pm)
 		if err := b.catchUpNoFlag(ctx, &nf); err != nil {
 			return fmt.Errorf("without the processed flag: %w", err)
 		}
@@ -159,6 +171,9 @@ func (b *bench) catchUp(ctx context.Context) error {
 	b.res.decode = medianRun(b.res.decodeRuns, func(c ceilingResult) float64 { return rate(c.Events, c.Took) })
 	b.res.publish = medianRun(b.res.publishRuns, func(c ceilingResult) float64 { return rate(c.Events, c.Took) })
 	b.res.conc = medianRun(b.res.concRuns, concurrentResult.ceiling)
+	b.res.perMsg = medianRun(b.res.perMsgRuns, func(c catchupResult) float64 { return rate(c.Events, c.Took) })
+	b.res.batchPub = medianRun(b.res.batchPubRuns, func(c ceilingResult) float64 { return rate(c.Events, c.Took) })
+	b.res.concBatch = medianRun(b.res.concBatchRuns, concurrentResult.ceiling)
 	return nil
 }
 
@@ -175,18 +190,19 @@ func medianRun[T any](runs []T, value func(T) float64) T {
 // exactly the same WAL) and times the relay draining it.
 func (b *bench) catchUpRound(ctx context.Context, res *catchupResult) error {
 	p := b.p
-	// Two slots for pg_recvlogical, created before the backlog so that
-	// both decode exactly its WAL: one for the decoding ceiling alone, one
-	// for the concurrent ceiling.
-	for _, slot := range []string{ceilingSlot, concSlot} {
+	// Three slots for pg_recvlogical, created before the backlog so that
+	// each decodes exactly its WAL: one for the decoding ceiling alone, one
+	// for each concurrent ceiling (with the per-message and the batched
+	// publisher).
+	for _, slot := range []string{ceilingSlot, concSlot, concBatchSlot} {
 		var out tailBuffer
 		cmd := b.recvlogical(ctx, &out, "--slot", slot, "--create-slot", "--plugin", "pgoutput")
 		if err := cmd.Run(); err != nil {
 			return fmt.Errorf("pg_recvlogical --create-slot %s: %w\n%s", slot, err, out.String())
 		}
 	}
-	b.logf("catch-up: slots %q and %q (pg_recvlogical) created; loading %d events (%d per transaction, %d connections)",
-		ceilingSlot, concSlot, p.Events, p.TxnRows, p.Loaders)
+	b.logf("catch-up: slots %q, %q and %q (pg_recvlogical) created; loading %d events (%d per transaction, %d connections)",
+		ceilingSlot, concSlot, concBatchSlot, p.Events, p.TxnRows, p.Loaders)
 	var err error
 	res.Events = p.Events
 	res.LoadTook, err = b.loadBacklog(ctx, "bench.catchup", p.Events)
@@ -287,6 +303,11 @@ func (b *bench) relayCatchup(ctx context.Context, phase string, res *catchupResu
 	if err := b.endCatchup(ctx, res, meter, self0, done, benchStream, base, target, r.started); err != nil {
 		return err
 	}
+	// Which path the relay took: its fast-batch counters (a fresh process,
+	// so they count this run only).
+	if res.Batch, err = relayBatchCounts(ctx, b.env.metrics); err != nil {
+		return err
+	}
 	marks := !slices.Contains(env, "WALBOX_SWEEPER_MARK_PROCESSED=false") && !slices.Contains(b.p.Sets, "sweeper.mark_processed=false")
 	if err := b.settle(ctx, r, res, marks); err != nil {
 		return err
@@ -294,8 +315,8 @@ func (b *bench) relayCatchup(ctx context.Context, phase string, res *catchupResu
 	if err := b.stopRelay(r); err != nil {
 		return err
 	}
-	b.logf("%s: %d events relayed in %.2fs: %.0f events/s; relay CPU %.2fs, peak RSS %.1f MB",
-		phase, p.Events, res.Took.Seconds(), rate(p.Events, res.Took), res.CPU.Seconds(), mb(res.HWM))
+	b.logf("%s: %d events relayed in %.2fs: %.0f events/s; relay CPU %.2fs, peak RSS %.1f MB; %s",
+		phase, p.Events, res.Took.Seconds(), rate(p.Events, res.Took), res.CPU.Seconds(), mb(res.HWM), res.Batch)
 	return nil
 }
 
@@ -727,23 +748,24 @@ func (c concurrentResult) ceiling() float64 {
 	return min(rate(c.Decode.Events, c.Decode.Took), rate(c.Publish.Events, c.Publish.Took))
 }
 
-// concurrentCeiling runs the decoding and the publishing ceiling at the
-// same time (the decoder on its own slot holding the same backlog).
-func (b *bench) concurrentCeiling(ctx context.Context, endLSN string, res *concurrentResult) error {
-	b.logf("concurrent ceiling: pg_recvlogical and the async publisher together")
+// concurrentCeiling runs the decoding ceiling and a publishing one (publish:
+// the per-message or the batched publisher, named who) at the same time,
+// the decoder on slot, which holds the same backlog.
+func (b *bench) concurrentCeiling(ctx context.Context, endLSN, slot, who string, publish func(context.Context, *ceilingResult, *gate) error, res *concurrentResult) error {
+	b.logf("concurrent ceiling: pg_recvlogical and %s together", who)
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	g := &gate{ready: make(chan struct{}, 2), start: make(chan struct{})}
 	errs := make(chan error, 2)
 	go func() {
-		err := b.decodeCeiling(cctx, concSlot, endLSN, &res.Decode, g)
+		err := b.decodeCeiling(cctx, slot, endLSN, &res.Decode, g)
 		if err != nil {
 			err = fmt.Errorf("decoding: %w", err)
 		}
 		errs <- err
 	}()
 	go func() {
-		err := b.publishCeiling(cctx, &res.Publish, g)
+		err := publish(cctx, &res.Publish, g)
 		if err != nil {
 			err = fmt.Errorf("publishing: %w", err)
 		}
@@ -784,7 +806,7 @@ func (b *bench) concurrentCeiling(ctx context.Context, endLSN string, res *concu
 	}
 	res.DriverCPU = selfCPU() - self0
 	res.Busy, res.Where, res.Span = meter.stop()
-	b.logf("concurrent ceiling: decoding %.0f events/s and publishing %.0f msgs/s together: %.0f events/s",
-		rate(res.Decode.Events, res.Decode.Took), rate(res.Publish.Events, res.Publish.Took), res.ceiling())
+	b.logf("concurrent ceiling with %s: decoding %.0f events/s and publishing %.0f msgs/s together: %.0f events/s",
+		who, rate(res.Decode.Events, res.Decode.Took), rate(res.Publish.Events, res.Publish.Took), res.ceiling())
 	return nil
 }

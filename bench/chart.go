@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"image/color"
 	"os"
+	"strings"
 	"time"
 
 	"gonum.org/v1/plot"
@@ -20,6 +21,8 @@ func systemColor(system string) color.Color {
 		return color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff}
 	case "walbox, flag off":
 		return color.RGBA{R: 0x6b, G: 0xae, B: 0xd6, A: 0xff}
+	case "walbox, per message":
+		return color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff}
 	case "polling":
 		return color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff}
 	case "polling-tuned":
@@ -105,14 +108,28 @@ func (r *results) writeChart(path string) error {
 	bars := []bar{
 		{"walbox", "walbox", rate(r.catchup.Events, r.catchup.Took)},
 	}
+	if r.perMsg.Events > 0 { // the default is fast batches (issue 36)
+		bars[0].name = "walbox\nfast\nbatches"
+		bars = append(bars, bar{"walbox\nper\nmessage", "walbox, per message", rate(r.perMsg.Events, r.perMsg.Took)})
+	}
 	if r.noflag.Events > 0 {
 		bars = append(bars, bar{"walbox\nflag off", "walbox, flag off", rate(r.noflag.Events, r.noflag.Took)})
 	}
 	bars = append(bars,
 		bar{"decoding\nceiling", "", rate(r.decode.Events, r.decode.Took)},
 		bar{"publishing\nceiling", "", rate(r.publish.Events, r.publish.Took)})
+	if r.batchPub.Events > 0 {
+		bars = append(bars, bar{"batched\npublishing\nceiling", "", rate(r.batchPub.Events, r.batchPub.Took)})
+	}
+	if c := r.conc.ceiling(); c > 0 {
+		bars = append(bars, bar{"concurrent\nceiling", "", c})
+	}
+	if c := r.concBatch.ceiling(); c > 0 {
+		bars = append(bars, bar{"concurrent\nceiling,\nbatched", "", c})
+	}
 	for _, pr := range r.peers {
-		bars = append(bars, bar{pr.System, pr.System, rate(pr.Catchup.Events, pr.Catchup.Took)})
+		// One word a line: the bars stand one label's width apart.
+		bars = append(bars, bar{strings.ReplaceAll(pr.System, "-", "-\n"), pr.System, rate(pr.Catchup.Events, pr.Catchup.Took)})
 	}
 	names := make([]string, len(bars))
 	for i, b := range bars {

@@ -37,11 +37,15 @@ const (
 	slotName    = "walbox"
 	ceilingSlot = "bench_ceiling"
 	concSlot    = "bench_ceiling_conc"
-	floorSlot   = "bench_floor"
-	publication = "walbox_outbox"
-	benchStream = "BENCH"
-	ceilStream  = "CEIL"
-	dupWindow   = 2 * time.Minute
+	// concBatchSlot: the concurrent ceiling with the batched publisher.
+	concBatchSlot = "bench_ceiling_concb"
+	floorSlot     = "bench_floor"
+	publication   = "walbox_outbox"
+	benchStream   = "BENCH"
+	ceilStream    = "CEIL"
+	// ceilBatchStream: the batched publishing ceiling's (allow_batched).
+	ceilBatchStream = "CEILB"
+	dupWindow       = 2 * time.Minute
 
 	// walboxLDFlags are the Makefile's (and the Dockerfile's) for the walbox
 	// binary: the relay is measured as it is built for users

@@ -19,12 +19,23 @@ type results struct {
 	decode   ceilingResult
 	publish  ceilingResult
 	conc     concurrentResult // the two ceilings at the same time
-	pubAlone []pubFloorResult // publishing alone, in a process of its own
-	floor    []floorResult    // each live rate, pg_recvlogical the only reader
-	bare     []bareResult     // the bare relay at 1,000 and 2,000/s
-	maxAlone maxResult        // the producers' maximum rate, relay stopped
-	maxRelay liveResult       // that rate offered with the relay running
-	maxFloor floorResult      // that rate offered with pg_recvlogical the only reader
+	// Issue 36 (batch.go): catch-up on the per-message path, the batched
+	// publishing ceiling and the concurrent one with it (medians), the
+	// first live rate and the large transaction on the per-message path.
+	perMsg        catchupResult
+	batchPub      ceilingResult
+	concBatch     concurrentResult
+	perMsgRuns    []catchupResult
+	batchPubRuns  []ceilingResult
+	concBatchRuns []concurrentResult
+	livePerMsg    liveResult
+	bigPerMsg     bigResult
+	pubAlone      []pubFloorResult // publishing alone, in a process of its own
+	floor         []floorResult    // each live rate, pg_recvlogical the only reader
+	bare          []bareResult     // the bare relay at 1,000 and 2,000/s
+	maxAlone      maxResult        // the producers' maximum rate, relay stopped
+	maxRelay      liveResult       // that rate offered with the relay running
+	maxFloor      floorResult      // that rate offered with pg_recvlogical the only reader
 	// Every round's figures; the four above are their medians.
 	catchupRuns, noflagRuns []catchupResult
 	decodeRuns, publishRuns []ceilingResult
@@ -525,6 +536,7 @@ func (r *results) render() table {
 	}
 
 	r.tracingReport(head, add)
+	r.batchReport(head, add)
 
 	name, f := r.worstForeign()
 	head("Machine")
@@ -689,6 +701,16 @@ How it is measured:
   end of the phase): time a process was ready to run and no CPU was free.
 - Every live payload carries its insert time (` + "`\"ts\"`" + `), so insert → stored (what a
   consumer sees) is measured the same way for walbox and the peers; the chart plots it.
+- Fast batches (issue 36): the relay's default publishes a busy stream's messages in fast
+  batches (nats-server 2.14+, one flow ack per up to 256 messages); the catch-up, the first live
+  rate and the large transaction are run again each with a fresh relay on the per-message path
+  (` + "`WALBOX_NATS_FAST_BATCH=false`" + `), and each run reads the relay's
+  ` + "`walbox_nats_batched_messages_total`" + ` at its end, so the report says which path ran. The
+  batched publishing ceiling is orbit's jetstreamext FastPublisher (flow 256, two flow acks
+  outstanding, batches of 10,000 closed one after the other) writing the same messages into a
+  stream with allow_batched; the concurrent ceiling with it runs pg_recvlogical on a third slot
+  created before the same backlog. The reference figures ("was") are the last full run before
+  fast batches.
 - Processed flag: the catch-up is run twice, with the sweeper marking rows (default) and with
   ` + "`WALBOX_SWEEPER_MARK_PROCESSED=false`" + `; after each run the relay is left to finish (every
   row marked, slot confirmed past a checkpoint) before it stops, so the next run does not
@@ -736,6 +758,17 @@ func (r *results) whereLines() []string {
 	out = append(out, line("large transaction (insert + relay)", r.big.Span, r.big.Busy, r.big.Where))
 	if r.noflag.Events > 0 {
 		out = append(out, line("catch-up, processed flag off", r.noflag.Span, r.noflag.Busy, r.noflag.Where))
+	}
+	if r.perMsg.Events > 0 {
+		out = append(out, line("catch-up, per-message path", r.perMsg.Span, r.perMsg.Busy, r.perMsg.Where),
+			line("batched publishing ceiling", r.batchPub.Span, r.batchPub.Busy, r.batchPub.Where),
+			line("concurrent ceiling, batched publisher", r.concBatch.Span, r.concBatch.Busy, r.concBatch.Where))
+	}
+	if l := r.livePerMsg; l.Events > 0 {
+		out = append(out, line(fmt.Sprintf("live %d/s, per-message path", l.Rate), l.Span, l.Busy, l.Where))
+	}
+	if r.bigPerMsg.Rows > 0 {
+		out = append(out, line("large transaction, per-message path", r.bigPerMsg.Span, r.bigPerMsg.Busy, r.bigPerMsg.Where))
 	}
 	for _, pr := range r.peers {
 		out = append(out, line(pr.System+" catch-up", pr.Catchup.Span, pr.Catchup.Busy, pr.Catchup.Where))
@@ -801,6 +834,11 @@ func (r *results) worstForeign() (string, float64) {
 	}
 	check("large transaction", r.big.Where, r.big.Span)
 	check("catch-up, flag off", r.noflag.Where, r.noflag.Span)
+	check("catch-up, per-message path", r.perMsg.Where, r.perMsg.Span)
+	check("batched publishing ceiling", r.batchPub.Where, r.batchPub.Span)
+	check("concurrent ceiling, batched publisher", r.concBatch.Where, r.concBatch.Span)
+	check("live, per-message path", r.livePerMsg.Where, r.livePerMsg.Span)
+	check("large transaction, per-message path", r.bigPerMsg.Where, r.bigPerMsg.Span)
 	for _, pr := range r.peers {
 		check(pr.System+" catch-up", pr.Catchup.Where, pr.Catchup.Span)
 		for _, l := range pr.Live {
