@@ -149,6 +149,10 @@ func main() {
 		}
 		return
 	}
+	pgsideOnly := len(os.Args) >= 2 && os.Args[1] == pgsideArg
+	if pgsideOnly {
+		os.Args = append(os.Args[:1], os.Args[2:]...)
+	}
 	p, err := parseFlags()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -156,7 +160,11 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	b := &bench{p: p, start: time.Now()}
-	err = b.run(ctx)
+	if pgsideOnly {
+		err = runPGSide(ctx, b)
+	} else {
+		err = b.run(ctx)
+	}
 	interrupted := ctx.Err() != nil
 	stop()
 	b.logf("cleanup: stopping the relay, PostgreSQL and nats-server, removing temp dirs")
@@ -255,12 +263,17 @@ func (b *bench) run(ctx context.Context) error {
 			return fmt.Errorf("peers: %w", err)
 		}
 	}
+	pgside, err := b.pgSide(ctx) // last: the other phases' figures stay comparable with earlier runs
+	if err != nil {
+		return fmt.Errorf("pgside: %w", err)
+	}
 	b.res.params = b.p
 	b.res.finished = time.Now()
 	b.res.took = time.Since(b.start)
 	table := b.res.render()
 	fmt.Println()
 	fmt.Print(b.res.text(table))
+	fmt.Print(pgside.markdown())
 	out := b.p.Out
 	if out == "" {
 		name := "latest.md"
@@ -286,7 +299,7 @@ func (b *bench) run(ctx context.Context) error {
 		return fmt.Errorf("chart: %w", err)
 	}
 	b.res.chart = filepath.Base(png)
-	if err := os.WriteFile(out, []byte(b.res.markdown(table)), 0o644); err != nil {
+	if err := os.WriteFile(out, []byte(b.res.markdown(table)+pgside.markdown()), 0o644); err != nil {
 		return err
 	}
 	b.logf("done: results written to %s and %s", out, png)
