@@ -1,9 +1,12 @@
 package e2e
 
 import (
+	"bufio"
 	"context"
 	"math/rand/v2"
+	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -25,12 +28,28 @@ import (
 // WALBOX_CHAOS_DURATION sets how long (default 30s; `make chaos` runs 3m).
 func TestChaos(t *testing.T) {
 	duration := chaosDuration(t)
-	e := newMigratedEnv(t)
+	addr := freeAddr(t)
+	e := newMigratedEnv(t, func(c *config.Config) { c.Metrics.Listen = addr })
 	w := e.witness("outbox_events")
-	relay := e.spawnRelay()
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
+	// Each relay batches every event, or only once 32 are in flight (the
+	// default), drawn at random: fast batches cut by every fault, and the
+	// switch between the two paths under them. The counts of the relays
+	// killed are read just before each kill.
+	var batched, unproven float64
+	spawn := func() *proc {
+		after := []string{"0", "32"}[rng.IntN(2)]
+		p := e.startProc("WALBOX_NATS_FAST_BATCH_AFTER=" + after)
+		e.waitSlotActive(p)
+		return p
+	}
+	count := func() {
+		batched += sumMetric(addr, "walbox_nats_batched_messages_total")
+		unproven += sumMetric(addr, "walbox_nats_batch_unproven_total")
+	}
+	relay := spawn()
 	stop := e.loadInBackground(outboxtest.Load{Producers: 4, MaxRows: 20, Rollback: 0.1, Rate: 25})
 
-	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
 	faults := map[string]int{}
 	ctx := context.Background()
 	start := time.Now()
@@ -40,8 +59,9 @@ func TestChaos(t *testing.T) {
 		t.Logf("%s fault: %s", time.Now().UTC().Format("15:04:05.000"), kind)
 		switch kind {
 		case "relay_kill9":
+			count()
 			relay.signal(t, syscall.SIGKILL)
-			relay = e.spawnRelay()
+			relay = spawn()
 			faults[kind]++
 		case "nats_restart":
 			e.nats.Stop()
@@ -70,12 +90,40 @@ func TestChaos(t *testing.T) {
 	res := stop()
 	select {
 	case <-relay.done:
-		relay = e.spawnRelay()
+		relay = spawn()
 	default:
 	}
 	rep := e.check(w, res)
-	t.Logf("chaos: %v, events checked %d, rolled-back inserts %d, faults %v; lost=%d duplicated=%d out_of_order=%d from_rolled_back=%d; republished from snapshots %d (%d of them out of commit order)",
-		duration, rep.Checked, len(res.RolledBack), faults, rep.Lost, rep.Duplicated, rep.OutOfOrder, rep.FromRolledBack, rep.Snapshot, rep.SnapshotOutOfOrder)
+	count()
+	t.Logf("chaos: %v, events checked %d, rolled-back inserts %d, faults %v; lost=%d duplicated=%d out_of_order=%d from_rolled_back=%d; republished from snapshots %d (%d of them out of commit order); %.0f publishes in fast batches, %.0f of them unproven and resent alone",
+		duration, rep.Checked, len(res.RolledBack), faults, rep.Lost, rep.Duplicated, rep.OutOfOrder, rep.FromRolledBack, rep.Snapshot, rep.SnapshotOutOfOrder, batched, unproven)
+	if batched == 0 {
+		t.Fatal("no event went in a fast batch: the chaos run did not test them")
+	}
+}
+
+// sumMetric sums every series of a metric on /metrics at addr (0 when it
+// cannot be read).
+func sumMetric(addr, name string) float64 {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	var sum float64
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, name+" ") && !strings.HasPrefix(line, name+"{") {
+			continue
+		}
+		if i := strings.LastIndexByte(line, ' '); i > 0 {
+			if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
+				sum += v
+			}
+		}
+	}
+	return sum
 }
 
 // TestChaosKafka is TestChaos against the Kafka sink (kfake, three brokers,
