@@ -183,7 +183,7 @@ type Batching struct {
 	OnFallBack func(PublishPath)
 }
 
-// SetBatching sets up fast batches. Call it before publishing.
+// SetBatching sets up fast batches. Call it once, before publishing.
 func (s *Sink) SetBatching(c Batching) {
 	paths := c.Paths
 	s.flow = batchFlow
@@ -315,6 +315,9 @@ func (ln *lane) end(b *batch, final *pubAckReply, count uint64, errNext error) {
 	}
 	ln.confirm(b, proven)
 	for i := range b.q {
+		if b.q[i].resolve == nil {
+			continue // resolved by its own pub ack (single1)
+		}
 		seq := b.done + 1 + uint64(i)
 		err := error(ErrBatchUnproven)
 		switch {
@@ -349,8 +352,9 @@ func (ln *lane) confirm(b *batch, n uint64) {
 	}
 	k := min(n-b.done, uint64(len(b.q)))
 	for i := range k {
-		bm := &b.q[i]
-		bm.resolve.Resolve(&relay.Ack{Stream: ln.stream, Sequence: bm.expect + 1}, nil)
+		if bm := &b.q[i]; bm.resolve != nil {
+			bm.resolve.Resolve(&relay.Ack{Stream: ln.stream, Sequence: bm.expect + 1}, nil)
+		}
 	}
 	clear(b.q[:k])
 	b.q = b.q[k:]
