@@ -84,6 +84,10 @@ type pubRecord struct {
 	at       time.Time
 	stored   bool
 	resolved bool
+	// What the relay told the sink: the stream, and whether the event may
+	// be stored already (a sink never batches such a message).
+	stream      string
+	mayBeStored bool
 }
 
 // heldAck is a publish whose future the test resolves.
@@ -192,7 +196,7 @@ func (s *fakeSink) Publish(m *Msg) (Future, error) {
 	st.publishes++
 	n := st.publishes
 	id := m.Header.Get(HeaderMsgID)
-	pub := &pubRecord{n: n, id: id, epoch: s.Epoch(), at: time.Now()}
+	pub := &pubRecord{n: n, id: id, epoch: s.Epoch(), at: time.Now(), stream: m.Stream, mayBeStored: m.MayBeStored}
 	st.pubs = append(st.pubs, pub)
 	for _, q := range st.pubs[:len(st.pubs)-1] {
 		if !q.resolved && q.epoch != pub.epoch {
@@ -509,6 +513,44 @@ func TestStrictOrderSurvivesAPublishLostMidWindow(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestResendsMayBeStored: the relay names each message's stream and marks
+// every resend as possibly stored already, so that a sink publishes it on
+// its own (a fast batch's acks cannot say which of its messages was a
+// duplicate, and a resent batch full of duplicates would be refused again
+// and again). A first publish is marked only when the resume check cannot
+// rule it out.
+func TestResendsMayBeStored(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newFakeStream()
+		st.lose[5], st.storeLose[5] = true, true // stored, its ack lost: the resend is a duplicate
+		st.lose[9] = true
+		src, ids := newScript(10, 3)
+		runPublisher(t, st, src, true)
+		if err := checkStream(st, ids); err != nil {
+			t.Fatal(err)
+		}
+		seen := map[string]bool{}
+		resends, fresh := 0, 0
+		for _, p := range st.pubs {
+			if p.stream != "ORDERS" {
+				t.Fatalf("publish %d (%s) named stream %q", p.n, p.id, p.stream)
+			}
+			switch {
+			case seen[p.id] && !p.mayBeStored:
+				t.Fatalf("publish %d (%s) is a resend not marked as possibly stored", p.n, p.id)
+			case seen[p.id]:
+				resends++
+			case !p.mayBeStored:
+				fresh++ // a first publish is marked only when the resume check cannot rule it out
+			}
+			seen[p.id] = true
+		}
+		if resends == 0 || fresh == 0 {
+			t.Fatalf("%d resends, %d unmarked first publishes: the test lost its fault", resends, fresh)
+		}
+	})
 }
 
 func TestStrictOrderRebasesAfterADuplicateAndARejection(t *testing.T) {
