@@ -248,3 +248,32 @@ func awaitResult(ctx context.Context, f relay.Future) (relay.Result, error) {
 		return relay.Result{}, ctx.Err()
 	}
 }
+
+// The publish path's cost per message with strict order (an expected last
+// sequence on each), per message and in fast batches, against the same
+// embedded server (cpu-µs/op counts the server too):
+//
+//	go test ./relay/jssink -run '^$' -bench 'Strict' -benchtime 100000x -count 3
+func BenchmarkPublishStrictPerMessage(b *testing.B) { benchStrict(b, false) }
+func BenchmarkPublishStrictFastBatch(b *testing.B)  { benchStrict(b, true) }
+
+func benchStrict(b *testing.B, batch bool) {
+	sp := jssink.StreamSpec{Name: "BENCH", Subjects: []string{"bench.>"}, Storage: "file", Manage: true,
+		DuplicateWindow: 2 * time.Minute, FastBatch: batch}
+	s := startBatchSink(b, 10*time.Second, benchWindow, sp)
+	s.BatchAtOnce()
+	expect := uint64(0)
+	windowed(b, func(i int) func() error {
+		m := benchMsg(i)
+		m.Stream, m.Expect, m.ExpectSet = "BENCH", expect, true
+		expect++
+		f, err := s.Publish(m)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return func() error { return (<-f).Err }
+	})
+	if st := s.BatchStats(); batch != (st.Batched > 0) {
+		b.Fatalf("batch %v: stats %+v", batch, st)
+	}
+}
