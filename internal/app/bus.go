@@ -186,18 +186,22 @@ func retryEnsure(ctx context.Context, cfg config.Config, timeout time.Duration,
 // registerBatchMetrics exports the sink's fast-batch counts.
 func registerBatchMetrics(reg prometheus.Registerer, sink *jssink.Sink) error {
 	for _, c := range []struct {
-		name, help string
-		get        func(jssink.BatchStats) uint64
+		opts prometheus.CounterOpts
+		get  func(jssink.BatchStats) uint64
 	}{
-		{"walbox_nats_batches_total", "Fast batches opened (nats.fast_batch).", func(s jssink.BatchStats) uint64 { return s.Batches }},
-		{"walbox_nats_batched_messages_total", "Messages published in fast batches.", func(s jssink.BatchStats) uint64 { return s.Batched }},
-		{"walbox_nats_batch_flow_acks_total", "Flow acks received for fast batches.", func(s jssink.BatchStats) uint64 { return s.FlowAcks }},
-		{"walbox_nats_batch_unproven_total", "Batched messages whose batch ended without proof they were stored: resent on their own.", func(s jssink.BatchStats) uint64 { return s.Unproven }},
+		{prometheus.CounterOpts{Name: "walbox_nats_batches_total", Help: "Fast batches opened (nats.fast_batch)."},
+			func(s jssink.BatchStats) uint64 { return s.Batches }},
+		{prometheus.CounterOpts{Name: "walbox_nats_batched_messages_total", Help: "Messages published in fast batches."},
+			func(s jssink.BatchStats) uint64 { return s.Batched }},
+		{prometheus.CounterOpts{Name: "walbox_nats_batch_flow_acks_total", Help: "Flow acks received for fast batches."},
+			func(s jssink.BatchStats) uint64 { return s.FlowAcks }},
+		{prometheus.CounterOpts{Name: "walbox_nats_batch_unproven_total", Help: "Batched messages whose batch ended without proof they were stored: resent on their own."},
+			func(s jssink.BatchStats) uint64 { return s.Unproven }},
 	} {
 		get := c.get
-		if err := reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: c.name, Help: c.help},
+		if err := reg.Register(prometheus.NewCounterFunc(c.opts,
 			func() float64 { return float64(get(sink.BatchStats())) })); err != nil {
-			return fmt.Errorf("register %s: %w", c.name, err)
+			return fmt.Errorf("register %s: %w", c.opts.Name, err)
 		}
 	}
 	return nil
