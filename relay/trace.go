@@ -84,7 +84,16 @@ func (c headerCarrier) Get(key string) string {
 	if v := Header(c).Get(key); v != "" {
 		return v
 	}
-	return Header(c).Get(textproto.CanonicalMIMEHeaderKey(key)) // Traceparent, as HTTP spells it
+	// Traceparent, as HTTP spells it. The two keys the propagator reads
+	// are spelled out: canonicalizing allocates, and every event pays the
+	// lookup, sampled or not (BenchmarkTracingPerEvent).
+	switch key {
+	case "traceparent":
+		return Header(c).Get("Traceparent")
+	case "tracestate":
+		return Header(c).Get("Tracestate")
+	}
+	return Header(c).Get(textproto.CanonicalMIMEHeaderKey(key))
 }
 
 func (c headerCarrier) Set(key, value string) {

@@ -1,6 +1,8 @@
 package relay
 
 import (
+	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -10,6 +12,8 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/walbox/walbox/cdc"
 )
 
 // TestPublishSpans: each published event gets one "walbox publish" span, a
@@ -160,3 +164,38 @@ func TestTraceRatioDecidesBeforeAnySpan(t *testing.T) {
 		}
 	})
 }
+
+// BenchmarkTracingPerEvent is tracing's cost per event in the relay's own
+// code (the span's open at publish and its end at the ack), by sampling
+// ratio, for events whose headers column carries no trace context: a
+// catch-up's usual case. make bench measures the whole relay's CPU.
+func BenchmarkTracingPerEvent(b *testing.B) {
+	for _, ratio := range []float64{-1, 0.01, 1} { // -1: tracing off
+		b.Run(fmt.Sprintf("ratio=%g", ratio), func(b *testing.B) {
+			tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sdktrace.NewBatchSpanProcessor(discardExporter{})))
+			defer func() { _ = tp.Shutdown(context.Background()) }()
+			var tr *tracing
+			if ratio >= 0 {
+				tr = newTracing(tp.Tracer("bench"), "nats", ratio)
+			}
+			ev := cdc.Event{ID: "0190a0b0-0000-7000-8000-000000000001", CommitTime: time.Now()}
+			ack := &Ack{Stream: "ORDERS", Sequence: 1}
+			b.ReportAllocs()
+			for b.Loop() {
+				p := &pending{ev: ev, msg: &Msg{Subject: "orders.created", Header: Header{
+					"Nats-Msg-Id": {ev.ID}, HeaderSource: {"app/walbox"}, HeaderCommitLSN: {"0/16B3748"},
+					HeaderTable: {"public.outbox_events"}, "Content-Type": {"application/json"},
+				}}, sentAt: time.Now()}
+				if tr != nil {
+					tr.published(p, "public.outbox_events")
+					tr.acked(p, ack, time.Now())
+				}
+			}
+		})
+	}
+}
+
+type discardExporter struct{}
+
+func (discardExporter) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return nil }
+func (discardExporter) Shutdown(context.Context) error                             { return nil }

@@ -208,13 +208,21 @@ func TestDLQRetryRebuildsTheEnvelope(t *testing.T) {
 // waitDeadLetters waits until walbox dlq list shows n dead letters.
 func (e *kafkaEnv) waitDeadLetters(n int) []DeadLetter {
 	e.t.Helper()
-	var dls []DeadLetter
+	var (
+		dls   []DeadLetter
+		total uint64
+		err   error
+	)
+	e.t.Cleanup(func() {
+		if e.t.Failed() {
+			e.t.Logf("the last dlq list: %d of %d, err %v: %+v", len(dls), total, err, dls)
+		}
+	})
 	relaytest.Eventually(e.t, 60*time.Second, fmt.Sprintf("walbox dlq list to show %d dead letters", n), func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
-		got, total, err := DLQList(ctx, e.cfg, 0)
-		dls = got
-		return err == nil && len(got) == n && total == uint64(n)
+		dls, total, err = DLQList(ctx, e.cfg, 0)
+		return err == nil && len(dls) == n && total == uint64(n)
 	})
 	return dls
 }

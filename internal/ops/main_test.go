@@ -139,6 +139,11 @@ func (e *env) startRelay() *relayRun {
 	r := &relayRun{log: &relaytest.Buffer{}}
 	r.Relay = relaytest.StartRelay(e.t, e.cfg, relaytest.WithLog(zerolog.New(r.log).Level(e.logLevel)),
 		relaytest.WithStartTimeout(45*time.Second), relaytest.WithDump(r.log.String))
+	e.t.Cleanup(func() {
+		if e.t.Failed() { // what the relay did is the first thing a failure needs
+			e.t.Logf("the relay's log:\n%s", r.log.String())
+		}
+	})
 	return r
 }
 
