@@ -2,6 +2,7 @@ package helmtest
 
 import (
 	"bytes"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"net/url"
@@ -513,6 +514,7 @@ func TestPrometheusRuleIsDocsAlerts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	checkProvisionable(t, dashboard)
 	sawRule, sawDashboard := false, false
 	for _, r := range renderAll(t) {
 		for _, o := range r.byKind("PrometheusRule") {
@@ -644,5 +646,41 @@ func TestPlainManifestsAreUpToDate(t *testing.T) {
 				t.Errorf("%s/%s is not the chart's rendering (%v): run go test -run TestPlainManifestsAreUpToDate -update", dir, name, err)
 			}
 		}
+	}
+}
+
+// checkProvisionable: Grafana's dashboard sidecar (and file provisioning)
+// loads the JSON as it is: an import input such as ${DS_PROMETHEUS} is never
+// substituted, and every panel would show "datasource not found". The
+// dashboard selects its data source with a variable of its own instead,
+// which the import dialog and provisioning both fill.
+func checkProvisionable(t *testing.T, dashboard []byte) {
+	t.Helper()
+	var d struct {
+		Inputs     []json.RawMessage `json:"__inputs"`
+		Templating struct {
+			List []struct{ Name, Type, Query string } `json:"list"`
+		} `json:"templating"`
+	}
+	if err := json.Unmarshal(dashboard, &d); err != nil {
+		t.Fatalf("docs/grafana-dashboard.json: %v", err)
+	}
+	if len(d.Inputs) > 0 {
+		t.Error("docs/grafana-dashboard.json has __inputs: provisioning does not fill them; use the datasource variable")
+	}
+	hasVar := false
+	for _, v := range d.Templating.List {
+		hasVar = hasVar || (v.Name == "datasource" && v.Type == "datasource" && v.Query == "prometheus")
+	}
+	if !hasVar {
+		t.Error("docs/grafana-dashboard.json lacks the templating variable datasource (type datasource, query prometheus)")
+	}
+	for _, m := range regexp.MustCompile(`\$\{[A-Za-z_]+\}`).FindAll(dashboard, -1) {
+		if string(m) != "${datasource}" {
+			t.Errorf("docs/grafana-dashboard.json uses %s: no variable or provisioning fills it", m)
+		}
+	}
+	if !bytes.Contains(dashboard, []byte(`"uid": "${datasource}"`)) {
+		t.Error(`docs/grafana-dashboard.json: no panel takes its data source from ${datasource}`)
 	}
 }
