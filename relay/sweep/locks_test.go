@@ -123,10 +123,13 @@ func (w *lockWatch) violations() []string {
 	return out[:min(len(out), 5)]
 }
 
-// holdReader holds ACCESS SHARE on the outbox and all its partitions for
-// hold, as pg_dump does for the whole of a dump; it returns at once and
-// closes done when the reader has ended.
-func (d *db) holdReader(hold time.Duration) (done chan struct{}) {
+// holdReader holds ACCESS SHARE on the outbox and all its partitions until
+// release is closed, as pg_dump does for the whole of a dump; it returns at
+// once and closes done when the reader has ended. The reader ends when the
+// test says, not after a time: on a loaded machine a maintenance run can
+// outlast any fixed hold, and would then do, legitimately, what the test
+// says it must not do "during the reader".
+func (d *db) holdReader(release <-chan struct{}) (done chan struct{}) {
 	d.t.Helper()
 	conn, err := pgx.Connect(context.Background(), d.url)
 	if err != nil {
@@ -142,7 +145,7 @@ func (d *db) holdReader(hold time.Duration) (done chan struct{}) {
 	done = make(chan struct{})
 	go func() {
 		defer close(done)
-		time.Sleep(hold)
+		<-release
 		tx.Commit(context.Background())
 		conn.Close(context.Background())
 	}()
@@ -170,7 +173,8 @@ func TestMaintenanceNeverQueuesInsertsBehindItsLocks(t *testing.T) {
 	w := d.watchProducers(4)
 	time.Sleep(100 * time.Millisecond)
 	w.watching.Store(true)
-	readerDone := d.holdReader(3 * time.Second)
+	release := make(chan struct{})
+	readerDone := d.holdReader(release)
 	time.Sleep(100 * time.Millisecond)
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -178,6 +182,7 @@ func TestMaintenanceNeverQueuesInsertsBehindItsLocks(t *testing.T) {
 	started := time.Now()
 	rep, err := sw.Maintain(ctx, sweep.MaintainOptions{})
 	took := time.Since(started)
+	close(release)
 	<-readerDone
 	w.watching.Store(false)
 	t.Logf("maintenance during the reader took %v: %+v (err %v)", took.Round(time.Millisecond), rep, err)
@@ -225,11 +230,13 @@ func TestOlderDefaultPartitionIsEmptiedAndRemovedWithoutStallingInserts(t *testi
 	w := d.watchProducers(4)
 	time.Sleep(100 * time.Millisecond)
 	w.watching.Store(true)
-	readerDone := d.holdReader(2 * time.Second)
+	release := make(chan struct{})
+	readerDone := d.holdReader(release)
 	time.Sleep(1200 * time.Millisecond) // the reader's transaction is older than a second
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	rep, err := sw.Maintain(ctx, sweep.MaintainOptions{})
+	close(release)
 	<-readerDone
 	w.watching.Store(false)
 	t.Logf("during the reader: %+v (err %v)", rep, err)
