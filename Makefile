@@ -29,7 +29,7 @@ test:
 	for m in $(LIBS); do (cd $$m && $(GO) test -race -count=1 ./...) || exit 1; done
 	cd bench && $(GO) test -race -count=1 .
 	cd deploy/helmtest && $(GO) test -race -count=1 ./...
-	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+	GO=$(GO) bash scripts/test-go.sh
 
 # A few minutes: the unit tests (no servers) and one end-to-end smoke test
 # (exactly-once in commit order under concurrent producers).
