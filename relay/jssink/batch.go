@@ -290,7 +290,7 @@ func (ln *lane) commit(b *batch) {
 		return
 	}
 	if err := ln.s.nc.PublishRequest(b.subject, b.replyFor(b.sent+1, opCommitEOB), nil); err != nil {
-		ln.end(b, nil, 0, fmt.Errorf("commit the fast batch: %w", err))
+		ln.end(b, 0, 0, fmt.Errorf("commit the fast batch: %w", err))
 		return
 	}
 	ln.ending = append(ln.ending, b)
@@ -298,15 +298,16 @@ func (ln *lane) commit(b *batch) {
 
 // end resolves what b's acks prove (1..proven stored; the message after
 // them gets errNext when set) and fails the rest as unproven, and forgets
-// b. Lock held.
-func (ln *lane) end(b *batch, final *pubAckReply, count uint64, errNext error) {
+// b. count > 0: the final pub ack counted count messages, and lastSeq is
+// the stream's last sequence it reported. Lock held.
+func (ln *lane) end(b *batch, count, lastSeq uint64, errNext error) {
 	proven := b.acked
 	if proven > 0 {
 		proven-- // the last one acked may be a duplicate
 	}
-	if final != nil && count > 0 {
+	if count > 0 {
 		proven = count - 1
-		if count > b.done && count <= b.sent && final.Sequence == b.q[count-1-b.done].expect+1 {
+		if count > b.done && count <= b.sent && lastSeq == b.q[count-1-b.done].expect+1 {
 			proven = count // the stream's last is the batch's last: stored
 		}
 	}
@@ -447,7 +448,7 @@ func (s *Sink) onBatchReply(m *nats.Msg) {
 		if b.gap {
 			errNext = errBatchGap
 		}
-		ln.end(b, &pubAckReply{Stream: r.Stream, Sequence: r.Seq}, r.Count, errNext)
+		ln.end(b, r.Count, r.Seq, errNext)
 	}
 }
 
@@ -476,7 +477,7 @@ func (ln *lane) failFrom(b *batch, seq uint64, err error) {
 	if seq >= 1 && (b.errAt == 0 || seq < b.errAt) {
 		b.errAt, b.err = seq, err
 	}
-	ln.end(b, nil, 0, nil)
+	ln.end(b, 0, 0, nil)
 }
 
 // single1 resolves message seq of b by its own pub ack (a server that
@@ -496,7 +497,7 @@ func (ln *lane) single1(b *batch, seq uint64, ack *relay.Ack) {
 		b.done++
 	}
 	if len(b.q) == 0 && ln.open != b {
-		ln.end(b, nil, 0, nil)
+		ln.end(b, 0, 0, nil)
 	}
 }
 
@@ -545,12 +546,18 @@ func (s *Sink) onTick() {
 				ln.commit(b)
 			}
 		}
-		for _, b := range append([]*batch{ln.open}, ln.ending...) {
+		// From the newest down: end takes a batch out of ln.ending, which
+		// moves only the batches after it. The open batch comes last (i = -1).
+		for i := len(ln.ending) - 1; i >= -1; i-- {
+			b := ln.open
+			if i >= 0 {
+				b = ln.ending[i]
+			}
 			if b == nil || len(b.q) == 0 {
 				continue
 			}
 			if now.Sub(b.q[0].sentAt) >= s.ackTimeout {
-				ln.end(b, nil, 0, jetstream.ErrAsyncPublishTimeout)
+				ln.end(b, 0, 0, jetstream.ErrAsyncPublishTimeout)
 				continue
 			}
 			if b == ln.open && b.am > 0 && now.Sub(b.heard) >= s.ackTimeout/3 {
