@@ -66,9 +66,39 @@ type Msg struct {
 	// and where: a batch's acks prove only what a batch stored (see
 	// relay/jssink/batch.go).
 	MayBeStored bool
+	// Txn, when not 0, names the PostgreSQL transaction m belongs to: a
+	// sink that publishes a transaction's messages together (TxnSink)
+	// groups consecutive messages of one Txn. 0: publish it on its own.
+	Txn uint64
 
 	slots *headerSlots // Router.Message's, for Recycle
 }
+
+// Size is what m holds in memory: data, subject, key and headers. The
+// relay's byte budget (Config.WindowBytes) counts it.
+func (m *Msg) Size() int64 {
+	return int64(len(m.Data) + len(m.Subject) + len(m.Key) + m.headerSize())
+}
+
+// TxnSink is a Sink that publishes each transaction's messages (those with
+// one Msg.Txn) as a unit that a consumer sees whole or not at all
+// (JetStream atomic batches, relay/jssink/atomic.go). The relay tells it
+// where a transaction ends; the sink may also end a unit before that (a
+// broker's size limit, the relay's window) and says so in its docs.
+type TxnSink interface {
+	// EndTxn: every message published so far ends its transaction. commit
+	// true sends what the sink holds open; false abandons it (the relay
+	// stopped publishing after a failure): those messages' futures fail,
+	// and nothing of an abandoned unit is stored.
+	EndTxn(commit bool)
+}
+
+// ErrTxnRefused wraps a broker's refusal of a whole transaction's unit (a
+// JetStream atomic batch) for its content: a duplicate inside, a message
+// the stream refuses, a limit. It is no evidence about any one message, so
+// the relay resends each of that transaction's messages on its own (Txn 0),
+// where its own ack or error decides, the dead-letter rules included.
+var ErrTxnRefused = errors.New("the broker refused the transaction's batch; resending its events one at a time")
 
 // Ack is a broker's acknowledgement: the stream (or topic) and the
 // sequence the message is stored at, 1-based (Kafka: the partition, and
