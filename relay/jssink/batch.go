@@ -100,9 +100,12 @@ const (
 // do not prove: the relay resends it on its own.
 var ErrBatchUnproven = errors.New("fast batch ended without proof that this message is stored; resending it on its own")
 
-// PublishPath says how the sink publishes to a stream and why.
+// PublishPath says how the sink publishes to a stream and why: Atomic,
+// each transaction in an atomic batch (atomic.go); else Batch, in fast
+// batches while the stream is busy; else per message.
 type PublishPath struct {
 	Stream string
+	Atomic bool
 	Batch  bool
 	Why    string
 }
@@ -119,6 +122,10 @@ type batchCounters struct {
 	batches, batched, flowAcks, unproven atomic.Uint64
 }
 
+type atomicCounters struct {
+	batches, messages, splits, refused atomic.Uint64
+}
+
 // BatchStats returns the counts so far.
 func (s *Sink) BatchStats() BatchStats {
 	c := &s.bstats
@@ -133,6 +140,9 @@ type lane struct {
 	single atomic.Int64 // per-message publishes to the stream in flight
 
 	mu      sync.Mutex
+	atomic  bool      // transactions in atomic batches (atomic.go)
+	aopen   *abatch   // the open atomic batch; nil when none
+	aending []*abatch // committed atomic batches, waiting for their acks
 	allowed bool
 	why     string    // why the stream is published per message
 	pause   time.Time // no batch before then (10211)
@@ -177,9 +187,13 @@ type Batching struct {
 	// before its next message opens a batch (nats.fast_batch_after); 0
 	// batches every message that can be, negative means the default (32).
 	After int
+	// WindowBytes is the relay's byte budget (nats.window_bytes): a
+	// transaction's open atomic batches are committed before they hold
+	// that much, or Window messages (atomic.go).
+	WindowBytes int64
 	// OnFallBack hears of a stream that falls back to per-message
 	// publishes while walbox runs (the server refused a batch, or answered
-	// as a server older than 2.14).
+	// as a server older than 2.14; for atomic batches, 2.12).
 	OnFallBack func(PublishPath)
 }
 
@@ -191,6 +205,12 @@ func (s *Sink) SetBatching(c Batching) {
 		s.flow = min(batchFlow, c.Window/2)
 	}
 	s.notify = c.OnFallBack
+	if c.Window > 0 {
+		s.window = c.Window
+	}
+	if c.WindowBytes > 0 {
+		s.windowBytes = c.WindowBytes
+	}
 	s.enter = batchEnter
 	if c.After >= 0 {
 		s.enter = c.After
@@ -198,7 +218,7 @@ func (s *Sink) SetBatching(c Batching) {
 	lanes := make(map[string]*lane, len(paths))
 	list := make([]*lane, 0, len(paths))
 	for _, p := range paths {
-		ln := &lane{s: s, idx: len(list), stream: p.Stream, allowed: p.Batch, why: p.Why}
+		ln := &lane{s: s, idx: len(list), stream: p.Stream, atomic: p.Atomic, allowed: p.Batch, why: p.Why}
 		lanes[p.Stream] = ln
 		list = append(list, ln)
 	}
@@ -214,7 +234,7 @@ func (s *Sink) Paths() []PublishPath {
 	var out []PublishPath
 	for _, ln := range ls.list {
 		ln.mu.Lock()
-		out = append(out, PublishPath{Stream: ln.stream, Batch: ln.allowed, Why: ln.why})
+		out = append(out, PublishPath{Stream: ln.stream, Atomic: ln.atomic, Batch: ln.allowed, Why: ln.why})
 		ln.mu.Unlock()
 	}
 	return out
@@ -566,7 +586,8 @@ func (s *Sink) onTick() {
 				_ = s.nc.PublishRequest(b.subject, b.replyFor(b.sent, opPing), nil)
 			}
 		}
-		busy = busy || ln.open != nil || len(ln.ending) > 0
+		aBusy := ln.expireAtomic(now)
+		busy = busy || ln.open != nil || len(ln.ending) > 0 || aBusy
 		ln.mu.Unlock()
 	}
 	if busy {
@@ -577,7 +598,7 @@ func (s *Sink) onTick() {
 	// A batch opened between the check and the store armed nothing.
 	for _, ln := range ls.list {
 		ln.mu.Lock()
-		open := ln.open != nil || len(ln.ending) > 0
+		open := ln.open != nil || len(ln.ending) > 0 || len(ln.aending) > 0 || ln.aopen != nil
 		ln.mu.Unlock()
 		if open {
 			s.armTick()
