@@ -144,6 +144,11 @@ func (b *bench) catchUp(ctx context.Context) error {
 			return fmt.Errorf("per-message path: %w", err)
 		}
 		b.res.perMsgRuns = append(b.res.perMsgRuns, pm)
+		var at catchupResult
+		if err := b.catchUpAtomic(ctx, &at); err != nil {
+			return fmt.Errorf("atomic transactions: %w", err)
+		}
+		b.res.atomicRuns = append(b.res.atomicRuns, at)
 		if err := b.catchUpNoFlag(ctx, &nf); err != nil {
 			return fmt.Errorf("without the processed flag: %w", err)
 		}
@@ -172,6 +177,7 @@ func (b *bench) catchUp(ctx context.Context) error {
 	b.res.publish = medianRun(b.res.publishRuns, func(c ceilingResult) float64 { return rate(c.Events, c.Took) })
 	b.res.conc = medianRun(b.res.concRuns, concurrentResult.ceiling)
 	b.res.perMsg = medianRun(b.res.perMsgRuns, func(c catchupResult) float64 { return rate(c.Events, c.Took) })
+	b.res.atomic = medianRun(b.res.atomicRuns, func(c catchupResult) float64 { return rate(c.Events, c.Took) })
 	b.res.batchPub = medianRun(b.res.batchPubRuns, func(c ceilingResult) float64 { return rate(c.Events, c.Took) })
 	b.res.concBatch = medianRun(b.res.concBatchRuns, concurrentResult.ceiling)
 	return nil
