@@ -467,18 +467,12 @@ func (l *loop) fill() {
 	}
 	// Every send may fail and start a back-off: check before each one, or
 	// a dead connection turns this into a hot loop over the resend list.
-	var resent *pending
 	for len(l.retry) > 0 && len(l.window) < l.r.cfg.Window && l.solo == nil && l.alone == nil && l.canPublish() {
 		p := l.retry[0]
 		l.retry = l.retry[1:]
 		l.send(p)
-		resent = p
 	}
-	if resent != nil && len(l.retry) == 0 && resent.txn != l.reading {
-		// The resent transactions were read to their commits (whose
-		// KindCommit passed before the failure): nothing more of them comes.
-		l.endTxn(true)
-	}
+
 	for len(l.retry) == 0 && l.curPos < len(l.cur) && l.hasRoom() && l.canPublish() {
 		c := &l.cur[l.curPos]
 		if c.Kind == cdc.KindReset && len(l.window) > 0 {
@@ -486,6 +480,13 @@ func (l *loop) fill() {
 		}
 		l.curPos++
 		l.change(c)
+	}
+	if l.reading == 0 && l.canPublish() {
+		// Between transactions, with nothing more to publish now: every
+		// transaction published so far was read to its commit (a resent
+		// one too: resends are of transactions read before). Several that
+		// came one right after the other may share a unit; it goes now.
+		l.endTxn(true)
 	}
 	if l.curPos >= len(l.cur) {
 		if rc, ok := l.conf.(Recycler); ok && l.cur != nil {
@@ -512,8 +513,7 @@ func (l *loop) change(c *cdc.Change) {
 		l.send(p)
 	case cdc.KindCommit:
 		l.walSeen = max(l.walSeen, c.LSN)
-		l.reading = 0
-		l.endTxn(true)
+		l.reading = 0 // its unit is committed when fill stops (TxnSink)
 		l.confirm(l.ckpt.Commit(c.LSN))
 	case cdc.KindWALEnd:
 		l.walSeen = max(l.walSeen, c.LSN)
@@ -1049,9 +1049,10 @@ func (l *loop) drain(in <-chan []cdc.Change) error {
 	deadline := time.NewTimer(l.r.cfg.DrainTimeout)
 	defer deadline.Stop()
 	l.settleBookkeeping(in)
-	// A transaction not read to its commit is not committed: abandoned,
-	// it is resent whole on the next start.
-	l.endTxn(false)
+	// A transaction not read to its commit is not committed: abandoned
+	// (with any read before it in its unit), it is resent whole on the
+	// next start.
+	l.endTxn(l.reading == 0)
 	// Nothing new is published. Once one ack fails, later ones cannot be
 	// confirmed (acks count only in order); they are resent on next start.
 	for len(l.window) > 0 {

@@ -81,15 +81,18 @@ func (m *Msg) Size() int64 {
 }
 
 // TxnSink is a Sink that publishes each transaction's messages (those with
-// one Msg.Txn) as a unit that a consumer sees whole or not at all
-// (JetStream atomic batches, relay/jssink/atomic.go). The relay tells it
-// where a transaction ends; the sink may also end a unit before that (a
-// broker's size limit, the relay's window) and says so in its docs.
+// one Msg.Txn) in a unit that a consumer sees whole or not at all
+// (JetStream atomic batches, relay/jssink/atomic.go). Consecutive
+// transactions may share a unit; a sink may end one inside a transaction
+// only at a limit (a broker's size limit, the relay's window), and says so
+// in its docs. The relay tells it when a unit may end.
 type TxnSink interface {
-	// EndTxn: every message published so far ends its transaction. commit
-	// true sends what the sink holds open; false abandons it (the relay
-	// stopped publishing after a failure): those messages' futures fail,
-	// and nothing of an abandoned unit is stored.
+	// EndTxn: every message published so far belongs to a transaction
+	// read to its commit, and nothing more is at hand: commit true sends
+	// what the sink holds open. false abandons it (the relay stopped
+	// publishing after a failure, or shuts down inside a transaction):
+	// those messages' futures fail, and nothing of an abandoned unit is
+	// stored.
 	EndTxn(commit bool)
 }
 

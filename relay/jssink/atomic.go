@@ -70,13 +70,19 @@ import (
 //
 // Boundaries: a transaction's messages to several streams are one batch
 // per stream (JetStream has no batch across streams), committed one after
-// the other. A batch ends before its transaction does, and the split is
-// counted (AtomicStats.Splits), at the server's batch limit (1,000
-// messages by default, jetstream.limits.max_batch_size; a 10199 refusal
-// lowers the sink's limit to the server's), and when the transaction's
-// open messages fill the relay's window (nats.window, nats.window_bytes):
-// the relay publishes nothing more until the head of its window is acked,
-// and that ack is the commit's.
+// the other. Transactions the relay reads one right after the other (a
+// catch-up) share a batch while it holds fewer than a quarter of the
+// batch limit (groupMax): a consumer sees them together, never part of
+// one, and the server's cost per batch (on a file stream, a staging store
+// of its own) is spread over them; the relay commits the batch as soon as
+// nothing more is at hand (relay.TxnSink), so a live transaction waits for
+// none. A batch ends before its transaction does, and the split is counted
+// (AtomicStats.Splits), at the server's batch limit (1,000 messages by
+// default, jetstream.limits.max_batch_size; a 10199 refusal lowers the
+// sink's limit to the server's), and when the open messages fill the
+// relay's window (nats.window, nats.window_bytes): the relay publishes
+// nothing more until the head of its window is acked, and that ack is the
+// commit's.
 //
 // Tests for the proofs' failure: TestAtomicDuplicateInsideFallsBack (a
 // duplicate inside: 10201, nothing stored, each event stored once by the
@@ -136,9 +142,9 @@ type txnOpen struct {
 
 // publishAtomic puts m in its lane's open atomic batch.
 func (s *Sink) publishAtomic(ln *lane, m *relay.Msg) (relay.Future, error) {
-	if s.open.txn != m.Txn && s.open.msgs > 0 {
-		// A message of another transaction: the open ones ended (the
-		// relay's resend of several transactions tells no end between).
+	if s.open.txn != m.Txn && s.open.msgs >= s.groupMax() {
+		// A message of another transaction: the open ones ended, and
+		// they are large enough to go on their own.
 		s.EndTxn(true)
 	}
 	s.open.txn = m.Txn
@@ -181,6 +187,11 @@ func (s *Sink) publishAtomic(ln *lane, m *relay.Msg) (relay.Future, error) {
 	}
 	return f, nil
 }
+
+// groupMax: a batch takes the next transaction's messages while it holds
+// fewer than this, a quarter of the batch limit or the relay's window:
+// transactions up to three quarters of it are never split by a limit.
+func (s *Sink) groupMax() int { return min(s.amax, s.window) / 4 }
 
 // EndTxn implements relay.TxnSink.
 func (s *Sink) EndTxn(commit bool) {

@@ -120,8 +120,8 @@ func TestAtomicTransactionAllOrNothing(t *testing.T) {
 			t.Fatalf("event %d: %+v, want stored at %d", 20+i, r, 21+i)
 		}
 	}
-	// A message of another transaction ends the open one (the relay's
-	// resend of several transactions says no end between them).
+	// Two small transactions read one right after the other share a
+	// batch: a consumer sees both at once, never part of either.
 	f1 := publishTxn(t, s2, 3, 25, 27, 25)
 	f2 := publishTxn(t, s2, 4, 27, 28, 27)
 	s2.EndTxn(true)
@@ -131,7 +131,7 @@ func TestAtomicTransactionAllOrNothing(t *testing.T) {
 		}
 	}
 	wantHeld(t, s2, eIDs(0, 28)...)
-	if st := s2.AtomicStats(); st.Batches != 4 || st.Messages != 28 || st.Splits != 0 || st.Refused != 0 {
+	if st := s2.AtomicStats(); st.Batches != 3 || st.Messages != 28 || st.Splits != 0 || st.Refused != 0 {
 		t.Fatalf("atomic stats %+v", st)
 	}
 }
@@ -331,5 +331,26 @@ func TestAtomicServerVersions(t *testing.T) {
 		if got := jssink.AtomicServer(v); got != want {
 			t.Errorf("AtomicServer(%q) = %v, want %v", v, got, want)
 		}
+	}
+}
+
+// TestAtomicSmallTransactionsShareBatches: transactions read one right
+// after the other share a batch until it holds a quarter of the limit
+// (250 messages): never one split, every event at its sequence.
+func TestAtomicSmallTransactionsShareBatches(t *testing.T) {
+	s := startBatchSink(t, 5*time.Second, 1024, atomicSpec())
+	var futs []relay.Future
+	for txn := range 100 {
+		futs = append(futs, publishTxn(t, s, uint64(txn+1), txn*10, txn*10+10, uint64(txn*10))...)
+	}
+	s.EndTxn(true)
+	for i, r := range awaitAll(t, futs) {
+		if r.Err != nil || r.Ack.Sequence != uint64(i+1) {
+			t.Fatalf("event %d: %+v, want stored at %d", i, r, i+1)
+		}
+	}
+	wantHeld(t, s, eIDs(0, 1000)...)
+	if st := s.AtomicStats(); st.Batches != 4 || st.Splits != 0 {
+		t.Fatalf("atomic stats %+v, want 4 batches of 25 transactions, no split", st)
 	}
 }
