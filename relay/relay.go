@@ -360,6 +360,25 @@ func (r *Relay) run(ctx context.Context, in <-chan []cdc.Change, conf Confirmer)
 			return l.drain(in)
 		}
 		l.fill()
+		if l.unitOpen() {
+			// A TxnSink holds a unit open. More changes at hand go in it
+			// (consecutive transactions share a unit); only when none is
+			// does it go, before the loop waits.
+			if l.canRead() && l.reading == 0 {
+				select {
+				case b := <-in:
+					l.cur, l.curPos = b, 0
+					continue
+				default:
+				}
+			}
+			if l.reading == 0 && l.canPublish() {
+				// Every transaction published so far was read to its
+				// commit (a resent one too: resends are of transactions
+				// read before).
+				l.endTxn(TxnMayCommit)
+			}
+		}
 
 		var head Future
 		if len(l.window) > 0 {
@@ -481,13 +500,6 @@ func (l *loop) fill() {
 		l.curPos++
 		l.change(c)
 	}
-	if l.reading == 0 && l.canPublish() {
-		// Between transactions, with nothing more to publish now: every
-		// transaction published so far was read to its commit (a resent
-		// one too: resends are of transactions read before). Several that
-		// came one right after the other may share a unit; it goes now.
-		l.endTxn(true)
-	}
 	if l.curPos >= len(l.cur) {
 		if rc, ok := l.conf.(Recycler); ok && l.cur != nil {
 			rc.Recycle(l.cur) // every change in it was copied or finished
@@ -565,6 +577,10 @@ func (l *loop) send(p *pending) {
 	alone := l.strictFor(p) && l.aloneLeft[p.stream] > 0 && l.maybeStored(p)
 	if alone && len(l.window) > 0 {
 		l.solo = p
+		// It waits for the window to empty: a TxnSink's open unit goes
+		// now, ending there (this event may be stored already, so its
+		// transaction is not whole in the stream's eyes anyway).
+		l.endTxn(TxnCommit)
 		return
 	}
 	l.publish(p, alone)
@@ -726,7 +742,7 @@ func (l *loop) failed(p *pending, err error, known bool) {
 			ev.Err(err).Int("inflight", len(l.window)).Msg("publish failed; waiting for in-flight acks, then resending in order")
 			// Nothing is committed behind a failure: a transaction's
 			// open unit is abandoned, and resent whole.
-			l.endTxn(false)
+			l.endTxn(TxnAbandon)
 		}
 		l.failing = true
 		l.toRetry(p)
@@ -797,7 +813,7 @@ func (l *loop) judge() {
 	l.judged = nil
 	l.unexplained = true
 	l.r.m.Backoffs.Inc()
-	l.endTxn(false)
+	l.endTxn(TxnAbandon)
 	l.failing = true
 	for _, h := range held {
 		l.toRetry(h)
@@ -1028,11 +1044,16 @@ func (l *loop) drainResolved() {
 	}
 }
 
-// endTxn tells a TxnSink that the messages published so far end their
-// transactions (commit), or that their open units are abandoned.
-func (l *loop) endTxn(commit bool) {
+// unitOpen reports whether a TxnSink holds messages in an open unit.
+func (l *loop) unitOpen() bool {
+	ts, ok := l.r.sink.(TxnSink)
+	return ok && ts.TxnOpen()
+}
+
+// endTxn tells a TxnSink what to do with its open unit.
+func (l *loop) endTxn(end TxnEnd) {
 	if ts, ok := l.r.sink.(TxnSink); ok {
-		ts.EndTxn(commit)
+		ts.EndTxn(end)
 	}
 }
 
@@ -1052,7 +1073,11 @@ func (l *loop) drain(in <-chan []cdc.Change) error {
 	// A transaction not read to its commit is not committed: abandoned
 	// (with any read before it in its unit), it is resent whole on the
 	// next start.
-	l.endTxn(l.reading == 0)
+	if l.reading == 0 {
+		l.endTxn(TxnCommit)
+	} else {
+		l.endTxn(TxnAbandon)
+	}
 	// Nothing new is published. Once one ack fails, later ones cannot be
 	// confirmed (acks count only in order); they are resent on next start.
 	for len(l.window) > 0 {

@@ -85,16 +85,33 @@ func (m *Msg) Size() int64 {
 // (JetStream atomic batches, relay/jssink/atomic.go). Consecutive
 // transactions may share a unit; a sink may end one inside a transaction
 // only at a limit (a broker's size limit, the relay's window), and says so
-// in its docs. The relay tells it when a unit may end.
+// in its docs. The relay tells it when a unit may end (EndTxn).
 type TxnSink interface {
 	// EndTxn: every message published so far belongs to a transaction
-	// read to its commit, and nothing more is at hand: commit true sends
-	// what the sink holds open. false abandons it (the relay stopped
-	// publishing after a failure, or shuts down inside a transaction):
-	// those messages' futures fail, and nothing of an abandoned unit is
-	// stored.
-	EndTxn(commit bool)
+	// read to its commit (TxnCommit, TxnMayCommit), or the relay stopped
+	// publishing inside one (TxnAbandon).
+	EndTxn(end TxnEnd)
+	// TxnOpen reports whether messages wait in an open unit.
+	TxnOpen() bool
 }
+
+// TxnEnd is what EndTxn asks of a TxnSink's open unit.
+type TxnEnd int
+
+const (
+	// TxnAbandon: the relay stopped publishing after a failure, or shuts
+	// down inside a transaction. The unit's futures fail, and nothing of
+	// it is stored.
+	TxnAbandon TxnEnd = iota
+	// TxnMayCommit: nothing more is at hand. The sink commits the unit, or
+	// holds it while an earlier unit of its stream waits for its ack (the
+	// broker would take the commit only after that one): the relay calls
+	// again whenever the head of its window resolves, and an earlier
+	// unit's messages are ahead of this one's in the window.
+	TxnMayCommit
+	// TxnCommit: commit the unit now (the relay needs its window empty).
+	TxnCommit
+)
 
 // ErrTxnRefused wraps a broker's refusal of a whole transaction's unit (a
 // JetStream atomic batch) for its content: a duplicate inside, a message

@@ -145,7 +145,7 @@ func (s *Sink) publishAtomic(ln *lane, m *relay.Msg) (relay.Future, error) {
 	if s.open.txn != m.Txn && s.open.msgs >= s.groupMax() {
 		// A message of another transaction: the open ones ended, and
 		// they are large enough to go on their own.
-		s.EndTxn(true)
+		s.EndTxn(relay.TxnCommit)
 	}
 	s.open.txn = m.Txn
 	ln.mu.Lock()
@@ -183,7 +183,7 @@ func (s *Sink) publishAtomic(ln *lane, m *relay.Msg) (relay.Future, error) {
 		// The relay publishes nothing more until its window's head is
 		// acked, and that ack is a commit's.
 		s.astats.splits.Add(1)
-		s.EndTxn(true)
+		s.EndTxn(relay.TxnCommit)
 	}
 	return f, nil
 }
@@ -193,27 +193,45 @@ func (s *Sink) publishAtomic(ln *lane, m *relay.Msg) (relay.Future, error) {
 // transactions up to three quarters of it are never split by a limit.
 func (s *Sink) groupMax() int { return min(s.amax, s.window) / 4 }
 
-// EndTxn implements relay.TxnSink.
-func (s *Sink) EndTxn(commit bool) {
+// TxnOpen implements relay.TxnSink.
+func (s *Sink) TxnOpen() bool { return s.open.msgs > 0 }
+
+// EndTxn implements relay.TxnSink. With TxnMayCommit a lane whose earlier
+// batch still waits for its ack keeps its open batch: the server takes the
+// commits of a stream one after the other, so committing now would gain
+// nothing, while the batch can take the transactions that come meanwhile
+// (on a file stream every batch costs the server a staging store of its
+// own). A live relay has no batch in flight when a transaction ends, so
+// its transactions go at once.
+func (s *Sink) EndTxn(end relay.TxnEnd) {
 	if s.open.msgs == 0 {
 		return
 	}
-	s.open = txnOpen{}
 	ls := s.lanes.Load()
 	if ls == nil {
+		s.open = txnOpen{}
 		return
 	}
+	left := txnOpen{}
 	for _, ln := range ls.list {
 		ln.mu.Lock()
 		if b := ln.aopen; b != nil {
-			if commit {
-				ln.commitAtomic(b)
-			} else {
+			switch {
+			case end == relay.TxnAbandon:
 				ln.failAtomic(b, errTxnAbandoned)
+			case end == relay.TxnMayCommit && len(ln.aending) > 0:
+				left.txn = s.open.txn
+				left.msgs += len(b.msgs)
+				for i := range b.msgs {
+					left.bytes += b.msgs[i].m.Size()
+				}
+			default:
+				ln.commitAtomic(b)
 			}
 		}
 		ln.mu.Unlock()
 	}
+	s.open = left
 }
 
 var errAtomicReconnected = errors.New("the connection was re-established while the transaction's atomic batch was open: nothing of it is committed")

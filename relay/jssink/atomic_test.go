@@ -93,8 +93,8 @@ func TestAtomicTransactionAllOrNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantHeld(t, s)
-	s.nc.Close()    // the connection drops before the commit
-	s.EndTxn(false) // as the relay does when a publish fails
+	s.nc.Close()               // the connection drops before the commit
+	s.EndTxn(relay.TxnAbandon) // as the relay does when a publish fails
 	for i, r := range awaitAll(t, futs) {
 		if r.Err == nil {
 			t.Fatalf("event %d acked without a commit: %+v", i, r.Ack)
@@ -105,7 +105,7 @@ func TestAtomicTransactionAllOrNothing(t *testing.T) {
 	wantHeld(t, s2)
 	futs = publishTxn(t, s2, 1, 0, 20, 0)
 	wantHeld(t, s2)
-	s2.EndTxn(true)
+	s2.EndTxn(relay.TxnCommit)
 	for i, r := range awaitAll(t, futs) {
 		if r.Err != nil || r.Ack.Stream != "ORDERS" || r.Ack.Sequence != uint64(i+1) || r.Ack.Duplicate {
 			t.Fatalf("event %d: %+v, want stored at %d", i, r, i+1)
@@ -114,7 +114,7 @@ func TestAtomicTransactionAllOrNothing(t *testing.T) {
 	wantHeld(t, s2, eIDs(0, 20)...)
 	// The next transaction follows, its first message expecting 20.
 	futs = publishTxn(t, s2, 2, 20, 25, 20)
-	s2.EndTxn(true)
+	s2.EndTxn(relay.TxnCommit)
 	for i, r := range awaitAll(t, futs) {
 		if r.Err != nil || r.Ack.Sequence != uint64(21+i) {
 			t.Fatalf("event %d: %+v, want stored at %d", 20+i, r, 21+i)
@@ -124,7 +124,7 @@ func TestAtomicTransactionAllOrNothing(t *testing.T) {
 	// batch: a consumer sees both at once, never part of either.
 	f1 := publishTxn(t, s2, 3, 25, 27, 25)
 	f2 := publishTxn(t, s2, 4, 27, 28, 27)
-	s2.EndTxn(true)
+	s2.EndTxn(relay.TxnCommit)
 	for i, r := range awaitAll(t, append(f1, f2...)) {
 		if r.Err != nil || r.Ack.Sequence != uint64(26+i) {
 			t.Fatalf("event %d: %+v, want stored at %d", 25+i, r, 26+i)
@@ -142,14 +142,14 @@ func TestAtomicTransactionAllOrNothing(t *testing.T) {
 func TestAtomicAbandonedStoresNothing(t *testing.T) {
 	s := startBatchSink(t, 5*time.Second, 1024, atomicSpec())
 	futs := publishTxn(t, s, 1, 0, 10, 0)
-	s.EndTxn(false)
+	s.EndTxn(relay.TxnAbandon)
 	for i, r := range awaitAll(t, futs) {
 		if r.Err == nil {
 			t.Fatalf("event %d acked after the abandon: %+v", i, r.Ack)
 		}
 	}
 	futs = publishTxn(t, s, 1, 0, 10, 0)
-	s.EndTxn(true)
+	s.EndTxn(relay.TxnCommit)
 	for i, r := range awaitAll(t, futs) {
 		if r.Err != nil || r.Ack.Sequence != uint64(i+1) {
 			t.Fatalf("event %d: %+v", i, r)
@@ -186,7 +186,7 @@ func TestAtomicSplitsAtTheLimit(t *testing.T) {
 				}
 				futs = append(futs, f)
 			}
-			s.EndTxn(true)
+			s.EndTxn(relay.TxnCommit)
 			res = append(res, awaitAll(t, futs[len(res):])...)
 			for i, r := range res {
 				if r.Err != nil || r.Ack.Sequence != uint64(i+1) {
@@ -217,7 +217,7 @@ func TestAtomicDuplicateInsideFallsBack(t *testing.T) {
 		t.Fatalf("e3 alone: %+v", r)
 	}
 	futs := publishTxn(t, s, 1, 0, 6, 1)
-	s.EndTxn(true)
+	s.EndTxn(relay.TxnCommit)
 	for i, r := range awaitAll(t, futs) {
 		if !errors.Is(r.Err, relay.ErrTxnRefused) || !strings.Contains(r.Err.Error(), "10201") {
 			t.Fatalf("event %d: %+v, want the transaction refused for its duplicate (10201)", i, r)
@@ -259,7 +259,7 @@ func TestAtomicDuplicateInsideFallsBack(t *testing.T) {
 func TestAtomicOrderRefusedStoresNothing(t *testing.T) {
 	s := startBatchSink(t, 5*time.Second, 1024, atomicSpec())
 	futs := publishTxn(t, s, 1, 0, 5, 3) // the stream's last is 0, not 3
-	s.EndTxn(true)
+	s.EndTxn(relay.TxnCommit)
 	for i, r := range awaitAll(t, futs) {
 		if !errors.Is(r.Err, relay.ErrOrderRefused) {
 			t.Fatalf("event %d: %+v, want the order refusal", i, r)
@@ -314,7 +314,7 @@ func TestAtomicOldServerPerMessage(t *testing.T) {
 		t.Fatalf("path on %s: %+v, want per message because of the version", oldServer, s.paths[0])
 	}
 	futs := publishTxn(t, s, 1, 0, 50, 0)
-	s.EndTxn(true)
+	s.EndTxn(relay.TxnCommit)
 	for i, r := range awaitAll(t, futs) {
 		if r.Err != nil || r.Ack.Sequence != uint64(i+1) {
 			t.Fatalf("event %d: %+v", i, r)
@@ -343,7 +343,7 @@ func TestAtomicSmallTransactionsShareBatches(t *testing.T) {
 	for txn := range 100 {
 		futs = append(futs, publishTxn(t, s, uint64(txn+1), txn*10, txn*10+10, uint64(txn*10))...)
 	}
-	s.EndTxn(true)
+	s.EndTxn(relay.TxnCommit)
 	for i, r := range awaitAll(t, futs) {
 		if r.Err != nil || r.Ack.Sequence != uint64(i+1) {
 			t.Fatalf("event %d: %+v, want stored at %d", i, r, i+1)
@@ -353,4 +353,37 @@ func TestAtomicSmallTransactionsShareBatches(t *testing.T) {
 	if st := s.AtomicStats(); st.Batches != 4 || st.Splits != 0 {
 		t.Fatalf("atomic stats %+v, want 4 batches of 25 transactions, no split", st)
 	}
+}
+
+// TestAtomicMayCommitHoldsOnlyBehindABatchInFlight: a transaction that
+// ends with nothing in flight on its stream (a live relay) is committed at
+// once; one that ends while an earlier batch waits for its ack may wait
+// for that ack, and then goes.
+func TestAtomicMayCommitHoldsOnlyBehindABatchInFlight(t *testing.T) {
+	s := startBatchSink(t, 5*time.Second, 1024, atomicSpec())
+	f1 := publishTxn(t, s, 1, 0, 10, 0)
+	s.EndTxn(relay.TxnCommit)
+	f2 := publishTxn(t, s, 2, 10, 20, 10)
+	s.EndTxn(relay.TxnMayCommit)
+	held := s.TxnOpen()
+	awaitAll(t, f1)
+	if held {
+		s.EndTxn(relay.TxnMayCommit) // as the relay does when its head resolves
+	}
+	if s.TxnOpen() {
+		t.Fatal("a transaction with nothing in flight before it was not committed")
+	}
+	for i, r := range awaitAll(t, append(f1, f2...)[10:]) {
+		if r.Err != nil || r.Ack.Sequence != uint64(11+i) {
+			t.Fatalf("event %d: %+v", 10+i, r)
+		}
+	}
+	f3 := publishTxn(t, s, 3, 20, 25, 20)
+	s.EndTxn(relay.TxnMayCommit)
+	if s.TxnOpen() {
+		t.Fatal("a live transaction waited")
+	}
+	awaitAll(t, f3)
+	wantHeld(t, s, eIDs(0, 25)...)
+	t.Logf("the second transaction waited for the first's ack: %v", held)
 }
