@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -26,11 +27,11 @@ import (
 // processJetStreamAtomicBatchMsg). A batch never committed (the relay
 // crashed, the connection dropped) is discarded after the server's batch
 // timeout (10 s by default); its messages were never visible. The sink
-// does not know a message is a transaction's last until the relay says the
-// transaction ended (relay.TxnSink.EndTxn) or a message of another
-// transaction comes, so it holds each batch's newest message back and
-// sends it with the commit header then: no end-of-batch marker, which a
-// server before 2.14 does not know.
+// holds a batch's messages until it commits it, and then sends them all,
+// the last with the commit header (no end-of-batch marker, which a server
+// before 2.14 does not know): so it can end a batch at any transaction's
+// boundary, and the server stages nothing of a batch never committed. The
+// relay says when a batch may end (relay.TxnSink.EndTxn).
 //
 // What the commit's pub ack proves, {"stream":S,"seq":N,"batch":id,"count":n}:
 //
@@ -71,18 +72,18 @@ import (
 // Boundaries: a transaction's messages to several streams are one batch
 // per stream (JetStream has no batch across streams), committed one after
 // the other. Transactions the relay reads one right after the other (a
-// catch-up) share a batch while it holds fewer than a quarter of the
-// batch limit (groupMax): a consumer sees them together, never part of
-// one, and the server's cost per batch (on a file stream, a staging store
-// of its own) is spread over them; the relay commits the batch as soon as
-// nothing more is at hand (relay.TxnSink), so a live transaction waits for
-// none. A batch ends before its transaction does, and the split is counted
-// (AtomicStats.Splits), at the server's batch limit (1,000 messages by
+// catch-up) share a batch: a consumer sees them together, never part of
+// one, and the server's cost per batch (on an R1 file stream, a staging
+// store of its own) is spread over them. A batch is cut at a transaction's
+// boundary when it reaches the server's batch limit (1,000 messages by
 // default, jetstream.limits.max_batch_size; a 10199 refusal lowers the
-// sink's limit to the server's), and when the open messages fill the
-// relay's window (nats.window, nats.window_bytes): the relay publishes
-// nothing more until the head of its window is acked, and that ack is the
-// commit's.
+// sink's limit to the server's) or the open messages fill the relay's
+// window (nats.window, nats.window_bytes: the relay publishes nothing more
+// until its window's head is acked, and that ack is a commit's). Only a
+// transaction that alone fills one of those is split, and the split is
+// counted (AtomicStats.Splits). The relay commits when nothing more is at
+// hand, and a lane holds its batch meanwhile only while its previous one
+// waits for its ack (EndTxn), so a live transaction waits for nothing.
 //
 // Tests for the proofs' failure: TestAtomicDuplicateInsideFallsBack (a
 // duplicate inside: 10201, nothing stored, each event stored once by the
@@ -113,13 +114,15 @@ func (s *Sink) AtomicStats() AtomicStats {
 	return AtomicStats{Batches: c.batches.Load(), Messages: c.messages.Load(), Splits: c.splits.Load(), Refused: c.refused.Load()}
 }
 
-// abatch is one atomic batch: open (taking messages, its newest held
-// back) or committed (waiting for the commit's pub ack).
+// abatch is one atomic batch: open (holding its messages, none sent yet)
+// or committed (sent, waiting for the commit's pub ack).
 type abatch struct {
-	id        string
-	txn       uint64
-	msgs      []amsg // batch sequence i+1; the last is held back while open
-	epoch     uint64 // the connection its first message went out on (Sink.Epoch)
+	id   string
+	msgs []amsg // batch sequence i+1
+	// last is the transaction of the newest message; msgs[cut:] are its
+	// messages, msgs[:cut] whole transactions before it.
+	last      uint64
+	cut       int
 	started   time.Time
 	committed time.Time
 }
@@ -127,71 +130,109 @@ type abatch struct {
 type amsg struct {
 	m       *relay.Msg
 	resolve relay.Resolver
-	expect  uint64
-	strict  bool
+	size    int64
 }
 
-// txnOpen is the transaction whose batches are open, and what they hold
-// across lanes (the relay's window counts them all). Only the publisher
-// goroutine (Publish, EndTxn) touches it.
+// txnOpen is what the open batches hold across lanes (the relay's window
+// counts them all), and the transaction of the newest message. Only the
+// publisher goroutine (Publish, EndTxn) touches it.
 type txnOpen struct {
 	txn   uint64
 	msgs  int
 	bytes int64
 }
 
-// publishAtomic puts m in its lane's open atomic batch.
+// publishAtomic puts m in its lane's open atomic batch. Nothing is sent
+// before the batch's commit, so the batch can end at any transaction's
+// boundary: the sink cuts it there when a limit is near, and splits a
+// transaction only when it alone fills the limit.
 func (s *Sink) publishAtomic(ln *lane, m *relay.Msg) (relay.Future, error) {
-	if s.open.txn != m.Txn && s.open.msgs >= s.groupMax() {
-		// A message of another transaction: the open ones ended, and
-		// they are large enough to go on their own.
-		s.EndTxn(relay.TxnCommit)
-	}
 	s.open.txn = m.Txn
+	size := m.Size()
 	ln.mu.Lock()
 	b := ln.aopen
-	if b != nil && len(b.msgs) >= s.amax {
-		s.astats.splits.Add(1)
-		ln.commitAtomic(b)
-		b = nil
-	}
 	if b == nil {
-		b = &abatch{id: nuid.Next(), txn: m.Txn, epoch: s.Epoch(), started: time.Now()}
+		b = &abatch{id: nuid.Next(), started: time.Now()}
 		ln.aopen = b
 		ln.s.armTick()
 	}
-	first := len(b.msgs) == 0
-	if !first {
-		// Only a batch's first message may carry an expectation (see
-		// the proof above).
-		m.SetHeader(relay.HeaderExpectedLastSeq, "")
+	if b.last != m.Txn {
+		b.last, b.cut = m.Txn, len(b.msgs)
 	}
-	if n := len(b.msgs); n > 0 {
-		if err := ln.sendAtomic(b, n-1, false); err != nil {
-			ln.failAtomic(b, err)
-			ln.mu.Unlock()
-			return nil, err
-		}
+	if len(b.msgs) >= s.amax {
+		b = ln.cutAtomic(b, false)
 	}
 	f, resolve := relay.NewFuture()
-	b.msgs = append(b.msgs, amsg{m: m, resolve: resolve, expect: m.Expect, strict: m.ExpectSet && first})
+	b.msgs = append(b.msgs, amsg{m: m, resolve: resolve, size: size})
 	ln.mu.Unlock()
 	s.astats.messages.Add(1)
 	s.open.msgs++
-	s.open.bytes += m.Size()
+	s.open.bytes += size
 	if s.open.msgs >= s.window || s.open.bytes >= s.windowBytes {
 		// The relay publishes nothing more until its window's head is
-		// acked, and that ack is a commit's.
-		s.astats.splits.Add(1)
-		s.EndTxn(relay.TxnCommit)
+		// acked, and that ack is a commit's: commit the whole
+		// transactions, and split the open one only when it alone fills
+		// the window.
+		s.endOpen(func(ln *lane, b *abatch) {
+			if b.last != s.open.txn {
+				ln.commitAtomic(b)
+			} else if b.cut > 0 {
+				ln.cutAtomic(b, false)
+			}
+		})
+		if s.open.msgs >= s.window || s.open.bytes >= s.windowBytes {
+			s.astats.splits.Add(1)
+			s.endOpen((*lane).commitAtomic)
+		}
 	}
 	return f, nil
 }
 
-// groupMax: a batch takes the next transaction's messages while it holds
-// fewer than this, a quarter of the batch limit or the relay's window:
-// transactions up to three quarters of it are never split by a limit.
-func (s *Sink) groupMax() int { return min(s.amax, s.window) / 4 }
+// cutAtomic commits b up to its newest transaction (all of it when that
+// transaction is all of b, or whole: a split, counted), and returns the
+// lane's open batch, holding the rest. Lock held.
+func (ln *lane) cutAtomic(b *abatch, whole bool) *abatch {
+	if whole || b.cut == 0 {
+		if !whole {
+			ln.s.astats.splits.Add(1)
+		}
+		ln.commitAtomic(b)
+		nb := &abatch{id: nuid.Next(), started: time.Now(), last: b.last}
+		ln.aopen = nb
+		return nb
+	}
+	rest := &abatch{id: nuid.Next(), started: time.Now(), last: b.last, msgs: slices.Clone(b.msgs[b.cut:])}
+	clear(b.msgs[b.cut:])
+	b.msgs = b.msgs[:b.cut]
+	ln.commitAtomic(b)
+	ln.aopen = rest
+	return rest
+}
+
+// endOpen calls f on each lane's open batch (lock held), and recounts what
+// the open batches hold.
+func (s *Sink) endOpen(f func(*lane, *abatch)) {
+	ls := s.lanes.Load()
+	if ls == nil {
+		s.open = txnOpen{}
+		return
+	}
+	open := txnOpen{txn: s.open.txn}
+	for _, ln := range ls.list {
+		ln.mu.Lock()
+		if b := ln.aopen; b != nil {
+			f(ln, b)
+		}
+		if b := ln.aopen; b != nil {
+			open.msgs += len(b.msgs)
+			for i := range b.msgs {
+				open.bytes += b.msgs[i].size
+			}
+		}
+		ln.mu.Unlock()
+	}
+	s.open = open
+}
 
 // TxnOpen implements relay.TxnSink.
 func (s *Sink) TxnOpen() bool { return s.open.msgs > 0 }
@@ -207,61 +248,49 @@ func (s *Sink) EndTxn(end relay.TxnEnd) {
 	if s.open.msgs == 0 {
 		return
 	}
-	ls := s.lanes.Load()
-	if ls == nil {
-		s.open = txnOpen{}
-		return
-	}
-	left := txnOpen{}
-	for _, ln := range ls.list {
-		ln.mu.Lock()
-		if b := ln.aopen; b != nil {
-			switch {
-			case end == relay.TxnAbandon:
-				ln.failAtomic(b, errTxnAbandoned)
-			case end == relay.TxnMayCommit && len(ln.aending) > 0:
-				left.txn = s.open.txn
-				left.msgs += len(b.msgs)
-				for i := range b.msgs {
-					left.bytes += b.msgs[i].m.Size()
-				}
-			default:
-				ln.commitAtomic(b)
-			}
+	s.endOpen(func(ln *lane, b *abatch) {
+		switch {
+		case end == relay.TxnAbandon:
+			ln.failAtomic(b, errTxnAbandoned)
+		case end == relay.TxnMayCommit && len(ln.aending) > 0:
+		default:
+			ln.commitAtomic(b)
 		}
-		ln.mu.Unlock()
-	}
-	s.open = left
+	})
 }
-
-var errAtomicReconnected = errors.New("the connection was re-established while the transaction's atomic batch was open: nothing of it is committed")
 
 var errTxnAbandoned = errors.New("the transaction's atomic batch was abandoned before its commit (publishing stopped after a failure): nothing of it is stored")
 
-// sendAtomic publishes message i of b, with the commit header when commit.
-// The batch headers live in the message only while it is encoded: the
-// relay's byte count and its reuse of the message see none. Lock held.
-func (ln *lane) sendAtomic(b *abatch, i int, commit bool) error {
-	m := b.msgs[i].m
-	h := nats.Header(m.Header)
-	h[hdrBatchID] = []string{b.id}
-	h[hdrBatchSeq] = []string{strconv.Itoa(i + 1)}
-	reply := ""
-	if commit {
-		h[hdrBatchCommit] = []string{"1"}
-		reply = ln.s.aprefix + strconv.Itoa(ln.idx) + "." + b.id
-	}
-	err := ln.s.nc.PublishMsg(&nats.Msg{Subject: m.Subject, Reply: reply, Header: h, Data: m.Data})
-	delete(h, hdrBatchID)
-	delete(h, hdrBatchSeq)
-	delete(h, hdrBatchCommit)
-	if err != nil {
-		return fmt.Errorf("publish an atomic batch's message: %w", wrapOrder(err))
+// sendAtomic publishes b's messages, the last with the commit header when
+// commit. Only the first carries its expected last sequence (see the proof
+// above). The batch headers live in a message only while it is encoded:
+// the relay's byte count and its reuse of the message see none. Lock held.
+func (ln *lane) sendAtomic(b *abatch, commit bool) error {
+	for i := range b.msgs {
+		m := b.msgs[i].m
+		if i > 0 {
+			m.SetHeader(relay.HeaderExpectedLastSeq, "")
+		}
+		h := nats.Header(m.Header)
+		h[hdrBatchID] = []string{b.id}
+		h[hdrBatchSeq] = []string{strconv.Itoa(i + 1)}
+		reply := ""
+		if commit && i == len(b.msgs)-1 {
+			h[hdrBatchCommit] = []string{"1"}
+			reply = ln.s.aprefix + strconv.Itoa(ln.idx) + "." + b.id
+		}
+		err := ln.s.nc.PublishMsg(&nats.Msg{Subject: m.Subject, Reply: reply, Header: h, Data: m.Data})
+		delete(h, hdrBatchID)
+		delete(h, hdrBatchSeq)
+		delete(h, hdrBatchCommit)
+		if err != nil {
+			return fmt.Errorf("publish an atomic batch's message: %w", wrapOrder(err))
+		}
 	}
 	return nil
 }
 
-// commitAtomic sends b's held-back last message with the commit header.
+// commitAtomic sends b with the commit header on its last message.
 // Lock held.
 func (ln *lane) commitAtomic(b *abatch) {
 	if ln.aopen == b {
@@ -270,14 +299,9 @@ func (ln *lane) commitAtomic(b *abatch) {
 	if len(b.msgs) == 0 {
 		return
 	}
-	if ln.s.Epoch() != b.epoch {
-		// Messages sent before a reconnect may be lost: the server would
-		// refuse the commit as incomplete, and the relay then resend the
-		// transaction per message. Failed now, it is resent whole.
-		ln.failAtomic(b, errAtomicReconnected)
-		return
-	}
-	if err := ln.sendAtomic(b, len(b.msgs)-1, true); err != nil {
+	if err := ln.sendAtomic(b, true); err != nil {
+		// The server stores nothing of a batch without its commit, and
+		// drops what it staged after its batch timeout.
 		ln.failAtomic(b, err)
 		return
 	}
@@ -358,7 +382,7 @@ func (s *Sink) onAtomicReply(m *nats.Msg) {
 		ln.atomicOff("the server took an atomic batch as single messages (nats-server before 2.12)")
 		ln.failAtomic(b, ErrBatchUnproven)
 	case r.Batch != b.id || r.Count != n || r.Sequence < uint64(n) ||
-		b.msgs[0].strict && r.Sequence != b.msgs[0].expect+uint64(n):
+		b.msgs[0].m.ExpectSet && r.Sequence != b.msgs[0].m.Expect+uint64(n):
 		ln.failAtomic(b, fmt.Errorf("%w (the commit's ack for %d messages at %d does not match the batch of %d)", ErrBatchUnproven, r.Count, r.Sequence, n))
 	default:
 		s.astats.batches.Add(1)
@@ -422,16 +446,16 @@ func (ln *lane) atomicOff(why string) {
 
 // expireAtomic fails the committed batches whose ack is overdue (the
 // outcome is unknown: the relay resends, and the next commit's ack or a
-// 10201 says what is stored) and an open batch older than the ack timeout
-// (not committed, so nothing of it is stored; the server drops it after its
-// batch timeout), and reports whether any batch is left. Lock held.
+// 10201 says what is stored) and an open batch held twice as long (a
+// safety net: the relay ends every batch it opens; nothing of it was
+// sent), and reports whether any batch is left. Lock held.
 func (ln *lane) expireAtomic(now time.Time) bool {
 	for i := len(ln.aending) - 1; i >= 0; i-- {
 		if b := ln.aending[i]; now.Sub(b.committed) >= ln.s.ackTimeout {
 			ln.failAtomic(b, jetstream.ErrAsyncPublishTimeout)
 		}
 	}
-	if b := ln.aopen; b != nil && now.Sub(b.started) >= ln.s.ackTimeout {
+	if b := ln.aopen; b != nil && now.Sub(b.started) >= 2*ln.s.ackTimeout {
 		ln.failAtomic(b, errTxnAbandoned)
 	}
 	return len(ln.aending) > 0 || ln.aopen != nil

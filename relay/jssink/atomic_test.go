@@ -88,7 +88,10 @@ func TestAtomicTransactionAllOrNothing(t *testing.T) {
 		t.Fatalf("path %+v: want atomic batches", s.paths[0])
 	}
 	futs := publishTxn(t, s, 1, 0, 20, 0)
-	// Every message but the held-back last one is on the server, staged.
+	// Every message is on the server, staged, and the commit never comes.
+	if err := s.SendOpenUncommitted(); err != nil {
+		t.Fatal(err)
+	}
 	if err := s.nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
@@ -335,23 +338,24 @@ func TestAtomicServerVersions(t *testing.T) {
 }
 
 // TestAtomicSmallTransactionsShareBatches: transactions read one right
-// after the other share a batch until it holds a quarter of the limit
-// (250 messages): never one split, every event at its sequence.
+// after the other share a batch up to the server's limit, cut at a
+// transaction's boundary: never one split, every event at its sequence.
 func TestAtomicSmallTransactionsShareBatches(t *testing.T) {
 	s := startBatchSink(t, 5*time.Second, 1024, atomicSpec())
 	var futs []relay.Future
-	for txn := range 100 {
+	for txn := range 100 { // 1,000 events, then one of 7 that does not fit
 		futs = append(futs, publishTxn(t, s, uint64(txn+1), txn*10, txn*10+10, uint64(txn*10))...)
 	}
+	futs = append(futs, publishTxn(t, s, 101, 1000, 1007, 1000)...)
 	s.EndTxn(relay.TxnCommit)
 	for i, r := range awaitAll(t, futs) {
 		if r.Err != nil || r.Ack.Sequence != uint64(i+1) {
 			t.Fatalf("event %d: %+v, want stored at %d", i, r, i+1)
 		}
 	}
-	wantHeld(t, s, eIDs(0, 1000)...)
-	if st := s.AtomicStats(); st.Batches != 4 || st.Splits != 0 {
-		t.Fatalf("atomic stats %+v, want 4 batches of 25 transactions, no split", st)
+	wantHeld(t, s, eIDs(0, 1007)...)
+	if st := s.AtomicStats(); st.Batches != 2 || st.Splits != 0 {
+		t.Fatalf("atomic stats %+v, want a batch of 100 transactions and one of 1, no split", st)
 	}
 }
 
