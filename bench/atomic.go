@@ -79,6 +79,9 @@ func runAtomic(ctx context.Context, b *bench) error {
 		return fmt.Errorf("setup: %w", err)
 	}
 	b.env = env
+	if err := b.firstStart(ctx); err != nil {
+		return err
+	}
 	var fastRuns, atomicRuns []catchupResult
 	for round := range b.p.Rounds {
 		b.logf("round %d of %d", round+1, b.p.Rounds)
