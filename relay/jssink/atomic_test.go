@@ -391,3 +391,45 @@ func TestAtomicMayCommitHoldsOnlyBehindABatchInFlight(t *testing.T) {
 	wantHeld(t, s, eIDs(0, 25)...)
 	t.Logf("the second transaction waited for the first's ack: %v", held)
 }
+
+// The atomic path's cost per message against the same embedded server as
+// BenchmarkPublishStrictFastBatch, transactions of 10 events in batches
+// of up to 1,000, on a file and on a memory stream (an R1 file stream
+// stages each atomic batch in a file store of its own; a memory or
+// replicated one in memory):
+//
+//	go test ./relay/jssink -run '^$' -bench 'Atomic' -benchtime 100000x -count 3
+func BenchmarkPublishAtomicFile(b *testing.B)   { benchAtomic(b, "file") }
+func BenchmarkPublishAtomicMemory(b *testing.B) { benchAtomic(b, "memory") }
+
+func benchAtomic(b *testing.B, storage string) {
+	sp := jssink.StreamSpec{Name: "BENCH", Subjects: []string{"bench.>"}, Storage: storage, Manage: true,
+		DuplicateWindow: 2 * time.Minute, Atomic: true}
+	s := startBatchSink(b, 10*time.Second, benchWindow, sp)
+	if !s.paths[0].Atomic {
+		b.Fatalf("path %+v", s.paths[0])
+	}
+	expect := uint64(0)
+	windowed(b, func(i int) func() error {
+		m := benchMsg(i)
+		m.Stream, m.Expect, m.ExpectSet, m.Txn = "BENCH", expect, true, uint64(i/10+1)
+		expect++
+		f, err := s.Publish(m)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if i%10 == 9 {
+			s.EndTxn(relay.TxnMayCommit)
+		}
+		return func() error {
+			select {
+			case r := <-f:
+				return r.Err
+			default:
+			}
+			s.EndTxn(relay.TxnMayCommit) // as the relay does while it waits
+			return (<-f).Err
+		}
+	})
+	b.ReportMetric(float64(s.AtomicStats().Batches), "batches")
+}
