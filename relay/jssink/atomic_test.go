@@ -9,9 +9,11 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/walbox/walbox/internal/natstest"
 	"github.com/walbox/walbox/relay"
+	"github.com/walbox/walbox/relay/busops"
 	"github.com/walbox/walbox/relay/jssink"
 )
 
@@ -432,4 +434,43 @@ func benchAtomic(b *testing.B, storage string) {
 		}
 	})
 	b.ReportMetric(float64(s.AtomicStats().Batches), "batches")
+}
+
+// TestAtomicDoctorSaysThePath: walbox doctor's publish check says a
+// stream takes atomic batches, or why not and what enabling them needs.
+func TestAtomicDoctorSaysThePath(t *testing.T) {
+	srv := natstest.New(t)
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	shared := atomicSpec()
+	shared.Name, shared.Subjects, shared.Manage = "SHARED", []string{"shared.>"}, false
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(ctx, shared.Config()); err != nil {
+		t.Fatal(err)
+	}
+	managed := atomicSpec()
+	dlq := jssink.StreamSpec{Name: "WALBOX_DLQ", Subjects: []string{"walbox.dlq.>"}, Manage: true}
+	o, err := jssink.OpenOps(nc, jssink.OpsConfig{Streams: []jssink.StreamSpec{managed, shared, dlq}, AckTimeout: 5 * time.Second,
+		RedactURL: func(s string) string { return s }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	o.Check(ctx, func(name string, st busops.Status, detail, fix string) {
+		got[name] = fmt.Sprintf("%v: %s | %s", st, detail, fix)
+	})
+	if r := got["nats.stream.ORDERS.publish"]; !strings.Contains(r, "atomic batch") {
+		t.Errorf("managed stream: %s", r)
+	}
+	if r := got["nats.stream.SHARED.publish"]; !strings.Contains(r, "allow_atomic: true") || !strings.Contains(r, "nats.atomic_transactions is on, but") {
+		t.Errorf("unmanaged stream without allow_atomic: %s", r)
+	}
 }
