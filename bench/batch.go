@@ -318,7 +318,7 @@ func (r *results) batchReport(head func(string), add func(what, value, target, v
 		return fmt.Sprintf("%.2f", ratioOf(float64(x.CPU), float64(x.WalsenderCPU)))
 	}), "", "")
 	add("  catch-up, per message: CPU by process group", perEventWhere(pm.Where, pm.Events), "", "")
-	atomicLines(c, r.atomic, r.atomicRuns, add)
+	atomicLines(c, r.atomic, r.catchupRuns, r.atomicRuns, add)
 	bp, cb, cc := r.batchPub, r.concBatch, r.conc
 	add(fmt.Sprintf("batched publishing ceiling: orbit FastPublisher, batches of %d, flow %d, %d acks outstanding / per-message async publisher (phase 1)",
 		batchCeilSize, batchCeilFlow, batchCeilOutstanding),
