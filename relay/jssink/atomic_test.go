@@ -474,3 +474,42 @@ func TestAtomicDoctorSaysThePath(t *testing.T) {
 		t.Errorf("unmanaged stream without allow_atomic: %s", r)
 	}
 }
+
+// TestAtomicSplitsAtTheByteBudget: a transaction whose open messages reach
+// the relay's byte budget (nats.window_bytes) is committed there, counted
+// as a split, and every event is stored once, in order.
+func TestAtomicSplitsAtTheByteBudget(t *testing.T) {
+	s := startBatchSink(t, 5*time.Second, 4096, atomicSpec())
+	budget := 300 * txnMsg(0, 1, 0).Size()
+	s.SetBatching(jssink.Batching{Paths: s.paths, Window: 4096, WindowBytes: budget})
+	var futs []relay.Future
+	var res []relay.Result
+	var sizes []int64
+	var held int64
+	for i := range 1000 {
+		m := txnMsg(i, 1, uint64(i))
+		for held >= budget { // as the relay does: no more while the budget is spent
+			res = append(res, awaitAll(t, futs[len(res):len(res)+1])...)
+			held -= sizes[len(res)-1]
+		}
+		f, err := s.Publish(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sizes = append(sizes, m.Size()) // as the relay counts it: after Publish
+		held += m.Size()
+		futs = append(futs, f)
+	}
+	s.EndTxn(relay.TxnCommit)
+	res = append(res, awaitAll(t, futs[len(res):])...)
+	for i, r := range res {
+		if r.Err != nil || r.Ack.Sequence != uint64(i+1) {
+			t.Fatalf("event %d: %+v", i, r)
+		}
+	}
+	wantHeld(t, s, eIDs(0, 1000)...)
+	if st := s.AtomicStats(); st.Splits < 3 {
+		t.Fatalf("atomic stats %+v: want the transaction split at the byte budget", st)
+	}
+	t.Logf("%+v", s.AtomicStats())
+}
