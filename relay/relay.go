@@ -491,7 +491,6 @@ func (l *loop) fill() {
 		l.retry = l.retry[1:]
 		l.send(p)
 	}
-
 	for len(l.retry) == 0 && l.curPos < len(l.cur) && l.hasRoom() && l.canPublish() {
 		c := &l.cur[l.curPos]
 		if c.Kind == cdc.KindReset && len(l.window) > 0 {
@@ -525,7 +524,7 @@ func (l *loop) change(c *cdc.Change) {
 		l.send(p)
 	case cdc.KindCommit:
 		l.walSeen = max(l.walSeen, c.LSN)
-		l.reading = 0 // its unit is committed when fill stops (TxnSink)
+		l.reading = 0 // a TxnSink's unit may end here (run)
 		l.confirm(l.ckpt.Commit(c.LSN))
 	case cdc.KindWALEnd:
 		l.walSeen = max(l.walSeen, c.LSN)
