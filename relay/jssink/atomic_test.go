@@ -513,3 +513,42 @@ func TestAtomicSplitsAtTheByteBudget(t *testing.T) {
 	}
 	t.Logf("%+v", s.AtomicStats())
 }
+
+// TestAtomicR3: on a replicated stream (the server stages a batch in
+// memory and proposes it whole) a commit's ack proves each message at its
+// sequence, transactions share a batch, and a duplicate inside refuses the
+// batch with nothing stored.
+func TestAtomicR3(t *testing.T) {
+	c := natstest.NewCluster(t, 3)
+	sp := atomicSpec()
+	sp.Replicas = 3
+	s := batchSinkOn(t, c.URLs(), 10*time.Second, 1024, sp)
+	if !s.paths[0].Atomic {
+		t.Fatalf("path %+v", s.paths[0])
+	}
+	var futs []relay.Future
+	for txn := range 30 { // 30 transactions of 1..30 events: 465
+		from := txn * (txn + 1) / 2
+		futs = append(futs, publishTxn(t, s, uint64(txn+1), from, from+txn+1, uint64(from))...)
+	}
+	s.EndTxn(relay.TxnCommit)
+	for i, r := range awaitAll(t, futs) {
+		if r.Err != nil || r.Ack.Sequence != uint64(i+1) {
+			t.Fatalf("event %d: %+v", i, r)
+		}
+	}
+	futs = publishTxn(t, s, 31, 465, 470, 465)
+	dup := txnMsg(7, 32, 470) // e7, stored at 8
+	f, err := s.Publish(dup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.EndTxn(relay.TxnCommit)
+	for i, r := range awaitAll(t, append(futs, f)) {
+		if !errors.Is(r.Err, relay.ErrTxnRefused) {
+			t.Fatalf("event %d of the batch with a duplicate: %+v, want refused", i, r)
+		}
+	}
+	wantHeld(t, s, eIDs(0, 465)...)
+	t.Logf("%+v", s.AtomicStats())
+}
