@@ -147,8 +147,10 @@ type NATS struct {
 	// AtomicTransactions publishes each transaction's events to a stream
 	// as one atomic batch (nats-server 2.12.1+, allow_atomic on the stream,
 	// which walbox sets on the streams it manages): a consumer never sees
-	// part of a transaction. Split at the server's batch limit and at the
-	// relay's window; per message where the server or stream says no.
+	// part of a transaction. Consecutive transactions may share a batch; a
+	// transaction is split only where it alone passes the server's batch
+	// limit or the relay's window. Per message where the server or the
+	// stream says no.
 	AtomicTransactions bool     `yaml:"atomic_transactions" env:"ATOMIC_TRANSACTIONS"`
 	Streams            []Stream `yaml:"streams"`
 	// Routes assert the stream of topics by prefix: an event whose topic
