@@ -44,17 +44,24 @@ const (
 	metricUnproven = "walbox_nats_batch_unproven_total"
 )
 
-// batchCounts are a relay's fast-batch counters, or their growth over a run.
+// batchCounts are a relay's fast-batch counters, or their growth over a
+// run, and its atomic-batch counters (atomic.go; 0 from a relay without them).
 type batchCounts struct {
 	Batches, Batched, Unproven uint64
+	Atomic, AtomicBatches      uint64
 }
 
 func (c batchCounts) String() string {
-	return fmt.Sprintf("%d events in %d fast batches, %d unproven", c.Batched, c.Batches, c.Unproven)
+	s := fmt.Sprintf("%d events in %d fast batches, %d unproven", c.Batched, c.Batches, c.Unproven)
+	if c.Atomic > 0 {
+		s += fmt.Sprintf("; %d events in %d atomic batches", c.Atomic, c.AtomicBatches)
+	}
+	return s
 }
 
 func (c batchCounts) since(before batchCounts) batchCounts {
-	return batchCounts{c.Batches - before.Batches, c.Batched - before.Batched, c.Unproven - before.Unproven}
+	return batchCounts{c.Batches - before.Batches, c.Batched - before.Batched, c.Unproven - before.Unproven,
+		c.Atomic - before.Atomic, c.AtomicBatches - before.AtomicBatches}
 }
 
 // relayBatchCounts reads the fast-batch counters from the relay's /metrics;
@@ -82,10 +89,15 @@ func relayBatchCounts(ctx context.Context, addr string) (batchCounts, error) {
 		return c, fmt.Errorf("parse the relay's metrics: %w", err)
 	}
 	for _, m := range []struct {
-		name string
-		dst  *uint64
-	}{{metricBatches, &c.Batches}, {metricBatched, &c.Batched}, {metricUnproven, &c.Unproven}} {
+		name     string
+		dst      *uint64
+		optional bool
+	}{{metricBatches, &c.Batches, false}, {metricBatched, &c.Batched, false}, {metricUnproven, &c.Unproven, false},
+		{metricAtomic, &c.Atomic, true}, {metricAtomicBatches, &c.AtomicBatches, true}} {
 		f := fams[m.name]
+		if f == nil && m.optional {
+			continue
+		}
 		if f == nil {
 			return c, fmt.Errorf("the relay's metrics have no %s", m.name)
 		}
@@ -306,6 +318,7 @@ func (r *results) batchReport(head func(string), add func(what, value, target, v
 		return fmt.Sprintf("%.2f", ratioOf(float64(x.CPU), float64(x.WalsenderCPU)))
 	}), "", "")
 	add("  catch-up, per message: CPU by process group", perEventWhere(pm.Where, pm.Events), "", "")
+	atomicLines(c, r.atomic, r.catchupRuns, r.atomicRuns, add)
 	bp, cb, cc := r.batchPub, r.concBatch, r.conc
 	add(fmt.Sprintf("batched publishing ceiling: orbit FastPublisher, batches of %d, flow %d, %d acks outstanding / per-message async publisher (phase 1)",
 		batchCeilSize, batchCeilFlow, batchCeilOutstanding),

@@ -83,7 +83,7 @@ func TestRelayBatchCounts(t *testing.T) {
 	if want := (batchCounts{Batches: 4, Batched: 49968, Unproven: 1}); got != want {
 		t.Errorf("got %+v, want %+v", got, want)
 	}
-	if d := (batchCounts{5, 50000, 1}).since(got); d != (batchCounts{1, 32, 0}) {
+	if d := (batchCounts{Batches: 5, Batched: 50000, Unproven: 1}).since(got); d != (batchCounts{Batches: 1, Batched: 32}) {
 		t.Errorf("since: %+v", d)
 	}
 

@@ -150,7 +150,8 @@ func main() {
 		return
 	}
 	pgsideOnly := len(os.Args) >= 2 && os.Args[1] == pgsideArg
-	if pgsideOnly {
+	atomicOnly := len(os.Args) >= 2 && os.Args[1] == atomicArg
+	if pgsideOnly || atomicOnly {
 		os.Args = append(os.Args[:1], os.Args[2:]...)
 	}
 	p, err := parseFlags()
@@ -160,9 +161,12 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	b := &bench{p: p, start: time.Now()}
-	if pgsideOnly {
+	switch {
+	case pgsideOnly:
 		err = runPGSide(ctx, b)
-	} else {
+	case atomicOnly:
+		err = runAtomic(ctx, b)
+	default:
 		err = b.run(ctx)
 	}
 	interrupted := ctx.Err() != nil

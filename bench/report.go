@@ -23,6 +23,8 @@ type results struct {
 	// publishing ceiling and the concurrent one with it (medians), the
 	// first live rate and the large transaction on the per-message path.
 	perMsg        catchupResult
+	atomic        catchupResult // nats.atomic_transactions on (atomic.go)
+	atomicRuns    []catchupResult
 	batchPub      ceilingResult
 	concBatch     concurrentResult
 	perMsgRuns    []catchupResult

@@ -1007,3 +1007,59 @@ func TestLoopAliveTicksWhileTheLoopTurns(t *testing.T) {
 		rig.stop()
 	})
 }
+
+// TestLoopTellsATxnSinkWhereTransactionsEnd: a TxnSink gets each event with
+// its transaction's number, hears that a unit may end only between
+// transactions (never inside one), hears it abandoned when a publish fails,
+// and a transaction whose unit the broker refused (ErrTxnRefused) is resent
+// event by event (Txn 0) and confirmed.
+func TestLoopTellsATxnSinkWhereTransactionsEnd(t *testing.T) {
+	refused := fmt.Errorf("%w: by the test", ErrTxnRefused)
+	loopCase(t, "txn sink", []int{3, 2, 4}, Config{Window: 16}, func(st, _ *fakeStream) {
+		st.callFails = map[int]error{7: refused} // e06, the third transaction's second event
+		st.txns = &txnLog{}
+	}, func(t *testing.T, rig *loopRig, sc *loopScript, ids []string) {
+		log := rig.st.txns
+		rig.feed(0, 3)
+		rig.waitConfirmed(sc.last())
+		rig.checkStored(rig.st, ids)
+
+		txnOf := map[string]uint64{}
+		var resent []pubRecord
+		for _, p := range publishesAfter(rig.st, 1) {
+			if _, seen := txnOf[p.id]; seen {
+				resent = append(resent, p)
+				continue
+			}
+			txnOf[p.id] = p.txn
+		}
+		for i, want := range []int{0, 0, 0, 1, 1, 2, 2, 2, 2} {
+			if got, first := txnOf[ids[i]], txnOf[ids[[]int{0, 3, 5}[want]]]; got == 0 || got != first {
+				t.Fatalf("%s published with Txn %d, its transaction's first with %d", ids[i], got, first)
+			}
+		}
+		if txnOf[ids[0]] == txnOf[ids[3]] || txnOf[ids[3]] == txnOf[ids[5]] {
+			t.Fatalf("two transactions share a Txn: %v", txnOf)
+		}
+		for _, p := range resent {
+			if p.txn != 0 {
+				t.Fatalf("%s resent with Txn %d after its transaction was refused, want 0 (on its own)", p.id, p.txn)
+			}
+		}
+		if len(resent) == 0 {
+			t.Fatal("nothing resent after the refusal")
+		}
+		var abandoned bool
+		for _, e := range log.list() {
+			switch {
+			case e.end == TxnAbandon:
+				abandoned = true
+			case e.last != ids[2] && e.last != ids[4] && e.last != ids[8]:
+				t.Fatalf("a unit may end after %s, inside its transaction: %+v", e.last, log.list())
+			}
+		}
+		if !abandoned {
+			t.Fatalf("the failed publish did not abandon the open unit: %+v", log.list())
+		}
+	})
+}

@@ -67,6 +67,10 @@ type fakeStream struct {
 	expectFirst bool
 	// notify, if set, gets every publish number (dropped when full).
 	notify chan int
+	// txns, when set (before the relay starts), makes the sink a TxnSink
+	// that logs what the relay tells it; it publishes each message at once
+	// all the same.
+	txns *txnLog
 
 	pubs     []*pubRecord    // every publish, in call order
 	acked    map[string]int  // ids whose publish was acked (stored or duplicate)
@@ -88,6 +92,7 @@ type pubRecord struct {
 	// be stored already (a sink never batches such a message).
 	stream      string
 	mayBeStored bool
+	txn         uint64 // Msg.Txn
 }
 
 // heldAck is a publish whose future the test resolves.
@@ -186,6 +191,52 @@ type fakeSink struct {
 	epoch atomic.Uint64
 }
 
+// txnLog is what a fake TxnSink heard: each EndTxn with the number of
+// transaction messages published since the one before.
+type txnLog struct {
+	mu   sync.Mutex
+	open int
+	last string // the id of the newest transaction message
+	ends []txnEndRecord
+}
+
+type txnEndRecord struct {
+	end  TxnEnd
+	msgs int
+	last string
+}
+
+func (l *txnLog) list() []txnEndRecord {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]txnEndRecord(nil), l.ends...)
+}
+
+// EndTxn implements TxnSink (a no-op unless the stream's txns is set).
+func (s *fakeSink) EndTxn(end TxnEnd) {
+	l := s.st.txns
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.open > 0 {
+		l.ends = append(l.ends, txnEndRecord{end, l.open, l.last})
+		l.open = 0
+	}
+}
+
+// TxnOpen implements TxnSink.
+func (s *fakeSink) TxnOpen() bool {
+	l := s.st.txns
+	if l == nil {
+		return false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.open > 0
+}
+
 func (s *fakeSink) Publish(m *Msg) (Future, error) {
 	st := s.st
 	if len(m.Subject) > 11 && m.Subject[:11] == "walbox.dlq." {
@@ -196,7 +247,13 @@ func (s *fakeSink) Publish(m *Msg) (Future, error) {
 	st.publishes++
 	n := st.publishes
 	id := m.Header.Get(HeaderMsgID)
-	pub := &pubRecord{n: n, id: id, epoch: s.Epoch(), at: time.Now(), stream: m.Stream, mayBeStored: m.MayBeStored}
+	pub := &pubRecord{n: n, id: id, epoch: s.Epoch(), at: time.Now(), stream: m.Stream, mayBeStored: m.MayBeStored, txn: m.Txn}
+	if l := s.st.txns; l != nil && m.Txn != 0 {
+		l.mu.Lock()
+		l.open++
+		l.last = id
+		l.mu.Unlock()
+	}
 	st.pubs = append(st.pubs, pub)
 	for _, q := range st.pubs[:len(st.pubs)-1] {
 		if !q.resolved && q.epoch != pub.epoch {

@@ -228,6 +228,11 @@ type pending struct {
 	span     trace.Span
 	resends  int
 	untraced bool // the sampler said no: no span, whatever happens to it
+	// txn is the transaction it was read in (loop.txns, 0: none);
+	// txnRefused: a sink refused that transaction's unit (ErrTxnRefused),
+	// so it is resent on its own.
+	txn        uint64
+	txnRefused bool
 }
 
 // errConnectionChanged stops publishing when the connection was replaced
@@ -309,6 +314,12 @@ type loop struct {
 	// off and is resent).
 	judged   []*pending
 	heldCode string
+
+	// txns counts the transactions read (KindBegin); reading is the one
+	// whose events are being read, 0 between a commit and the next begin.
+	// A TxnSink hears where each ends (endTxn).
+	txns    uint64
+	reading uint64
 }
 
 // aloneRun is how many possible duplicates go out alone after a duplicate.
@@ -349,6 +360,25 @@ func (r *Relay) run(ctx context.Context, in <-chan []cdc.Change, conf Confirmer)
 			return l.drain(in)
 		}
 		l.fill()
+		if l.unitOpen() {
+			// A TxnSink holds a unit open. More changes at hand go in it
+			// (consecutive transactions share a unit); only when none is
+			// does it go, before the loop waits.
+			if l.canRead() && l.reading == 0 {
+				select {
+				case b := <-in:
+					l.cur, l.curPos = b, 0
+					continue
+				default:
+				}
+			}
+			if l.reading == 0 && l.canPublish() {
+				// Every transaction published so far was read to its
+				// commit (a resent one too: resends are of transactions
+				// read before).
+				l.endTxn(TxnMayCommit)
+			}
+		}
 
 		var head Future
 		if len(l.window) > 0 {
@@ -481,8 +511,10 @@ func (l *loop) change(c *cdc.Change) {
 	switch c.Kind {
 	case cdc.KindBegin:
 		l.ckpt.Begin()
+		l.txns++
+		l.reading = l.txns
 	case cdc.KindEvent:
-		p := &pending{seq: l.ckpt.NextSeq(), ev: c.Event}
+		p := &pending{seq: l.ckpt.NextSeq(), ev: c.Event, txn: l.reading}
 		msg, stream, err := l.r.router.Message(&p.ev)
 		if err != nil {
 			l.deadLetter(p, err.Error())
@@ -492,6 +524,7 @@ func (l *loop) change(c *cdc.Change) {
 		l.send(p)
 	case cdc.KindCommit:
 		l.walSeen = max(l.walSeen, c.LSN)
+		l.reading = 0 // a TxnSink's unit may end here (run)
 		l.confirm(l.ckpt.Commit(c.LSN))
 	case cdc.KindWALEnd:
 		l.walSeen = max(l.walSeen, c.LSN)
@@ -508,6 +541,7 @@ func (l *loop) change(c *cdc.Change) {
 		}
 	case cdc.KindReset:
 		l.ckpt.Reset()
+		l.reading = 0
 		l.retry = l.retry[:0]
 		l.solo, l.alone = nil, nil
 		l.judged = l.judged[:0] // the old session's: the server sends them again
@@ -542,6 +576,10 @@ func (l *loop) send(p *pending) {
 	alone := l.strictFor(p) && l.aloneLeft[p.stream] > 0 && l.maybeStored(p)
 	if alone && len(l.window) > 0 {
 		l.solo = p
+		// It waits for the window to empty: a TxnSink's open unit goes
+		// now, ending there (this event may be stored already, so its
+		// transaction is not whole in the stream's eyes anyway).
+		l.endTxn(TxnCommit)
 		return
 	}
 	l.publish(p, alone)
@@ -566,6 +604,12 @@ func (l *loop) publish(p *pending, alone bool) {
 	p.msg.Expect, p.msg.ExpectSet = expect, strict
 	p.msg.Stream = p.stream
 	p.msg.MayBeStored = p.tried || alone || l.maybeStored(p)
+	// Alone: nothing goes out behind it until its ack, so it cannot wait
+	// in a unit for its transaction's end.
+	p.msg.Txn = p.txn
+	if alone || p.txnRefused || p.dlq {
+		p.msg.Txn = 0
+	}
 	p.strict = false
 	epoch := l.r.sink.Epoch()
 	if len(l.window) > 0 && l.window[len(l.window)-1].epoch != epoch {
@@ -609,6 +653,9 @@ func (r *Relay) classify(err error) ErrorClass {
 	if errors.As(err, &pe) {
 		return Permanent
 	}
+	if errors.Is(err, ErrTxnRefused) {
+		return Transient // no evidence about this event: resent on its own
+	}
 	return r.sink.Classify(err)
 }
 
@@ -624,6 +671,9 @@ func (l *loop) failed(p *pending, err error, known bool) {
 		l.alone = nil
 	}
 	class := l.r.classify(err)
+	if errors.Is(err, ErrTxnRefused) {
+		p.txnRefused = true
+	}
 	refused := !p.dlq && errors.Is(err, ErrOrderRefused)
 	if refused {
 		if l.seqRefused == nil {
@@ -689,6 +739,9 @@ func (l *loop) failed(p *pending, err error, known bool) {
 				ev = l.r.log.Debug()
 			}
 			ev.Err(err).Int("inflight", len(l.window)).Msg("publish failed; waiting for in-flight acks, then resending in order")
+			// Nothing is committed behind a failure: a transaction's
+			// open unit is abandoned, and resent whole.
+			l.endTxn(TxnAbandon)
 		}
 		l.failing = true
 		l.toRetry(p)
@@ -759,6 +812,7 @@ func (l *loop) judge() {
 	l.judged = nil
 	l.unexplained = true
 	l.r.m.Backoffs.Inc()
+	l.endTxn(TxnAbandon)
 	l.failing = true
 	for _, h := range held {
 		l.toRetry(h)
@@ -794,9 +848,7 @@ func (l *loop) toRetry(p *pending) {
 }
 
 // msgSize is what a message holds in memory: data and headers.
-func msgSize(m *Msg) int64 {
-	return int64(len(m.Data) + len(m.Subject) + len(m.Key) + m.headerSize())
-}
+func msgSize(m *Msg) int64 { return m.Size() }
 
 func cmpU64(a, b uint64) int {
 	switch {
@@ -991,6 +1043,19 @@ func (l *loop) drainResolved() {
 	}
 }
 
+// unitOpen reports whether a TxnSink holds messages in an open unit.
+func (l *loop) unitOpen() bool {
+	ts, ok := l.r.sink.(TxnSink)
+	return ok && ts.TxnOpen()
+}
+
+// endTxn tells a TxnSink what to do with its open unit.
+func (l *loop) endTxn(end TxnEnd) {
+	if ts, ok := l.r.sink.(TxnSink); ok {
+		ts.EndTxn(end)
+	}
+}
+
 func (l *loop) confirm(lsn cdc.LSN, moved bool) {
 	if moved {
 		l.conf.Confirm(lsn)
@@ -1004,6 +1069,14 @@ func (l *loop) drain(in <-chan []cdc.Change) error {
 	deadline := time.NewTimer(l.r.cfg.DrainTimeout)
 	defer deadline.Stop()
 	l.settleBookkeeping(in)
+	// A transaction not read to its commit is not committed: abandoned
+	// (with any read before it in its unit), it is resent whole on the
+	// next start.
+	if l.reading == 0 {
+		l.endTxn(TxnCommit)
+	} else {
+		l.endTxn(TxnAbandon)
+	}
 	// Nothing new is published. Once one ack fails, later ones cannot be
 	// confirmed (acks count only in order); they are resent on next start.
 	for len(l.window) > 0 {

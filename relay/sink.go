@@ -66,9 +66,59 @@ type Msg struct {
 	// and where: a batch's acks prove only what a batch stored (see
 	// relay/jssink/batch.go).
 	MayBeStored bool
+	// Txn, when not 0, names the PostgreSQL transaction m belongs to: a
+	// sink that publishes a transaction's messages together (TxnSink)
+	// groups consecutive messages of one Txn. 0: publish it on its own.
+	Txn uint64
 
 	slots *headerSlots // Router.Message's, for Recycle
 }
+
+// Size is what m holds in memory: data, subject, key and headers. The
+// relay's byte budget (Config.WindowBytes) counts it.
+func (m *Msg) Size() int64 {
+	return int64(len(m.Data) + len(m.Subject) + len(m.Key) + m.headerSize())
+}
+
+// TxnSink is a Sink that publishes each transaction's messages (those with
+// one Msg.Txn) in a unit that a consumer sees whole or not at all
+// (JetStream atomic batches, relay/jssink/atomic.go). Consecutive
+// transactions may share a unit; a sink may end one inside a transaction
+// only at a limit (a broker's size limit, the relay's window), and says so
+// in its docs. The relay tells it when a unit may end (EndTxn).
+type TxnSink interface {
+	// EndTxn: every message published so far belongs to a transaction
+	// read to its commit (TxnCommit, TxnMayCommit), or the relay stopped
+	// publishing inside one (TxnAbandon).
+	EndTxn(end TxnEnd)
+	// TxnOpen reports whether messages wait in an open unit.
+	TxnOpen() bool
+}
+
+// TxnEnd is what EndTxn asks of a TxnSink's open unit.
+type TxnEnd int
+
+const (
+	// TxnAbandon: the relay stopped publishing after a failure, or shuts
+	// down inside a transaction. The unit's futures fail, and nothing of
+	// it is stored.
+	TxnAbandon TxnEnd = iota
+	// TxnMayCommit: nothing more is at hand. The sink commits the unit, or
+	// holds it while an earlier unit of its stream waits for its ack (the
+	// broker would take the commit only after that one): the relay calls
+	// again whenever the head of its window resolves, and an earlier
+	// unit's messages are ahead of this one's in the window.
+	TxnMayCommit
+	// TxnCommit: commit the unit now (the relay needs its window empty).
+	TxnCommit
+)
+
+// ErrTxnRefused wraps a broker's refusal of a whole transaction's unit (a
+// JetStream atomic batch) for its content: a duplicate inside, a message
+// the stream refuses, a limit. It is no evidence about any one message, so
+// the relay resends each of that transaction's messages on its own (Txn 0),
+// where its own ack or error decides, the dead-letter rules included.
+var ErrTxnRefused = errors.New("the broker refused the transaction's batch; resending its events one at a time")
 
 // Ack is a broker's acknowledgement: the stream (or topic) and the
 // sequence the message is stored at, 1-based (Kafka: the partition, and

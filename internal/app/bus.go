@@ -183,7 +183,7 @@ func retryEnsure(ctx context.Context, cfg config.Config, timeout time.Duration,
 	}
 }
 
-// registerBatchMetrics exports the sink's fast-batch counts.
+// registerBatchMetrics exports the sink's fast-batch and atomic-batch counts.
 func registerBatchMetrics(reg prometheus.Registerer, sink *jssink.Sink) error {
 	for _, c := range []struct {
 		opts prometheus.CounterOpts
@@ -201,6 +201,26 @@ func registerBatchMetrics(reg prometheus.Registerer, sink *jssink.Sink) error {
 		get := c.get
 		if err := reg.Register(prometheus.NewCounterFunc(c.opts,
 			func() float64 { return float64(get(sink.BatchStats())) })); err != nil {
+			return fmt.Errorf("register %s: %w", c.opts.Name, err)
+		}
+	}
+	// Atomic transactions (nats.atomic_transactions).
+	for _, c := range []struct {
+		opts prometheus.CounterOpts
+		get  func(jssink.AtomicStats) uint64
+	}{
+		{prometheus.CounterOpts{Name: "walbox_nats_atomic_batches_total", Help: "Atomic batches committed (nats.atomic_transactions)."},
+			func(s jssink.AtomicStats) uint64 { return s.Batches }},
+		{prometheus.CounterOpts{Name: "walbox_nats_atomic_messages_total", Help: "Messages sent in atomic batches."},
+			func(s jssink.AtomicStats) uint64 { return s.Messages }},
+		{prometheus.CounterOpts{Name: "walbox_nats_atomic_splits_total", Help: "Atomic batches ended before their transaction: the server's batch limit or the relay's window."},
+			func(s jssink.AtomicStats) uint64 { return s.Splits }},
+		{prometheus.CounterOpts{Name: "walbox_nats_atomic_refused_total", Help: "Atomic batches the server refused (a duplicate inside, a poison event): their transactions resent per message."},
+			func(s jssink.AtomicStats) uint64 { return s.Refused }},
+	} {
+		get := c.get
+		if err := reg.Register(prometheus.NewCounterFunc(c.opts,
+			func() float64 { return float64(get(sink.AtomicStats())) })); err != nil {
 			return fmt.Errorf("register %s: %w", c.opts.Name, err)
 		}
 	}

@@ -360,14 +360,16 @@ func ensureStreams(ctx context.Context, sink *jssink.Sink, cfg config.Config, lo
 				return nil, err
 			}
 			for _, p := range paths {
-				if p.Batch {
-					log.Info().Str("stream", p.Stream).Msg("publishing in fast batches while the stream is busy, per message otherwise")
+				if p.Atomic {
+					log.Info().Str("stream", p.Stream).Msg("publishing each transaction in an atomic batch (nats.atomic_transactions)")
+				} else if p.Batch {
+					log.Info().Str("stream", p.Stream).Str("why", p.Why).Msg("publishing in fast batches while the stream is busy, per message otherwise")
 				} else {
 					log.Info().Str("stream", p.Stream).Str("why", p.Why).Msg("publishing per message")
 				}
 			}
-			sink.SetBatching(jssink.Batching{Paths: paths, Window: cfg.NATS.Window, After: cfg.NATS.FastBatchAfter, OnFallBack: func(p jssink.PublishPath) {
-				log.Warn().Str("stream", p.Stream).Str("why", p.Why).Msg("fast batches off for this stream: publishing per message")
+			sink.SetBatching(jssink.Batching{Paths: paths, Window: cfg.NATS.Window, WindowBytes: cfg.NATS.WindowBytes, After: cfg.NATS.FastBatchAfter, OnFallBack: func(p jssink.PublishPath) {
+				log.Warn().Str("stream", p.Stream).Str("why", p.Why).Msg("batches off for this stream: publishing per message")
 			}})
 			return routes, nil
 		},

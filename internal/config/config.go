@@ -143,8 +143,16 @@ type NATS struct {
 	// its next event opens a batch. A relay keeping up with a live rate has
 	// a few in flight and publishes per message (lowest latency); a
 	// catch-up fills the window and batches. 0 batches every event.
-	FastBatchAfter int      `yaml:"fast_batch_after" env:"FAST_BATCH_AFTER"`
-	Streams        []Stream `yaml:"streams"`
+	FastBatchAfter int `yaml:"fast_batch_after" env:"FAST_BATCH_AFTER"`
+	// AtomicTransactions publishes each transaction's events to a stream
+	// as one atomic batch (nats-server 2.12.1+, allow_atomic on the stream,
+	// which walbox sets on the streams it manages): a consumer never sees
+	// part of a transaction. Consecutive transactions may share a batch; a
+	// transaction is split only where it alone passes the server's batch
+	// limit or the relay's window. Per message where the server or the
+	// stream says no.
+	AtomicTransactions bool     `yaml:"atomic_transactions" env:"ATOMIC_TRANSACTIONS"`
+	Streams            []Stream `yaml:"streams"`
 	// Routes assert the stream of topics by prefix: an event whose topic
 	// starts with TopicPrefix must land in Stream, else it is dead-lettered.
 	Routes []RouteRule `yaml:"routes"`
@@ -717,7 +725,8 @@ func (c *Config) StreamSpecs() []jssink.StreamSpec {
 			noBatch = "nats.strict_order is false: a batch's acks prove each event stored only through its expected last sequence"
 		}
 		out = append(out, jssink.StreamSpec{Name: s.Name, Subjects: s.Subjects, Storage: s.Storage, Replicas: s.Replicas,
-			DuplicateWindow: dw, MaxAge: s.MaxAge, Manage: manage, FastBatch: c.NATS.FastBatch, NoBatch: noBatch})
+			DuplicateWindow: dw, MaxAge: s.MaxAge, Manage: manage, FastBatch: c.NATS.FastBatch, NoBatch: noBatch,
+			Atomic: c.NATS.AtomicTransactions})
 	}
 	out = append(out, jssink.StreamSpec{Name: c.NATS.DLQ.Stream, Subjects: []string{c.NATS.DLQ.SubjectPrefix + ">"},
 		Storage: "file", Replicas: max(dlqReplicas, 1), DuplicateWindow: 2 * time.Minute, Manage: true,

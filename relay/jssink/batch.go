@@ -100,9 +100,12 @@ const (
 // do not prove: the relay resends it on its own.
 var ErrBatchUnproven = errors.New("fast batch ended without proof that this message is stored; resending it on its own")
 
-// PublishPath says how the sink publishes to a stream and why.
+// PublishPath says how the sink publishes to a stream and why: Atomic,
+// each transaction in an atomic batch (atomic.go); else Batch, in fast
+// batches while the stream is busy; else per message.
 type PublishPath struct {
 	Stream string
+	Atomic bool
 	Batch  bool
 	Why    string
 }
@@ -119,6 +122,10 @@ type batchCounters struct {
 	batches, batched, flowAcks, unproven atomic.Uint64
 }
 
+type atomicCounters struct {
+	batches, messages, splits, refused atomic.Uint64
+}
+
 // BatchStats returns the counts so far.
 func (s *Sink) BatchStats() BatchStats {
 	c := &s.bstats
@@ -133,6 +140,9 @@ type lane struct {
 	single atomic.Int64 // per-message publishes to the stream in flight
 
 	mu      sync.Mutex
+	atomic  bool      // transactions in atomic batches (atomic.go)
+	aopen   *abatch   // the open atomic batch; nil when none
+	aending []*abatch // committed atomic batches, waiting for their acks
 	allowed bool
 	why     string    // why the stream is published per message
 	pause   time.Time // no batch before then (10211)
@@ -177,9 +187,13 @@ type Batching struct {
 	// before its next message opens a batch (nats.fast_batch_after); 0
 	// batches every message that can be, negative means the default (32).
 	After int
+	// WindowBytes is the relay's byte budget (nats.window_bytes): a
+	// transaction's open atomic batches are committed before they hold
+	// that much, or Window messages (atomic.go).
+	WindowBytes int64
 	// OnFallBack hears of a stream that falls back to per-message
 	// publishes while walbox runs (the server refused a batch, or answered
-	// as a server older than 2.14).
+	// as a server older than 2.14; for atomic batches, 2.12).
 	OnFallBack func(PublishPath)
 }
 
@@ -191,6 +205,12 @@ func (s *Sink) SetBatching(c Batching) {
 		s.flow = min(batchFlow, c.Window/2)
 	}
 	s.notify = c.OnFallBack
+	if c.Window > 0 {
+		s.window = c.Window
+	}
+	if c.WindowBytes > 0 {
+		s.windowBytes = c.WindowBytes
+	}
 	s.enter = batchEnter
 	if c.After >= 0 {
 		s.enter = c.After
@@ -198,7 +218,7 @@ func (s *Sink) SetBatching(c Batching) {
 	lanes := make(map[string]*lane, len(paths))
 	list := make([]*lane, 0, len(paths))
 	for _, p := range paths {
-		ln := &lane{s: s, idx: len(list), stream: p.Stream, allowed: p.Batch, why: p.Why}
+		ln := &lane{s: s, idx: len(list), stream: p.Stream, atomic: p.Atomic, allowed: p.Batch, why: p.Why}
 		lanes[p.Stream] = ln
 		list = append(list, ln)
 	}
@@ -214,7 +234,7 @@ func (s *Sink) Paths() []PublishPath {
 	var out []PublishPath
 	for _, ln := range ls.list {
 		ln.mu.Lock()
-		out = append(out, PublishPath{Stream: ln.stream, Batch: ln.allowed, Why: ln.why})
+		out = append(out, PublishPath{Stream: ln.stream, Atomic: ln.atomic, Batch: ln.allowed, Why: ln.why})
 		ln.mu.Unlock()
 	}
 	return out
@@ -290,7 +310,7 @@ func (ln *lane) commit(b *batch) {
 		return
 	}
 	if err := ln.s.nc.PublishRequest(b.subject, b.replyFor(b.sent+1, opCommitEOB), nil); err != nil {
-		ln.end(b, nil, 0, fmt.Errorf("commit the fast batch: %w", err))
+		ln.end(b, 0, 0, fmt.Errorf("commit the fast batch: %w", err))
 		return
 	}
 	ln.ending = append(ln.ending, b)
@@ -298,15 +318,16 @@ func (ln *lane) commit(b *batch) {
 
 // end resolves what b's acks prove (1..proven stored; the message after
 // them gets errNext when set) and fails the rest as unproven, and forgets
-// b. Lock held.
-func (ln *lane) end(b *batch, final *pubAckReply, count uint64, errNext error) {
+// b. count > 0: the final pub ack counted count messages, and lastSeq is
+// the stream's last sequence it reported. Lock held.
+func (ln *lane) end(b *batch, count, lastSeq uint64, errNext error) {
 	proven := b.acked
 	if proven > 0 {
 		proven-- // the last one acked may be a duplicate
 	}
-	if final != nil && count > 0 {
+	if count > 0 {
 		proven = count - 1
-		if count > b.done && count <= b.sent && final.Sequence == b.q[count-1-b.done].expect+1 {
+		if count > b.done && count <= b.sent && lastSeq == b.q[count-1-b.done].expect+1 {
 			proven = count // the stream's last is the batch's last: stored
 		}
 	}
@@ -447,7 +468,7 @@ func (s *Sink) onBatchReply(m *nats.Msg) {
 		if b.gap {
 			errNext = errBatchGap
 		}
-		ln.end(b, &pubAckReply{Stream: r.Stream, Sequence: r.Seq}, r.Count, errNext)
+		ln.end(b, r.Count, r.Seq, errNext)
 	}
 }
 
@@ -476,7 +497,7 @@ func (ln *lane) failFrom(b *batch, seq uint64, err error) {
 	if seq >= 1 && (b.errAt == 0 || seq < b.errAt) {
 		b.errAt, b.err = seq, err
 	}
-	ln.end(b, nil, 0, nil)
+	ln.end(b, 0, 0, nil)
 }
 
 // single1 resolves message seq of b by its own pub ack (a server that
@@ -496,7 +517,7 @@ func (ln *lane) single1(b *batch, seq uint64, ack *relay.Ack) {
 		b.done++
 	}
 	if len(b.q) == 0 && ln.open != b {
-		ln.end(b, nil, 0, nil)
+		ln.end(b, 0, 0, nil)
 	}
 }
 
@@ -545,12 +566,18 @@ func (s *Sink) onTick() {
 				ln.commit(b)
 			}
 		}
-		for _, b := range append([]*batch{ln.open}, ln.ending...) {
+		// From the newest down: end takes a batch out of ln.ending, which
+		// moves only the batches after it. The open batch comes last (i = -1).
+		for i := len(ln.ending) - 1; i >= -1; i-- {
+			b := ln.open
+			if i >= 0 {
+				b = ln.ending[i]
+			}
 			if b == nil || len(b.q) == 0 {
 				continue
 			}
 			if now.Sub(b.q[0].sentAt) >= s.ackTimeout {
-				ln.end(b, nil, 0, jetstream.ErrAsyncPublishTimeout)
+				ln.end(b, 0, 0, jetstream.ErrAsyncPublishTimeout)
 				continue
 			}
 			if b == ln.open && b.am > 0 && now.Sub(b.heard) >= s.ackTimeout/3 {
@@ -559,7 +586,8 @@ func (s *Sink) onTick() {
 				_ = s.nc.PublishRequest(b.subject, b.replyFor(b.sent, opPing), nil)
 			}
 		}
-		busy = busy || ln.open != nil || len(ln.ending) > 0
+		aBusy := ln.expireAtomic(now)
+		busy = busy || ln.open != nil || len(ln.ending) > 0 || aBusy
 		ln.mu.Unlock()
 	}
 	if busy {
@@ -570,7 +598,7 @@ func (s *Sink) onTick() {
 	// A batch opened between the check and the store armed nothing.
 	for _, ln := range ls.list {
 		ln.mu.Lock()
-		open := ln.open != nil || len(ln.ending) > 0
+		open := ln.open != nil || len(ln.ending) > 0 || len(ln.aending) > 0 || ln.aopen != nil
 		ln.mu.Unlock()
 		if open {
 			s.armTick()

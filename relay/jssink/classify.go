@@ -168,7 +168,11 @@ var Table = []Row{
 	// Batch publishes. walbox sends fast batches (batch.go); a batch's
 	// refusal of its first message comes back as one of these and fails
 	// that message (the sink also falls back on 10205 and pauses batches
-	// on 10211). Atomic batches (Nats-Batch-* headers) walbox does not send.
+	// on 10211). With nats.atomic_transactions it sends atomic batches
+	// (atomic.go): a commit's refusal fails the whole transaction with
+	// relay.ErrTxnRefused (transient whatever the row says), which the
+	// relay resends per message; 10174 turns them off for the stream,
+	// 10199 lowers the sink's batch limit.
 	{Code: 10174, Status: 400, Name: "JSAtomicPublishDisabledErr", Desc: "atomic publish is disabled", Kind: KindConfig,
 		Why: "the stream does not allow atomic batches (allow_atomic)"},
 	{Code: 10205, Status: 400, Name: "JSBatchPublishDisabledErr", Desc: "batch publish is disabled", Kind: KindConfig,
@@ -185,8 +189,8 @@ var Table = []Row{
 		Why: "the sink's batch is over the server's batch limit: a sink setting"},
 	{Code: 10200, Status: 400, Name: "JSAtomicPublishInvalidBatchCommitErr", Desc: "atomic publish batch commit is invalid", Kind: KindConfig,
 		Why: "a batch commit the sink built wrong: a walbox defect, not the event's"},
-	{Code: 10201, Status: 400, Name: "JSAtomicPublishContainsDuplicateMessageErr", Desc: "atomic publish batch contains duplicate message id", Kind: KindConfig,
-		Why: "a batch repeats an event id (a single publish gets a duplicate ack instead): a walbox defect, not the event's"},
+	{Code: 10201, Status: 400, Name: "JSAtomicPublishContainsDuplicateMessageErr", Desc: "atomic publish batch contains duplicate message id", Kind: KindTransient,
+		Why: "an atomic batch holds an event the stream stores already (a resend): nothing of it is stored, and the transaction is resent per message, where that event gets its duplicate ack"},
 	{Code: 10206, Status: 400, Name: "JSBatchPublishInvalidPatternErr", Desc: "batch publish pattern is invalid", Kind: KindConfig,
 		Why: "a fast-batch reply pattern the sink built wrong: a walbox defect"},
 	{Code: 10207, Status: 400, Name: "JSBatchPublishInvalidBatchIDErr", Desc: "batch publish ID is invalid", Kind: KindConfig,

@@ -58,6 +58,16 @@ type Sink struct {
 	enter   int // batchEnter (tests lower it)
 	notify  func(PublishPath)
 	bstats  batchCounters
+
+	// Atomic transactions (atomic.go): their commits' reply prefix, the
+	// batch limit, the transaction open across lanes, and the relay's
+	// window its open messages must leave room in.
+	aprefix     string
+	amax        int
+	open        txnOpen
+	window      int
+	windowBytes int64
+	astats      atomicCounters
 }
 
 type waiter struct {
@@ -74,7 +84,8 @@ func New(nc *nats.Conn, ackTimeout time.Duration) (*Sink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("jetstream context: %w", err)
 	}
-	s := &Sink{nc: nc, js: js, ackTimeout: ackTimeout, prefix: nc.NewInbox() + ".", bprefix: nc.NewInbox() + ".", flow: batchFlow, enter: batchEnter}
+	s := &Sink{nc: nc, js: js, ackTimeout: ackTimeout, prefix: nc.NewInbox() + ".", bprefix: nc.NewInbox() + ".", flow: batchFlow, enter: batchEnter,
+		aprefix: nc.NewInbox() + ".", amax: atomicMax, window: 1 << 30, windowBytes: 1 << 62}
 	s.timer = time.AfterFunc(time.Hour, s.expire)
 	s.timer.Stop()
 	s.tick = time.AfterFunc(time.Hour, s.onTick)
@@ -82,7 +93,7 @@ func New(nc *nats.Conn, ackTimeout time.Duration) (*Sink, error) {
 	for _, sub := range []struct {
 		subject string
 		cb      nats.MsgHandler
-	}{{s.prefix + "*", s.onReply}, {s.bprefix + ">", s.onBatchReply}} {
+	}{{s.prefix + "*", s.onReply}, {s.bprefix + ">", s.onBatchReply}, {s.aprefix + "*.*", s.onAtomicReply}} {
 		sub, err := nc.Subscribe(sub.subject, sub.cb)
 		if err != nil {
 			return nil, fmt.Errorf("subscribe to the publish acks: %w", err)
@@ -112,6 +123,9 @@ func (s *Sink) Publish(m *relay.Msg) (relay.Future, error) {
 	m.SetHeader(relay.HeaderExpectedLastSeq, expect)
 	h := nats.Header(m.Header)
 	ln := s.lane(m.Stream)
+	if ln != nil && m.Txn != 0 && ln.atomicOn() {
+		return s.publishAtomic(ln, m)
+	}
 	if ln != nil && m.ExpectSet && !m.MayBeStored {
 		if fut, ok, err := ln.publish(m, h); ok {
 			return fut, err
@@ -295,6 +309,7 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, streams []Stream
 			c := sp.Config()
 			// A server before 2.14 may refuse a field it does not know.
 			c.AllowBatchPublish = sp.FastBatch && sp.NoBatch == "" && FastBatchServer(version)
+			c.AllowAtomicPublish = sp.Atomic && AtomicServer(version)
 			st, err := js.CreateOrUpdateStream(ctx, c)
 			if err != nil {
 				return nil, nil, fmt.Errorf("create or update stream %s: %w", sp.Name, err)
@@ -318,7 +333,45 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, streams []Stream
 // it is configured, the server knows them (2.14+) and the stream allows
 // them (allow_batched, which walbox sets on a stream it manages); per
 // message otherwise, and why.
+//
+// With nats.atomic_transactions (sp.Atomic) each transaction goes in an
+// atomic batch where the server (2.12.1+) and the stream (allow_atomic)
+// allow them; elsewhere the path above stands, and Why says why it is not
+// atomic.
 func PathFor(sp StreamSpec, info *jetstream.StreamInfo, version string) PublishPath {
+	p := fastPathFor(sp, info, version)
+	if !sp.Atomic {
+		return p
+	}
+	var why string
+	switch {
+	case !AtomicServer(version):
+		why = fmt.Sprintf("nats-server %s has no atomic batches that refuse a duplicate inside: upgrade to 2.12.1 or later", version)
+	case info == nil:
+		p.Atomic, p.Why = true, "walbox sets allow_atomic when it creates the stream"
+		return p
+	case info.Config.Mirror != nil:
+		why = "the stream is a mirror"
+	case !info.Config.AllowAtomicPublish && sp.Manage:
+		why = "the server did not keep allow_atomic on the stream"
+	case !info.Config.AllowAtomicPublish:
+		why = fmt.Sprintf("stream %s does not allow atomic batches: set allow_atomic: true in its configuration (or let walbox manage it)", sp.Name)
+	default:
+		p.Atomic, p.Why = true, "each transaction in an atomic batch"
+		return p
+	}
+	how := "per message"
+	if p.Batch {
+		how = "fast batches while the stream is busy"
+	} else if p.Why != "" {
+		how += " (" + p.Why + ")"
+	}
+	p.Why = "nats.atomic_transactions is on, but " + why + "; publishing in " + how
+	return p
+}
+
+// fastPathFor is PathFor without atomic transactions.
+func fastPathFor(sp StreamSpec, info *jetstream.StreamInfo, version string) PublishPath {
 	p := PublishPath{Stream: sp.Name}
 	switch {
 	case sp.NoBatch != "":
@@ -351,6 +404,18 @@ func FastBatchServer(version string) bool {
 	return major > 2 || major == 2 && minor >= 14
 }
 
+// AtomicServer reports whether a nats-server of version has atomic batches
+// that refuse a duplicate Nats-Msg-Id inside as a whole (10201): 2.12.1 and
+// later. 2.12.0 has atomic batches, but a commit's ack there would not
+// prove each message stored anew.
+func AtomicServer(version string) bool {
+	var major, minor, patch int
+	if _, err := fmt.Sscanf(version, "%d.%d.%d", &major, &minor, &patch); err != nil {
+		return false
+	}
+	return major > 2 || major == 2 && (minor > 12 || minor == 12 && patch >= 1)
+}
+
 // StreamSpec is a stream as the config declares it.
 type StreamSpec struct {
 	Name            string
@@ -366,6 +431,9 @@ type StreamSpec struct {
 	// never takes them (strict order off, the dead-letter stream).
 	FastBatch bool
 	NoBatch   string
+	// Atomic: publish each transaction in an atomic batch where the server
+	// and the stream allow it (nats.atomic_transactions).
+	Atomic bool
 }
 
 // Config is the JetStream stream configuration sp declares.

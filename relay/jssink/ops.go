@@ -343,6 +343,9 @@ func (o *Ops) checkStream(ctx context.Context, sp StreamSpec, key string, report
 func (o *Ops) checkPath(sp StreamSpec, info *jetstream.StreamInfo, key string, report busops.Report) {
 	name := "nats.stream." + sp.Name + ".publish"
 	version := o.nc.ConnectedServerVersion()
+	if sp.Atomic && o.checkAtomicPath(sp, info, name, key, version, report) {
+		return
+	}
 	if sp.Manage && info != nil && !info.Config.AllowBatchPublish && sp.FastBatch && sp.NoBatch == "" && FastBatchServer(version) {
 		report(name, busops.OK, "per message until walbox run updates the stream with allow_batched; then fast batches while the stream is busy", "")
 		return
@@ -359,6 +362,31 @@ func (o *Ops) checkPath(sp StreamSpec, info *jetstream.StreamInfo, key string, r
 		report(name, busops.Warn, "per message: "+p.Why,
 			fmt.Sprintf("set allow_batched: true on stream %s (a stream walbox does not manage; or set %s.manage: true), or nats.fast_batch: false to silence this", sp.Name, key))
 	}
+}
+
+// checkAtomicPath reports the path of a stream with nats.atomic_transactions
+// on: atomic batches, or why not and what enabling them would need. It
+// returns false where the stream is not atomic and nothing needs saying
+// beyond the fast-batch check.
+func (o *Ops) checkAtomicPath(sp StreamSpec, info *jetstream.StreamInfo, name, key, version string, report busops.Report) bool {
+	const what = "each transaction in an atomic batch: a consumer never sees part of one (split at 1,000 messages, the server's batch limit)"
+	if sp.Manage && info != nil && !info.Config.AllowAtomicPublish && AtomicServer(version) {
+		report(name, busops.OK, "per message until walbox run updates the stream with allow_atomic; then "+what, "")
+		return true
+	}
+	p := PathFor(sp, info, version)
+	switch {
+	case p.Atomic:
+		report(name, busops.OK, what, "")
+	case !AtomicServer(version):
+		report(name, busops.Warn, p.Why, "upgrade every node of the NATS cluster to nats-server 2.12.1 or later; walbox then sets allow_atomic on the streams it manages")
+	case info != nil && info.Config.Mirror != nil:
+		return false
+	default:
+		report(name, busops.Warn, p.Why,
+			fmt.Sprintf("set allow_atomic: true on stream %s (a stream walbox does not manage; or set %s.manage: true), or nats.atomic_transactions: false", sp.Name, key))
+	}
+	return true
 }
 
 // checkStreamConfig compares an existing stream with its configuration.
