@@ -3,6 +3,8 @@ package app
 import (
 	"net/http"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/walbox/walbox/relay/sweep"
 )
 
@@ -14,6 +16,8 @@ type Live struct {
 	Ready func() (ok bool, why string)
 	// Maintenance lists each outbox table's maintenance schedule.
 	Maintenance func() []TableMaintenance
+	// Registry takes the console's own metrics.
+	Registry prometheus.Registerer
 }
 
 // TableMaintenance is one outbox table's maintenance schedule; Schedule is
@@ -24,12 +28,9 @@ type TableMaintenance struct {
 }
 
 // live is the Live view of a running relay.
-func live(h *health, ts *tableSet) Live {
+func live(h *health, ts *tableSet, reg prometheus.Registerer) Live {
 	return Live{
-		Ready: func() (bool, string) {
-			ok, _, why := h.ready()
-			return ok, why
-		},
+		Registry: reg,
 		Maintenance: func() []TableMaintenance {
 			ts.mu.Lock()
 			tables := ts.tables

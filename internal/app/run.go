@@ -90,7 +90,7 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 	if cfg.Metrics.Listen != "" {
 		var ui http.Handler
 		if opts.Console != nil && cfg.Console.Enabled {
-			ui = opts.Console(live(health, ts))
+			ui = opts.Console(live(health, ts, reg))
 		}
 		srv, err = serveHTTP(cfg.Metrics.Listen, reg, health, ui)
 		if err != nil {

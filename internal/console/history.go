@@ -1,0 +1,98 @@
+package console
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/internal/ops"
+)
+
+// historySpan is how far back the Overview's chart reaches.
+const historySpan = time.Hour
+
+// Sample is one point of the Overview's chart: what walbox status showed
+// at T (the relay's own figures, from walbox.relay_status, and the slot's).
+type Sample struct {
+	T               time.Time `json:"t"`
+	LagSeconds      float64   `json:"lag_seconds"` // commit -> ack of the oldest unacked event
+	EventsPerSecond float64   `json:"events_per_second"`
+	RetainedBytes   int64     `json:"retained_bytes"`
+	Unprocessed     int64     `json:"unprocessed"`
+}
+
+// sampler reads the Overview (walbox status without the read-back of the
+// streams) every interval and keeps the last hour of it in a ring: the
+// console computes no figure of its own.
+type sampler struct {
+	cfg   config.Config
+	every time.Duration
+
+	mu      sync.Mutex
+	ring    []Sample // oldest at next once full
+	next    int
+	full    bool
+	last    *ops.StatusReport
+	lastErr string
+	lastAt  time.Time
+	kick    chan struct{}
+}
+
+func newSampler(cfg config.Config, every time.Duration) *sampler {
+	n := max(int(historySpan/every), 2)
+	return &sampler{cfg: cfg, every: every, ring: make([]Sample, n), kick: make(chan struct{}, 1)}
+}
+
+// run samples until ctx ends.
+func (s *sampler) run(ctx context.Context) {
+	t := time.NewTicker(s.every)
+	defer t.Stop()
+	for {
+		s.sample(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-s.kick:
+		}
+	}
+}
+
+func (s *sampler) sample(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, max(s.every, 5*time.Second))
+	defer cancel()
+	rep, err := ops.Overview(ctx, s.cfg)
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lastAt = now
+	if err != nil {
+		s.lastErr = "read the status: " + err.Error()
+		return
+	}
+	s.last, s.lastErr = rep, ""
+	pt := Sample{T: now, LagSeconds: rep.Relay.LagSeconds, EventsPerSecond: rep.Relay.EventsPerSecond,
+		RetainedBytes: rep.SlotStatus.RetainedBytes, Unprocessed: rep.Outbox.Unprocessed}
+	if rep.Relay.State != "running" {
+		// No relay writes its figures: none is delivering.
+		pt.LagSeconds, pt.EventsPerSecond = 0, 0
+	}
+	s.ring[s.next] = pt
+	s.next = (s.next + 1) % len(s.ring)
+	if s.next == 0 {
+		s.full = true
+	}
+}
+
+// snapshot is the last report, its error and the samples, oldest first.
+func (s *sampler) snapshot() (*ops.StatusReport, string, time.Time, []Sample) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var pts []Sample
+	if s.full {
+		pts = append(pts, s.ring[s.next:]...)
+	}
+	pts = append(pts, s.ring[:s.next]...)
+	return s.last, s.lastErr, s.lastAt, pts
+}
