@@ -31,6 +31,10 @@ type TableMaintenance struct {
 func live(h *health, ts *tableSet, reg prometheus.Registerer) Live {
 	return Live{
 		Registry: reg,
+		Ready: func() (bool, string) {
+			ok, _, why := h.ready()
+			return ok, why
+		},
 		Maintenance: func() []TableMaintenance {
 			ts.mu.Lock()
 			tables := ts.tables
