@@ -16,8 +16,10 @@ type Live struct {
 	Ready func() (ok bool, why string)
 	// Maintenance lists each outbox table's maintenance schedule.
 	Maintenance func() []TableMaintenance
-	// Registry takes the console's own metrics.
+	// Registry takes the console's own metrics; Gatherer reads the relay's
+	// (the commit -> ack histogram the chart samples).
 	Registry prometheus.Registerer
+	Gatherer prometheus.Gatherer
 }
 
 // TableMaintenance is one outbox table's maintenance schedule; Schedule is
@@ -28,9 +30,10 @@ type TableMaintenance struct {
 }
 
 // live is the Live view of a running relay.
-func live(h *health, ts *tableSet, reg prometheus.Registerer) Live {
+func live(h *health, ts *tableSet, reg *prometheus.Registry) Live {
 	return Live{
 		Registry: reg,
+		Gatherer: reg,
 		Ready: func() (bool, string) {
 			ok, _, why := h.ready()
 			return ok, why

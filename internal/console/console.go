@@ -37,6 +37,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
 	"github.com/walbox/walbox/internal/app"
@@ -115,7 +116,7 @@ func New(ctx context.Context, opts Options) (*Console, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Console{opts: opts, page: page, sampler: newSampler(opts.Config, opts.SampleEvery),
+	c := &Console{opts: opts, page: page, sampler: newSampler(opts.Config, opts.SampleEvery, gatherer(opts.Live)),
 		static: http.StripPrefix("/ui/static/", http.FileServerFS(static))}
 	if tok != "" {
 		sum := sha256.Sum256([]byte(tok))
@@ -165,6 +166,13 @@ func Attach(ctx context.Context, o Options, opts app.Options) (app.Options, erro
 		return c
 	}
 	return opts, nil
+}
+
+func gatherer(l *app.Live) prometheus.Gatherer {
+	if l == nil {
+		return nil
+	}
+	return l.Gatherer
 }
 
 // OnDelivered feeds the live tail; pass it to the relay (it never blocks).

@@ -5,6 +5,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/ops"
 )
@@ -20,14 +22,21 @@ type Sample struct {
 	EventsPerSecond float64   `json:"events_per_second"`
 	RetainedBytes   int64     `json:"retained_bytes"`
 	Unprocessed     int64     `json:"unprocessed"`
+	// CommitToAck is the mean and the 99th percentile (a bucket's bound) of
+	// walbox_commit_to_ack_seconds over the events acked since the sample
+	// before; -1 when none was, or no relay runs in this process.
+	CommitToAckMean float64 `json:"commit_to_ack_mean_seconds"`
+	CommitToAckP99  float64 `json:"commit_to_ack_p99_seconds"`
 }
 
 // sampler reads the Overview (walbox status without the read-back of the
 // streams) every interval and keeps the last hour of it in a ring: the
 // console computes no figure of its own.
 type sampler struct {
-	cfg   config.Config
-	every time.Duration
+	cfg    config.Config
+	every  time.Duration
+	relay  prometheus.Gatherer // the relay's metrics; nil without one
+	before histogram
 
 	mu      sync.Mutex
 	ring    []Sample // oldest at next once full
@@ -39,9 +48,9 @@ type sampler struct {
 	kick    chan struct{}
 }
 
-func newSampler(cfg config.Config, every time.Duration) *sampler {
+func newSampler(cfg config.Config, every time.Duration, relay prometheus.Gatherer) *sampler {
 	n := max(int(historySpan/every), 2)
-	return &sampler{cfg: cfg, every: every, ring: make([]Sample, n), kick: make(chan struct{}, 1)}
+	return &sampler{cfg: cfg, every: every, relay: relay, ring: make([]Sample, n), kick: make(chan struct{}, 1)}
 }
 
 // run samples until ctx ends.
@@ -64,6 +73,13 @@ func (s *sampler) sample(ctx context.Context) {
 	defer cancel()
 	rep, err := ops.Overview(ctx, s.cfg)
 	now := time.Now()
+	mean, p99 := -1.0, -1.0
+	if h, ok := readHistogram(s.relay, commitToAckMetric); ok {
+		if m, p, ok := h.since(s.before); ok {
+			mean, p99 = m, p
+		}
+		s.before = h
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.lastAt = now
@@ -73,7 +89,8 @@ func (s *sampler) sample(ctx context.Context) {
 	}
 	s.last, s.lastErr = rep, ""
 	pt := Sample{T: now, LagSeconds: rep.Relay.LagSeconds, EventsPerSecond: rep.Relay.EventsPerSecond,
-		RetainedBytes: rep.SlotStatus.RetainedBytes, Unprocessed: rep.Outbox.Unprocessed}
+		RetainedBytes: rep.SlotStatus.RetainedBytes, Unprocessed: rep.Outbox.Unprocessed,
+		CommitToAckMean: mean, CommitToAckP99: p99}
 	if rep.Relay.State != "running" {
 		// No relay writes its figures: none is delivering.
 		pt.LagSeconds, pt.EventsPerSecond = 0, 0

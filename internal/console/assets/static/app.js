@@ -105,9 +105,14 @@ async function loadOverview() {
       ["headroom", headroom, s.safe_wal_size >= 0 && s.safe_wal_size < s.retained_bytes ? "bad" : ""],
     ]);
     const r = rep.relay;
-    $("lag").textContent = r.state === "running" ? secs(r.lag_seconds) + " lag" : r.state;
+    const last = ov.history.length ? ov.history[ov.history.length - 1] : null;
+    if (r.state !== "running") $("lag").textContent = "relay " + r.state;
+    else if (last && last.commit_to_ack_p99_seconds >= 0) $("lag").textContent = secs(last.commit_to_ack_p99_seconds) + " p99 commit→ack";
+    else $("lag").textContent = r.events_per_second.toFixed(1) + " events/s";
     facts($("relay-facts"), [
       ["events/s", r.state === "running" ? r.events_per_second.toFixed(1) : "–"],
+      ["commit→ack", last && last.commit_to_ack_mean_seconds >= 0 ? "mean " + secs(last.commit_to_ack_mean_seconds) + ", p99 ≤ " + secs(last.commit_to_ack_p99_seconds) : undefined],
+      ["oldest unacked", r.state === "running" ? (r.lag_seconds > 0 ? secs(r.lag_seconds) : "none: caught up") : undefined],
       ["relay", r.state + (r.leader ? " (" + r.leader + ")" : "")],
       ["status written", r.updated_at ? ago(r.updated_at) : "never"],
       ["note", r.note || undefined, "warn"],
@@ -152,8 +157,11 @@ async function loadOverview() {
   drawChart(ov.history);
 }
 
-// drawChart draws the last hour: events/s and the commit → ack lag, each
-// scaled to its own maximum, as an inline SVG.
+// drawChart draws the last hour (or since the console started): events/s
+// and the commit → ack latency (p99 of walbox_commit_to_ack_seconds over
+// each sample where walbox run serves the console, else the age of the
+// oldest unacked event as walbox.relay_status has it), each scaled to its
+// own maximum, as an inline SVG.
 function drawChart(pts) {
   const W = 900, H = 180, P = 30;
   const ns = "http://www.w3.org/2000/svg";
@@ -161,38 +169,43 @@ function drawChart(pts) {
   svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
   svg.setAttribute("id", "chart-svg");
   svg.dataset.points = pts.length;
-  const now = Date.now(), from = now - 3600 * 1000;
-  const x = (t) => P + (W - 2 * P) * (new Date(t).getTime() - from) / (3600 * 1000);
-  const line = (key, cls) => {
-    const max = Math.max(...pts.map((p) => p[key]), 1e-9);
-    const y = (v) => H - P - (H - 2 * P) * (v / max);
-    const pl = document.createElementNS(ns, "polyline");
-    pl.setAttribute("points", pts.map((p) => `${x(p.t).toFixed(1)},${y(p[key]).toFixed(1)}`).join(" "));
-    pl.setAttribute("class", cls);
-    svg.append(pl);
-    const lab = document.createElementNS(ns, "text");
-    lab.setAttribute("x", cls === "eps" ? 2 : W - 2);
-    lab.setAttribute("y", 12);
-    lab.setAttribute("class", "lab " + cls);
-    lab.setAttribute("text-anchor", cls === "eps" ? "start" : "end");
-    lab.textContent = "max " + (key === "lag_seconds" ? secs(max) : max.toFixed(1) + "/s");
-    svg.append(lab);
-    return max;
+  const now = Date.now();
+  const first = pts.length ? new Date(pts[0].t).getTime() : now;
+  const span = Math.min(3600e3, Math.max(now - first, 60e3));
+  const from = now - span;
+  const x = (t) => P + (W - 2 * P) * (new Date(t).getTime() - from) / span;
+  const mk = (tag, attrs, txt) => {
+    const e = document.createElementNS(ns, tag);
+    for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+    if (txt !== undefined) e.textContent = txt;
+    svg.append(e);
+    return e;
   };
-  const axis = document.createElementNS(ns, "line");
-  axis.setAttribute("x1", P); axis.setAttribute("x2", W - P);
-  axis.setAttribute("y1", H - P); axis.setAttribute("y2", H - P);
-  axis.setAttribute("class", "axis");
-  svg.append(axis);
-  for (const [label, pos] of [["-60 min", P], ["-30 min", W / 2], ["now", W - P]]) {
-    const t = document.createElementNS(ns, "text");
-    t.setAttribute("x", pos); t.setAttribute("y", H - 8); t.setAttribute("text-anchor", "middle");
-    t.setAttribute("class", "lab"); t.textContent = label;
-    svg.append(t);
+  const useP99 = pts.some((p) => p.commit_to_ack_p99_seconds >= 0);
+  const lagOf = (p) => useP99 ? p.commit_to_ack_p99_seconds : p.lag_seconds;
+  $("lag-legend").textContent = useP99 ? "commit → ack p99" : "oldest unacked (s)";
+  // series draws one line; a point without a value (-1) breaks it.
+  const series = (get, cls, fmt, anchorRight) => {
+    const vals = pts.map(get);
+    const max = Math.max(...vals, 1e-9);
+    const y = (v) => H - P - (H - 2 * P) * (v / max);
+    let seg = [];
+    const flush = () => { if (seg.length) mk("polyline", { points: seg.join(" "), class: cls }); seg = []; };
+    pts.forEach((p, i) => {
+      if (vals[i] < 0) { flush(); return; }
+      seg.push(`${x(p.t).toFixed(1)},${y(vals[i]).toFixed(1)}`);
+    });
+    flush();
+    mk("text", { x: anchorRight ? W - 2 : 2, y: 12, class: "lab " + cls, "text-anchor": anchorRight ? "end" : "start" }, "max " + fmt(max));
+  };
+  mk("line", { x1: P, x2: W - P, y1: H - P, y2: H - P, class: "axis" });
+  const ago = (ms) => ms >= 120e3 ? "-" + Math.round(ms / 60e3) + " min" : "-" + Math.round(ms / 1e3) + " s";
+  for (const [label, pos] of [[ago(span), P], [ago(span / 2), W / 2], ["now", W - P]]) {
+    mk("text", { x: pos, y: H - 8, "text-anchor": "middle", class: "lab" }, label);
   }
   if (pts.length) {
-    line("events_per_second", "eps");
-    line("lag_seconds", "lagc");
+    series((p) => p.events_per_second, "eps", (v) => v.toFixed(1) + "/s", false);
+    series(lagOf, "lagc", secs, true);
     const last = pts[pts.length - 1];
     svg.dataset.lastEps = last.events_per_second;
     svg.dataset.lastT = last.t;
