@@ -6,6 +6,7 @@ package console_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -67,6 +68,10 @@ func TestOverviewShowsTheSlotStreamingAndTheChartMovingWhileAProducerWrites(t *t
 	}
 	if got := text(t, ctx, "#sink-health"); got != "ready" {
 		t.Errorf("sink health %q, want ready (%s)", got, text(t, ctx, "#sink-facts"))
+	}
+	if os.Getenv("WALBOX_UPDATE_SCREENSHOTS") == "1" {
+		// For the README: a chart with half a minute in it.
+		time.Sleep(30 * time.Second)
 	}
 	screenshot(t, ctx, "overview")
 

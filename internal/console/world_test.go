@@ -314,3 +314,11 @@ func js(expr string) chromedp.Action[chromedp.Void] {
 		return err
 	})
 }
+
+// navigate opens url in the tab.
+func navigate(url string) chromedp.Action[chromedp.Void] { return chromedp.Navigate(url) }
+
+// contextWithTimeout is the test's context, bounded by d.
+func contextWithTimeout(t *testing.T, d time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(t.Context(), d)
+}
