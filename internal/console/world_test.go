@@ -230,6 +230,9 @@ func artifacts(t *testing.T) string {
 	return dir
 }
 
+// readmeShots are the screenshots README shows.
+var readmeShots = map[string]bool{"overview": true, "tail": true, "dlq": true, "doctor": true}
+
 // screenshot saves the page as name.png among the artifacts and, with
 // WALBOX_UPDATE_SCREENSHOTS=1, in docs/console for the README.
 func screenshot(t *testing.T, ctx context.Context, name string) {
@@ -239,7 +242,7 @@ func screenshot(t *testing.T, ctx context.Context, name string) {
 		t.Fatalf("screenshot %s: %v", name, err)
 	}
 	dirs := []string{artifacts(t)}
-	if os.Getenv("WALBOX_UPDATE_SCREENSHOTS") == "1" {
+	if os.Getenv("WALBOX_UPDATE_SCREENSHOTS") == "1" && readmeShots[name] {
 		_, file, _, _ := runtime.Caller(0)
 		dirs = append(dirs, filepath.Join(filepath.Dir(file), "..", "..", "docs", "console"))
 	}
