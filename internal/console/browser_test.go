@@ -127,7 +127,7 @@ func TestLiveTailShowsACommittedEventWithinASecondAndTheFilterHidesOthers(t *tes
 
 	// Open one event: headers, the payload pretty-printed, its row.
 	run(t, ctx, js(row+`.click()`))
-	waitJS(t, ctx, 5*time.Second, "the event's row", `document.getElementById("tail-row").innerText.includes("needle-1")`)
+	waitJS(t, ctx, 5*time.Second, "the event's row and stored message", `document.getElementById("tail-row").innerText.includes("needle-1") && document.getElementById("tail-payload") !== null`)
 	detail := text(t, ctx, "#tail-detail")
 	for _, want := range []string{"Nats-Msg-Id", id, "\"order\": \"needle-1\"", "processed"} {
 		if !strings.Contains(detail, want) {

@@ -200,6 +200,8 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		c.get(w, r, c.overview)
 	case path == "/api/tail":
 		c.tail(w, r)
+	case path == "/api/event":
+		c.get(w, r, c.event)
 	case path == "/api/row":
 		c.get(w, r, c.row)
 	case path == "/api/dlq":
@@ -253,10 +255,21 @@ func (c *Console) get(w http.ResponseWriter, r *http.Request, fn func(*http.Requ
 	}
 	v, err := fn(r)
 	if err != nil {
-		c.writeJSON(w, http.StatusBadGateway, map[string]string{"error": err.Error()})
+		c.writeError(w, err)
 		return
 	}
 	c.writeJSON(w, http.StatusOK, v)
+}
+
+// writeError answers err: its status when it is an httpError, else 502
+// (what the console asked, the database or the bus, failed).
+func (c *Console) writeError(w http.ResponseWriter, err error) {
+	status := http.StatusBadGateway
+	var he *httpError
+	if errors.As(err, &he) {
+		status = he.status
+	}
+	c.writeJSON(w, status, map[string]string{"error": err.Error()})
 }
 
 // urlInText finds URLs with credentials in free text (an error message).
@@ -400,12 +413,7 @@ func (c *Console) action(w http.ResponseWriter, r *http.Request, fn func(*http.R
 	}
 	v, err := fn(r)
 	if err != nil {
-		status := http.StatusBadGateway
-		var he *httpError
-		if errors.As(err, &he) {
-			status = he.status
-		}
-		c.writeJSON(w, status, map[string]string{"error": err.Error()})
+		c.writeError(w, err)
 		return
 	}
 	c.writeJSON(w, http.StatusOK, v)
@@ -451,8 +459,9 @@ func sameOrigin(origin, host string) bool {
 	return err == nil && (u.Scheme == "http" || u.Scheme == "https") && strings.EqualFold(u.Host, host)
 }
 
-// tail streams the live tail as Server-Sent Events: one "event" message
-// per event stored, a "dropped" message when this viewer fell behind.
+// tail streams the live tail as Server-Sent Events: "event" messages,
+// one per event stored, written together every tailFlushEvery; a
+// "dropped" message when this viewer fell behind.
 func (c *Console) tail(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet {
 		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
@@ -480,45 +489,56 @@ func (c *Console) tail(w http.ResponseWriter, r *http.Request) {
 	// retry: reconnect a second after the relay restarts.
 	_, _ = io.WriteString(w, "retry: 1000\n: walbox live tail\n\n")
 	flusher.Flush()
-	ping := time.NewTicker(15 * time.Second)
-	defer ping.Stop()
+	tick := time.NewTicker(tailFlushEvery)
+	defer tick.Stop()
+	lastWrite := time.Now()
 	var told uint64
 	var buf []byte
 	for {
 		select {
 		case <-r.Context().Done():
 			return
-		case <-ping.C:
-			if _, err := io.WriteString(w, ": ping\n\n"); err != nil {
-				return
-			}
-			flusher.Flush()
-		case ev := <-sub.ch:
-			buf = buf[:0]
-			b, err := json.Marshal(ev)
-			if err != nil {
-				continue
-			}
+		case <-tick.C:
+		}
+		buf = buf[:0]
+		for n := len(sub.ch); n > 0; n-- {
+			ev := <-sub.ch
+			ev.Subject, ev.Preview, ev.Reason = scrub(ev.Subject), scrub(ev.Preview), scrub(ev.Reason)
 			buf = append(buf, "event: event\ndata: "...)
-			buf = append(buf, scrub(string(b))...)
+			buf = ev.appendJSON(buf)
 			buf = append(buf, "\n\n"...)
-			// Whatever else waits goes in the same write.
-			for n := 0; n < 64 && len(sub.ch) > 0; n++ {
-				ev := <-sub.ch
-				if b, err := json.Marshal(ev); err == nil {
-					buf = append(buf, "event: event\ndata: "...)
-					buf = append(buf, scrub(string(b))...)
-					buf = append(buf, "\n\n"...)
-				}
-			}
-			if d := sub.dropped.Load(); d != told {
-				told = d
-				buf = append(buf, "event: dropped\ndata: "+strconv.FormatUint(d, 10)+"\n\n"...)
-			}
-			if _, err := w.Write(buf); err != nil {
-				return
-			}
-			flusher.Flush()
+		}
+		if d := sub.dropped.Load(); d != told {
+			told = d
+			buf = append(buf, "event: dropped\ndata: "+strconv.FormatUint(d, 10)+"\n\n"...)
+		}
+		if len(buf) == 0 && time.Since(lastWrite) < 15*time.Second {
+			continue
+		}
+		if len(buf) == 0 {
+			buf = append(buf, ": ping\n\n"...)
+		}
+		if _, err := w.Write(buf); err != nil {
+			return
+		}
+		flusher.Flush()
+		lastWrite = time.Now()
+		if cap(buf) > 1<<20 {
+			buf = nil // a burst's buffer is not kept
 		}
 	}
+}
+
+// event is one stored message, read back from its stream (topic): what
+// the live tail opens.
+func (c *Console) event(r *http.Request) (any, error) {
+	q := r.URL.Query()
+	seq, err := strconv.ParseUint(q.Get("seq"), 10, 64)
+	if err != nil {
+		return nil, &httpError{http.StatusBadRequest, "seq: a stream sequence (Kafka: offset + 1)"}
+	}
+	part, _ := strconv.ParseInt(q.Get("partition"), 10, 32)
+	ctx, cancel := context.WithTimeout(r.Context(), 15*time.Second)
+	defer cancel()
+	return ops.ReadStored(ctx, c.opts.Config, q.Get("stream"), int32(part), seq)
 }

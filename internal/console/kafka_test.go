@@ -43,6 +43,9 @@ func TestConsoleWithKafkaTailsRetriesAndReports(t *testing.T) {
 	if got := text(t, ctx, sel); !strings.Contains(got, "orders.created [") || !strings.Contains(got, "kafka-1") {
 		t.Errorf("tail row %q lacks its topic [partition] or payload", got)
 	}
+	// Open it: the record read back from its partition and offset.
+	run(t, ctx, js(fmt.Sprintf(`document.querySelector(%q).click()`, sel)))
+	waitJS(t, ctx, 10*time.Second, "the stored record", `(document.getElementById("tail-payload") || {innerText: ""}).innerText.includes("kafka-1")`)
 	screenshot(t, ctx, "kafka-tail")
 
 	// Dead letters: an undeclared topic; retried once it exists.

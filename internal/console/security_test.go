@@ -2,6 +2,7 @@ package console
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -195,10 +196,49 @@ func TestSlowViewerDropsEventsAndNeverBlocksTheRelay(t *testing.T) {
 	}
 }
 
-func TestLongPayloadIsCutAtARuneBoundary(t *testing.T) {
-	data := []byte(strings.Repeat("é", tailPayloadMax)) // 2 bytes each
-	ev := tailEvent(relay.Delivered{Msg: &relay.Msg{Data: data[:tailPayloadMax+1]}})
-	if !ev.Truncated || len(ev.Payload) != tailPayloadMax || !strings.HasSuffix(ev.Payload, "é") {
-		t.Errorf("cut payload: truncated %v, %d bytes", ev.Truncated, len(ev.Payload))
+func TestLongPayloadPreviewIsCutAtARuneBoundary(t *testing.T) {
+	data := []byte(strings.Repeat("é", tailPreviewMax)) // 2 bytes each
+	ev := tailEvent(relay.Delivered{Msg: &relay.Msg{Data: data[:tailPreviewMax+1]}})
+	if ev.Size != tailPreviewMax+1 || len(ev.Preview) != tailPreviewMax || !strings.HasSuffix(ev.Preview, "é") {
+		t.Errorf("preview: size %d, %d bytes", ev.Size, len(ev.Preview))
+	}
+}
+
+// The tail's hand-written JSON reads back as encoding/json reads it.
+func TestTailEventJSONDecodesToWhatWasSent(t *testing.T) {
+	at := time.Date(2026, 12, 5, 10, 0, 0, 0, time.UTC)
+	for _, s := range []string{"", "plain", `q"uote\back`, "new\nline\ttab\x01", "<script>&</script>", "héllo ✓ 😀", "bad \xff utf8", "\u2028sep\u2029"} {
+		ev := TailEvent{ID: s, Subject: "orders.x", Stream: "ORDERS", Seq: 7, Partition: 2, Table: "public.outbox_events",
+			CommitTime: at, AckedAt: at.Add(1500 * time.Microsecond), DeadLetter: true, Reason: s, Preview: s, Size: len(s)}
+		b := ev.appendJSON(nil)
+		var got map[string]any
+		if err := json.Unmarshal(b, &got); err != nil {
+			t.Fatalf("%q: %v\n%s", s, err, b)
+		}
+		want := strings.ToValidUTF8(s, "\ufffd")
+		if got["id"] != want || got["preview"] != want || got["reason"] != want || got["seq"] != 7.0 || got["commit_to_ack_ms"] != 1.5 || got["dead_letter"] != true {
+			t.Errorf("%q: %s", s, b)
+		}
+		if strings.ContainsAny(string(b), "<>") {
+			t.Errorf("%q: unescaped < or >: %s", s, b)
+		}
+	}
+}
+
+func BenchmarkTailOfferAndEncode(b *testing.B) {
+	h, _ := newTailHub(nil)
+	sub := h.subscribe()
+	hdr := relay.Header{}
+	for _, k := range []string{"Nats-Msg-Id", "Walbox-Commit-Lsn", "Walbox-Commit-Time", "Walbox-Source", "Walbox-Table", "Walbox-Txn-Index"} {
+		hdr.Set(k, "some-value-0123456789")
+	}
+	m := &relay.Msg{Subject: "orders.created", Header: hdr, Data: []byte(strings.Repeat(`{"k":"v"},`, 20))}
+	d := relay.Delivered{ID: "0190a1b2-0000-7000-8000-000000000001", Stream: "ORDERS", Seq: 1, CommitTime: time.Now(), AckedAt: time.Now(), Msg: m}
+	var buf []byte
+	b.ReportAllocs()
+	for b.Loop() {
+		h.offer(d)
+		ev := <-sub.ch
+		buf = ev.appendJSON(buf[:0])
 	}
 }

@@ -8,11 +8,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/walbox/walbox/cdc"
 	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/relay"
 	"github.com/walbox/walbox/relay/busops"
+	"github.com/walbox/walbox/relay/kafkasink"
 )
 
 // The web console (internal/console) shows what these commands compute,
@@ -145,4 +147,66 @@ func (r *rowReader) close(ctx context.Context) {
 	if r.conn != nil {
 		closePG(ctx, r.conn)
 	}
+}
+
+// StoredMessage is one message as its stream (topic) stores it.
+type StoredMessage struct {
+	Stream    string              `json:"stream"`
+	Partition int32               `json:"partition"`
+	Seq       uint64              `json:"seq"` // Kafka: offset + 1, as in acks
+	Subject   string              `json:"subject"`
+	Time      time.Time           `json:"time"`
+	Headers   map[string][]string `json:"headers"`
+	Payload   string              `json:"payload"`
+}
+
+// ReadStored reads the message stream (topic) stores at seq (Kafka: in
+// partition, at offset seq - 1), as walbox tail would have shown it.
+func ReadStored(ctx context.Context, cfg config.Config, stream string, partition int32, seq uint64) (*StoredMessage, error) {
+	if seq == 0 {
+		return nil, errors.New("no position: sequences start at 1")
+	}
+	if cfg.Sink == config.SinkKafka {
+		return readStoredKafka(ctx, cfg, stream, partition, seq)
+	}
+	nc, js, err := connectNATS(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer nc.Close()
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		return nil, fmt.Errorf("stream %s: %w", stream, err)
+	}
+	m, err := st.GetMsg(ctx, seq)
+	if err != nil {
+		return nil, fmt.Errorf("read %s seq %d: %w", stream, seq, err)
+	}
+	return &StoredMessage{Stream: stream, Seq: seq, Subject: m.Subject, Time: m.Time, Headers: m.Header, Payload: string(m.Data)}, nil
+}
+
+func readStoredKafka(ctx context.Context, cfg config.Config, topic string, partition int32, seq uint64) (*StoredMessage, error) {
+	cl, err := kafkaClient(cfg, kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {partition: kgo.NewOffset().At(int64(seq - 1))}}))
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for ctx.Err() == nil {
+		fs := cl.PollFetches(ctx)
+		if err := kafkasink.FetchErr(fs, "read"); err != nil && ctx.Err() == nil {
+			return nil, err
+		}
+		for it := fs.RecordIter(); !it.Done(); {
+			r := it.Next()
+			if r.Offset != int64(seq-1) {
+				continue
+			}
+			h := kafkasink.FromKafkaHeaders(r.Headers)
+			return &StoredMessage{Stream: topic, Partition: partition, Seq: seq, Subject: r.Topic, Time: r.Timestamp, Headers: h, Payload: string(r.Value)}, nil
+		}
+	}
+	return nil, fmt.Errorf("read %s partition %d offset %d: not found within 10 s (deleted by retention, or in an aborted transaction)", topic, partition, seq-1)
 }

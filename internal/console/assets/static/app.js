@@ -231,20 +231,20 @@ function tailVisible(ev) {
   const subj = $("tail-subject").value.trim();
   const text = $("tail-text").value.trim().toLowerCase();
   if (subj && !subjectMatch(subj, ev.subject) && !subjectMatch(subj, ev.stream)) return false;
-  if (text && !(ev.id + " " + ev.payload + " " + ev.subject).toLowerCase().includes(text)) return false;
+  if (text && !(ev.id + " " + ev.preview + " " + ev.subject).toLowerCase().includes(text)) return false;
   return true;
 }
 
 function tailRow(ev) {
   const where = ev.stream + (document.body.dataset.sink === "kafka" ? " [" + ev.partition + "]" : "");
   const tr = el("tr", { class: ev.dead_letter ? "dead" : "", "data-id": ev.id, onclick: () => tailOpen(ev) },
-    el("td", { class: "dim" }, new Date(ev.acked_at).toLocaleTimeString()),
+    el("td", { class: "dim" }, new Date(ev.acked_at_ms).toLocaleTimeString()),
     el("td", {}, where),
     el("td", { class: "num" }, document.body.dataset.sink === "kafka" ? ev.seq - 1 : ev.seq),
     el("td", {}, ev.subject),
     el("td", { class: "mono" }, ev.id),
-    el("td", { class: "num" }, ev.commit_to_ack_ms ? ev.commit_to_ack_ms.toFixed(1) + " ms" : "–"),
-    el("td", { class: "mono preview" }, (ev.dead_letter ? "DEAD LETTER: " + ev.reason + ": " : "") + ev.payload.slice(0, 120)));
+    el("td", { class: "num" }, ev.commit_to_ack_ms !== null ? ev.commit_to_ack_ms.toFixed(1) + " ms" : "–"),
+    el("td", { class: "mono preview" }, (ev.dead_letter ? "DEAD LETTER: " + ev.reason + ": " : "") + ev.preview.slice(0, 120)));
   tr.hidden = !tailVisible(ev);
   return tr;
 }
@@ -281,17 +281,27 @@ function kv(obj) {
   return t;
 }
 
+// tailOpen shows one event as its stream (topic) stores it, read back
+// from there, and its outbox row.
 async function tailOpen(ev) {
   const d = $("tail-detail");
   d.hidden = false;
+  const where = document.body.dataset.sink === "kafka" ? `${ev.stream} [${ev.partition}] offset ${ev.seq - 1}` : `${ev.stream} seq ${ev.seq}`;
+  const stored = el("div", { id: "tail-stored" }, "reading the stored message…");
   const rowBox = el("div", { id: "tail-row" }, "reading the row…");
   d.replaceChildren(
     el("button", { type: "button", class: "close", onclick: () => { d.hidden = true; } }, "×"),
     el("h3", {}, "Event ", el("span", { class: "mono" }, ev.id)),
-    el("p", {}, `${ev.stream} seq ${ev.seq} · ${ev.subject} · commit→ack ${ev.commit_to_ack_ms.toFixed(1)} ms`),
-    el("h4", {}, "Headers"), kv(ev.headers),
-    el("h4", {}, "Payload" + (ev.truncated ? " (cut at 16 KiB)" : "")), el("pre", { id: "tail-payload" }, pretty(ev.payload)),
+    el("p", {}, `${where} · ${ev.subject} · commit→ack ${ev.commit_to_ack_ms !== null ? ev.commit_to_ack_ms.toFixed(1) + " ms" : "–"} · ${ev.size} bytes`),
+    ev.dead_letter ? el("p", { class: "bad" }, "Dead letter: " + ev.reason) : null,
+    stored,
     el("h4", {}, "Row"), rowBox);
+  const q = `stream=${encodeURIComponent(ev.stream)}&seq=${ev.seq}&partition=${ev.partition}`;
+  api("event?" + q).then((m) => {
+    stored.replaceChildren(
+      el("h4", {}, "Headers"), kv(Object.fromEntries(Object.entries(m.headers || {}).map(([k, v]) => [k, v.join(", ")]))),
+      el("h4", {}, "Payload"), el("pre", { id: "tail-payload" }, pretty(m.payload)));
+  }).catch((e) => { stored.replaceChildren(el("h4", {}, "Payload (preview)"), el("pre", {}, pretty(ev.preview)), el("p", { class: "warn" }, e.message)); });
   if (!ev.table) { rowBox.textContent = "a table-less event: it has no row"; return; }
   try {
     const r = await api("row?table=" + encodeURIComponent(ev.table) + "&id=" + encodeURIComponent(ev.id));
