@@ -29,9 +29,11 @@ const consoleRate = 1000
 // without it.
 const targetConsoleCPU = 1.02
 
-// consoleResult is the comparison, each side's runs in order.
+// consoleResult is the comparison, each side's runs in order: console
+// off, on with no viewer (its Overview sampling every 5 s), on with one
+// live-tail viewer.
 type consoleResult struct {
-	Off, On []liveResult
+	Off, Idle, On []liveResult
 	// Viewed events the viewer received; Dropped the tail's own count of
 	// those it dropped for the viewer (walbox_console_tail_dropped_total).
 	Viewed, Dropped int64
@@ -43,13 +45,14 @@ func (b *bench) consoleCost(ctx context.Context, pool *pgxpool.Pool, rounds int)
 	}
 	res := &b.res.console
 	for i := range rounds {
-		for _, on := range []bool{false, true} {
-			system, env := "walbox-console-off", []string{"WALBOX_CONSOLE_ENABLED=false"}
-			if on {
-				system, env = "walbox-console-tail", []string{"WALBOX_CONSOLE_ENABLED=true"}
+		for _, mode := range []string{"off", "idle", "tail"} {
+			on := mode == "tail"
+			system, env := "walbox-console-"+mode, []string{"WALBOX_CONSOLE_ENABLED=true"}
+			if mode == "off" {
+				env = []string{"WALBOX_CONSOLE_ENABLED=false"}
 			}
 			b.logf("console %d/%d: a fresh relay, %s", i+1, rounds, system)
-			t, err := b.walboxLive(ctx, pool, "console", system, fmt.Sprintf("bench.console.r%d.%s", i, map[bool]string{false: "off", true: "on"}[on]), env...)
+			t, err := b.walboxLive(ctx, pool, "console", system, fmt.Sprintf("bench.console.r%d.%s", i, mode), env...)
 			if err != nil {
 				return err
 			}
@@ -77,10 +80,13 @@ func (b *bench) consoleCost(ctx context.Context, pool *pgxpool.Pool, rounds int)
 			if err != nil {
 				return fmt.Errorf("console %s: %w", system, err)
 			}
-			if on {
-				res.On = append(res.On, r)
-			} else {
+			switch mode {
+			case "off":
 				res.Off = append(res.Off, r)
+			case "idle":
+				res.Idle = append(res.Idle, r)
+			default:
+				res.On = append(res.On, r)
 			}
 		}
 	}
@@ -176,10 +182,13 @@ func (r *results) consoleReport(head func(string), add func(what, value, target,
 		return
 	}
 	offCPU, offN, offParts := perEv(c.Off)
+	idleCPU, idleN, idleParts := perEv(c.Idle)
 	onCPU, onN, onParts := perEv(c.On)
-	off, on := us(perEvent(offCPU, offN)), us(perEvent(onCPU, onN))
-	add(fmt.Sprintf("%d/s: relay CPU per event, console off / on with one live-tail viewer (runs alternated)", consoleRate),
-		fmt.Sprintf("%.1f / %.1f µs (runs: %s / %s)", off, on, strings.Join(offParts, ", "), strings.Join(onParts, ", ")), "", "")
+	off, idle, on := us(perEvent(offCPU, offN)), us(perEvent(idleCPU, idleN)), us(perEvent(onCPU, onN))
+	add(fmt.Sprintf("%d/s: relay CPU per event, console off / on, no viewer / on, one live-tail viewer (runs alternated)", consoleRate),
+		fmt.Sprintf("%.1f / %.1f / %.1f µs (runs: %s / %s / %s)", off, idle, on,
+			strings.Join(offParts, ", "), strings.Join(idleParts, ", "), strings.Join(onParts, ", ")), "", "")
+	add("  commit → ack p99, console off / one live-tail viewer", fmt.Sprintf("%s / %s", p99s(c.Off), p99s(c.On)), "", "")
 	add("  live-tail viewer: events received / dropped for it",
 		fmt.Sprintf("%d / %d (of %d published in its runs)", c.Viewed, c.Dropped, onN), "", "")
 	ratio := ratioOf(on, off)
@@ -219,4 +228,13 @@ func (b *bench) consoleOnly(ctx context.Context) error {
 	}
 	b.logf("done: results written to %s", out)
 	return nil
+}
+
+// p99s lists the runs' commit → ack p99s.
+func p99s(rs []liveResult) string {
+	var parts []string
+	for _, r := range rs {
+		parts = append(parts, ms(r.P99))
+	}
+	return strings.Join(parts, ", ")
 }

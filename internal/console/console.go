@@ -316,6 +316,7 @@ type readiness struct {
 }
 
 func (c *Console) overview(*http.Request) (any, error) {
+	c.sampler.look()
 	rep, errText, at, pts := c.sampler.snapshot()
 	a := overviewAnswer{Report: rep, Error: errText, SampledAt: at, History: pts, Every: c.opts.SampleEvery.Seconds(),
 		Relay: c.opts.Live != nil, Sink: c.opts.Config.Sink}

@@ -3,6 +3,7 @@ package console
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -13,6 +14,15 @@ import (
 
 // historySpan is how far back the Overview's chart reaches.
 const historySpan = time.Hour
+
+// Sampling costs the relay's process a status read (connections to the
+// database and the bus), so it samples every interval only while someone
+// looks at the Overview (watchedFor after its last read), else every
+// idleEvery: the chart still covers the last hour, more coarsely.
+const (
+	watchedFor = 30 * time.Second
+	idleEvery  = time.Minute
+)
 
 // Sample is one point of the Overview's chart: what walbox status showed
 // at T (the relay's own figures, from walbox.relay_status, and the slot's).
@@ -46,6 +56,8 @@ type sampler struct {
 	lastErr string
 	lastAt  time.Time
 	kick    chan struct{}
+	// watched is when the Overview was last read (unix ns).
+	watched atomic.Int64
 }
 
 func newSampler(cfg config.Config, every time.Duration, relay prometheus.Gatherer) *sampler {
@@ -55,15 +67,35 @@ func newSampler(cfg config.Config, every time.Duration, relay prometheus.Gathere
 
 // run samples until ctx ends.
 func (s *sampler) run(ctx context.Context) {
-	t := time.NewTicker(s.every)
+	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
-		s.sample(ctx)
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		case <-s.kick:
+		}
+		s.sample(ctx)
+		wait := s.every
+		if time.Since(time.Unix(0, s.watched.Load())) > watchedFor {
+			wait = max(s.every, idleEvery)
+		}
+		t.Reset(wait)
+	}
+}
+
+// look records a read of the Overview; when the last sample is older than
+// the interval (the sampler was idle), it samples now.
+func (s *sampler) look() {
+	s.watched.Store(time.Now().UnixNano())
+	s.mu.Lock()
+	stale := time.Since(s.lastAt) > s.every
+	s.mu.Unlock()
+	if stale {
+		select {
+		case s.kick <- struct{}{}:
+		default:
 		}
 	}
 }
@@ -111,5 +143,10 @@ func (s *sampler) snapshot() (*ops.StatusReport, string, time.Time, []Sample) {
 		pts = append(pts, s.ring[s.next:]...)
 	}
 	pts = append(pts, s.ring[:s.next]...)
+	// Idle sampling is slower: the ring may reach back further.
+	from := time.Now().Add(-historySpan)
+	for len(pts) > 0 && pts[0].T.Before(from) {
+		pts = pts[1:]
+	}
 	return s.last, s.lastErr, s.lastAt, pts
 }

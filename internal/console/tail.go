@@ -19,7 +19,7 @@ import (
 const (
 	// tailPreviewMax is the most payload bytes an event carries; the
 	// page opens the whole stored message on request (/ui/api/event).
-	tailPreviewMax = 512
+	tailPreviewMax = 256
 	// tailBuffer is each viewer's queue: a browser that falls this far
 	// behind loses events (counted), the relay never waits for it.
 	tailBuffer = 2048
