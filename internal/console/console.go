@@ -305,7 +305,6 @@ type overviewAnswer struct {
 	Relay     bool                   `json:"relay"` // served by walbox run
 	Ready     *readiness             `json:"ready,omitempty"`
 	Maint     []app.TableMaintenance `json:"maintenance,omitempty"`
-	Interval  float64                `json:"maintenance_interval_seconds"`
 	Sink      string                 `json:"sink"`
 	Viewers   int32                  `json:"tail_viewers"`
 }
