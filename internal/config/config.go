@@ -59,6 +59,10 @@ type Console struct {
 	// header. Without one the console is read-only.
 	Token     string `yaml:"token" env:"TOKEN"`
 	TokenFile string `yaml:"token_file" env:"TOKEN_FILE"`
+	// AllowedHosts are the host names (besides IP addresses and localhost)
+	// the console answers under: a page of another site that rebinds its
+	// name to this address cannot read it (DNS rebinding).
+	AllowedHosts []string `yaml:"allowed_hosts" env:"ALLOWED_HOSTS"`
 }
 
 // Runtime is the process: `walbox run` applies it at start.
@@ -306,7 +310,7 @@ func Default() Config {
 		Archive: Archive{After: 90 * 24 * time.Hour, DeleteAfter: 3 * 365 * 24 * time.Hour, S3: S3{UseSSL: true}},
 		Runtime: Runtime{GOMAXPROCS: 1},
 		OTel:    OTel{ServiceName: "walbox"},
-		Console: Console{Enabled: true},
+		Console: Console{Enabled: true, AllowedHosts: []string{}},
 	}
 }
 

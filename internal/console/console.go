@@ -28,6 +28,7 @@ import (
 	"html/template"
 	"io"
 	"io/fs"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -190,6 +191,10 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Referrer-Policy", "no-referrer")
 	h.Set("X-Frame-Options", "DENY")
+	if !c.hostAllowed(r.Host) {
+		http.Error(w, "walbox console: refused: it answers under an IP address, localhost or a name in console.allowed_hosts, not "+r.Host, http.StatusMisdirectedRequest)
+		return
+	}
 	path := strings.TrimPrefix(r.URL.Path, "/ui")
 	switch {
 	case path == "/" || path == "":
@@ -451,6 +456,25 @@ func (c *Console) authorize(r *http.Request) (int, string) {
 		return http.StatusUnauthorized, "wrong console token"
 	}
 	return 0, ""
+}
+
+// hostAllowed: the request names this server by an IP address, localhost
+// or an allowed name. A browser sends the name it resolved: a site that
+// rebinds its own name to this address is refused (DNS rebinding).
+func (c *Console) hostAllowed(host string) bool {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.Trim(host, "[]"), ".")
+	if host == "" || net.ParseIP(host) != nil || strings.EqualFold(host, "localhost") || strings.HasSuffix(strings.ToLower(host), ".localhost") {
+		return true
+	}
+	for _, a := range c.opts.Config.Console.AllowedHosts {
+		if strings.EqualFold(strings.TrimSpace(a), host) {
+			return true
+		}
+	}
+	return false
 }
 
 // sameOrigin: origin is this server's own (the Host the browser asked).

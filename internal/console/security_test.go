@@ -242,3 +242,21 @@ func BenchmarkTailOfferAndEncode(b *testing.B) {
 		buf = ev.appendJSON(buf[:0])
 	}
 }
+
+// DNS rebinding: a page of another site whose name points at the console's
+// address sends its own name as Host.
+func TestConsoleAnswersOnlyUnderAnAddressLocalhostOrAnAllowedName(t *testing.T) {
+	c := offline(t, "")
+	c.opts.Config.Console.AllowedHosts = []string{"walbox.example.internal"}
+	for host, want := range map[string]int{
+		"127.0.0.1:9187": http.StatusOK, "[::1]:9187": http.StatusOK, "localhost:9187": http.StatusOK, "10.0.0.7:9187": http.StatusOK,
+		"walbox.example.internal": http.StatusOK, "evil.example:9187": http.StatusMisdirectedRequest,
+	} {
+		r := httptest.NewRequest(http.MethodGet, "http://"+host+"/ui/", nil)
+		w := httptest.NewRecorder()
+		c.ServeHTTP(w, r)
+		if w.Code != want {
+			t.Errorf("Host %s: %d, want %d", host, w.Code, want)
+		}
+	}
+}
