@@ -91,7 +91,7 @@ func tab(t *testing.T) context.Context {
 		alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 		bctx, cancelB := chromedp.NewContext(alloc)
 		if err := chromedp.Do(bctx); err != nil {
-			browser.err = fmt.Errorf("start %s: %w", path, err)
+			browser.err = fmt.Errorf("start %s: %w (the console's browser tests need a working Chromium: apt-get install chromium, which .ci/run does, or WALBOX_CHROMIUM=/path/to/chrome)", path, err)
 		}
 		browser.ctx = bctx
 		browser.cancel = func() { cancelB(); cancelAlloc(); os.RemoveAll(dir) }
