@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -133,6 +134,9 @@ func TestLiveTailShowsACommittedEventWithinASecondAndTheFilterHidesOthers(t *tes
 		if !strings.Contains(detail, want) {
 			t.Errorf("event detail lacks %q:\n%s", want, detail)
 		}
+	}
+	if regexp.MustCompile(`bytes\s+null`).MatchString(detail) || strings.Contains(detail, "undefined") {
+		t.Errorf("event detail shows a JavaScript null or undefined:\n%s", detail)
 	}
 	screenshot(t, ctx, "tail")
 }

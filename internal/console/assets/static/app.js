@@ -293,7 +293,7 @@ async function tailOpen(ev) {
     el("button", { type: "button", class: "close", onclick: () => { d.hidden = true; } }, "×"),
     el("h3", {}, "Event ", el("span", { class: "mono" }, ev.id)),
     el("p", {}, `${where} · ${ev.subject} · commit→ack ${ev.commit_to_ack_ms !== null ? ev.commit_to_ack_ms.toFixed(1) + " ms" : "–"} · ${ev.size} bytes`),
-    ev.dead_letter ? el("p", { class: "bad" }, "Dead letter: " + ev.reason) : null,
+    el("p", { class: "bad" }, ev.dead_letter ? "Dead letter: " + ev.reason : ""),
     stored,
     el("h4", {}, "Row"), rowBox);
   const q = `stream=${encodeURIComponent(ev.stream)}&seq=${ev.seq}&partition=${ev.partition}`;
@@ -416,7 +416,7 @@ async function dlqRetry() {
     out.className = "result " + (r.error ? "bad" : "good");
     out.replaceChildren(el("b", {}, `retried ${res.retried || 0}, already stored ${res.already_stored || 0}, skipped ${res.skipped || 0}`),
       ...(r.output || []).filter((l) => l).map((l) => el("div", { class: "mono" }, l)),
-      r.error ? el("div", {}, r.error) : null);
+      el("div", {}, r.error || ""));
   } catch (e) {
     out.className = "result bad";
     out.textContent = "refused: " + e.message;
