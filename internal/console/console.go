@@ -562,7 +562,37 @@ func (c *Console) event(r *http.Request) (any, error) {
 		return nil, &httpError{http.StatusBadRequest, "seq: a stream sequence (Kafka: offset + 1)"}
 	}
 	part, _ := strconv.ParseInt(q.Get("partition"), 10, 32)
+	stream := q.Get("stream")
+	if !c.walboxStream(stream) {
+		return nil, &httpError{http.StatusForbidden, "the console reads walbox's own streams (topics) only, not " + stream}
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), 15*time.Second)
 	defer cancel()
-	return ops.ReadStored(ctx, c.opts.Config, q.Get("stream"), int32(part), seq)
+	return ops.ReadStored(ctx, c.opts.Config, stream, int32(part), seq)
+}
+
+// walboxStream: name is one of the configured streams (topics) or the
+// dead-letter one, whose messages the live tail lists.
+func (c *Console) walboxStream(name string) bool {
+	cfg := c.opts.Config
+	if name == "" {
+		return false
+	}
+	if name == ops.DLQName(cfg) {
+		return true
+	}
+	if cfg.Sink == config.SinkKafka {
+		for _, t := range cfg.Kafka.Topics {
+			if t.Name == name {
+				return true
+			}
+		}
+		return false
+	}
+	for _, st := range cfg.NATS.Streams {
+		if st.Name == name {
+			return true
+		}
+	}
+	return false
 }

@@ -260,3 +260,19 @@ func TestConsoleAnswersOnlyUnderAnAddressLocalhostOrAnAllowedName(t *testing.T) 
 		}
 	}
 }
+
+func TestOpenedEventsComeOnlyFromWalboxsStreams(t *testing.T) {
+	c := offline(t, "")
+	c.opts.Config.NATS.Streams = []config.Stream{{Name: "ORDERS", Subjects: []string{"orders.>"}}}
+	r := httptest.NewRequest(http.MethodGet, "http://127.0.0.1:9187/ui/api/event?stream=SECRETS&seq=1", nil)
+	w := httptest.NewRecorder()
+	c.ServeHTTP(w, r)
+	if w.Code != http.StatusForbidden {
+		t.Errorf("another stream's message: %d %s", w.Code, w.Body.String())
+	}
+	for _, name := range []string{"ORDERS", "WALBOX_DLQ"} {
+		if !c.walboxStream(name) {
+			t.Errorf("%s refused", name)
+		}
+	}
+}
