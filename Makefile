@@ -20,6 +20,7 @@ build:
 # stays out of walbox's go.mod) need no cluster.
 test:
 	bash scripts/ensure-kcat.sh
+	bash scripts/ensure-chromium.sh
 	$(GO) vet $(PKGS)
 	for m in $(LIBS); do (cd $$m && $(GO) vet ./...) || exit 1; done
 	cd bench && $(GO) vet ./...

@@ -167,7 +167,14 @@ func (b *bench) live(ctx context.Context) error {
 	if err := b.livePerMsg(ctx, pool); err != nil {
 		return fmt.Errorf("per-message path: %w", err)
 	}
-	return b.liveTraced(ctx, pool)
+	if err := b.liveTraced(ctx, pool); err != nil {
+		return err
+	}
+	rounds := 2
+	if b.p.Quick {
+		rounds = 1
+	}
+	return b.consoleCost(ctx, pool, rounds)
 }
 
 // liveNoFlag runs the live rates up to 2,000/s again with a fresh relay

@@ -53,6 +53,7 @@ type params struct {
 	Fsync        bool          // the cluster's fsync and synchronous_commit (on: as users run it)
 	Profiles     bool          // -cpuprofile into bench/results/profiles
 	MaxConns     int           // closed-loop producers of the maximum-rate phase
+	ConsoleOnly  bool          // run only the web console's cost (console.go)
 }
 
 func parseFlags() (params, error) {
@@ -72,6 +73,7 @@ func parseFlags() (params, error) {
 	relayEnv := flag.String("relay-env", "", "extra environment of the walbox relay, KEY=VAL,... (e.g. GOMAXPROCS=1, GOGC=200)")
 	fsync := flag.String("fsync", "on", "the cluster's fsync, synchronous_commit and full_page_writes: on (as users run PostgreSQL) or off (a labelled variant, pgtest's fast defaults)")
 	profiles := flag.Bool("profiles", false, "like -cpuprofile, into bench/results/profiles (see its README)")
+	consoleOnly := flag.Bool("console-only", false, "measure only the web console's cost: relay CPU at 1,000 events/s without the console and with one live-tail viewer, 3 rounds alternated (-live sets each run's length); results in bench/results/console.md")
 	var sets multiFlag
 	flag.Var(&sets, "set", "override a key of the relay's config, e.g. -set sweeper.mark_processed=false (repeatable)")
 	flag.Parse()
@@ -79,7 +81,7 @@ func parseFlags() (params, error) {
 		Quick: *quick, Events: 300_000, TxnRows: 10, Loaders: 4, PayloadBytes: 200,
 		Rates: []int{1000, 2000, 5000}, LiveFor: 20 * time.Second, BigRows: 1_000_000,
 		PeerEvents: 100_000, Rounds: 3, Window: 1024, Stall: *stall, SyncCommit: *sync, Out: *out, LatencyCSV: *latCSV, CPUProfile: *cpuprof, Sets: sets, Peers: *peers, RelayEnv: *relayEnv,
-		Profiles: *profiles, MaxConns: 40,
+		Profiles: *profiles, MaxConns: 40, ConsoleOnly: *consoleOnly,
 	}
 	switch *fsync {
 	case "on":
@@ -252,6 +254,9 @@ func (b *bench) run(ctx context.Context) error {
 	if b.res.idleBusy > 0.10 {
 		b.logf("WARNING: the machine is %.0f%% busy before the benchmark starts (%s); the figures will be noisy",
 			b.res.idleBusy*100, b.res.whereString(b.res.idleWhere))
+	}
+	if b.p.ConsoleOnly {
+		return b.consoleOnly(ctx)
 	}
 	if err := b.catchUp(ctx); err != nil {
 		return fmt.Errorf("catch-up: %w", err)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/walbox/walbox/internal/app"
 	"github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/internal/console"
 )
 
 // profiledRelayArg, as the first argument, makes this binary run the relay
@@ -46,7 +47,13 @@ func runProfiledRelay(cfgPath, out string) int {
 	defer stop()
 	log := zerolog.New(os.Stderr).Level(zerolog.WarnLevel).With().Timestamp().Logger()
 	app.ApplyRuntime(cfg.Runtime, log) // as `walbox run` does
-	if err := app.Run(ctx, cfg, log, app.Options{}); err != nil {
+	// The web console too, as walbox run attaches it (console.enabled).
+	opts, err := console.Attach(ctx, console.Options{Config: cfg, Log: log}, app.Options{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "relay:", err)
+		return 1
+	}
+	if err := app.Run(ctx, cfg, log, opts); err != nil {
 		fmt.Fprintln(os.Stderr, "relay:", err)
 		return 1
 	}

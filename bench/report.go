@@ -54,6 +54,8 @@ type results struct {
 	idleBusy  float64 // machine busy share before the run
 	idleWhere []cpuShare
 
+	console consoleResult // issue 38: the web console's cost (console.go)
+
 	relayWarnings []string // what the relay logged, per run
 	chart         string   // the PNG's file name, next to the report
 }
@@ -539,6 +541,7 @@ func (r *results) render() table {
 
 	r.tracingReport(head, add)
 	r.batchReport(head, add)
+	r.consoleReport(head, add)
 
 	name, f := r.worstForeign()
 	head("Machine")

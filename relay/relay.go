@@ -55,6 +55,14 @@ type Delivered struct {
 	SentAfter  time.Duration
 	DeadLetter bool
 	Reason     string
+	// CommitTime is the event's commit time (cdc.Event.CommitTime);
+	// Partition the ack's (Kafka).
+	CommitTime time.Time
+	Partition  int32
+	// Msg is the message as it was published (the dead letter's, for one).
+	// It is valid only during OnDelivered: the relay recycles it after.
+	// A hook that keeps any of it copies it (the console's live tail).
+	Msg *Msg
 }
 
 // DefaultDrainTimeout is how long Serve waits at shutdown for the acks of
@@ -990,9 +998,10 @@ func (l *loop) done(p *pending, ack *Ack) {
 		l.r.tr.acked(p, ack, now)
 	}
 	if l.r.cfg.OnDelivered != nil {
-		d := Delivered{ID: p.ev.ID, CreatedAt: p.ev.CreatedAt, Pos: p.ev.Pos, Table: p.ev.Table, TableLess: p.ev.TableLess, AckedAt: now, SentAfter: p.ev.SentAfter, DeadLetter: p.dlq, Reason: p.reason}
+		d := Delivered{ID: p.ev.ID, CreatedAt: p.ev.CreatedAt, Pos: p.ev.Pos, Table: p.ev.Table, TableLess: p.ev.TableLess, AckedAt: now, SentAfter: p.ev.SentAfter, DeadLetter: p.dlq, Reason: p.reason,
+			CommitTime: p.ev.CommitTime, Msg: p.msg}
 		if ack != nil {
-			d.Stream, d.Seq = ack.Stream, ack.Sequence
+			d.Stream, d.Seq, d.Partition = ack.Stream, ack.Sequence, ack.Partition
 		}
 		l.r.cfg.OnDelivered(d)
 	}

@@ -67,6 +67,6 @@ func newRootCmd() *cobra.Command {
 	root.PersistentFlags().String("nats-url", "", "NATS URL (overrides nats.url, env WALBOX_NATS_URL)")
 	root.PersistentFlags().String("log-level", "", "log level: debug, info, warn, error (overrides log.level)")
 	root.AddCommand(newRunCmd(), newMigrateCmd(), newDevCmd(), newArchiveCmd(),
-		newDoctorCmd(), newSlotCmd(), newStatusCmd(), newTailCmd(), newReplayCmd(), newDLQCmd(), newConfigCmd(), newUninstallCmd())
+		newDoctorCmd(), newSlotCmd(), newStatusCmd(), newTailCmd(), newReplayCmd(), newDLQCmd(), newConfigCmd(), newUninstallCmd(), newConsoleCmd())
 	return root
 }

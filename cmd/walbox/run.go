@@ -19,7 +19,11 @@ func newRunCmd() *cobra.Command {
 			// A table added to outboxes while walbox runs is found by
 			// reading the config again (see app.Options.Reload).
 			reload := func() (config.Config, error) { return loadConfig(cmd) }
-			return app.Run(cmd.Context(), cfg, log, app.Options{Reload: reload})
+			opts, err := withConsole(cmd.Context(), cfg, log, app.Options{Reload: reload})
+			if err != nil {
+				return err
+			}
+			return app.Run(cmd.Context(), cfg, log, opts)
 		}),
 	}
 }

@@ -41,6 +41,9 @@ type Options struct {
 	// the relay looks for it there, so a table added to outboxes and the
 	// publication (walbox migrate) is published without a restart.
 	Reload func() (config.Config, error)
+	// Console, if set and console.enabled, makes the web console, served
+	// on the metrics listener at /ui/ (cmd/walbox passes internal/console).
+	Console func(Live) http.Handler
 }
 
 // Run relays until ctx is cancelled. It returns nil after a clean shutdown.
@@ -85,7 +88,11 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 	var srv *http.Server
 	health := newHealth(src.Connected, bus.up, bus.name, cfg.Metrics.LivenessTimeout, cfg.Metrics.StuckAfter)
 	if cfg.Metrics.Listen != "" {
-		srv, err = serveHTTP(cfg.Metrics.Listen, reg, health)
+		var ui http.Handler
+		if opts.Console != nil && cfg.Console.Enabled {
+			ui = opts.Console(live(health, ts, reg))
+		}
+		srv, err = serveHTTP(cfg.Metrics.Listen, reg, health, ui)
 		if err != nil {
 			return err
 		}
@@ -420,8 +427,9 @@ func streamsError(err error) (permanent bool, out error) {
 	return false, err
 }
 
-func serveHTTP(addr string, reg *prometheus.Registry, h *health) (*http.Server, error) {
+func serveHTTP(addr string, reg *prometheus.Registry, h *health, ui http.Handler) (*http.Server, error) {
 	mux := http.NewServeMux()
+	mountConsole(mux, ui)
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	// Probes: docs/kubernetes.md says what each checks and why.
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {

@@ -47,6 +47,22 @@ type Config struct {
 	Archive  Archive       `yaml:"archive" envPrefix:"ARCHIVE_"`
 	Runtime  Runtime       `yaml:"runtime" envPrefix:"RUNTIME_"`
 	OTel     OTel          `yaml:"otel" envPrefix:"OTEL_"`
+	Console  Console       `yaml:"console" envPrefix:"CONSOLE_"`
+}
+
+// Console is the web console on the metrics listener (/ui).
+type Console struct {
+	// Enabled serves the console at /ui on metrics.listen.
+	Enabled bool `yaml:"enabled" env:"ENABLED"`
+	// Token, or the first line of TokenFile, is what an action that changes
+	// something (retrying dead letters) must send in its X-Walbox-Token
+	// header. Without one the console is read-only.
+	Token     string `yaml:"token" env:"TOKEN"`
+	TokenFile string `yaml:"token_file" env:"TOKEN_FILE"`
+	// AllowedHosts are the host names (besides IP addresses and localhost)
+	// the console answers under: a page of another site that rebinds its
+	// name to this address cannot read it (DNS rebinding).
+	AllowedHosts []string `yaml:"allowed_hosts" env:"ALLOWED_HOSTS"`
 }
 
 // Runtime is the process: `walbox run` applies it at start.
@@ -302,6 +318,7 @@ func Default() Config {
 		Archive: Archive{After: 90 * 24 * time.Hour, DeleteAfter: 3 * 365 * 24 * time.Hour, S3: S3{UseSSL: true}},
 		Runtime: Runtime{GOMAXPROCS: 1},
 		OTel:    OTel{ServiceName: "walbox"},
+		Console: Console{Enabled: true, AllowedHosts: []string{}},
 	}
 }
 
@@ -587,6 +604,9 @@ func (c *Config) validate(withNATS bool) error {
 	case "auto", "json", "console":
 	default:
 		bad("log.format", "%q: use auto, json or console", c.Log.Format)
+	}
+	if c.Console.Token != "" && c.Console.TokenFile != "" {
+		bad("console.token_file", "set console.token or console.token_file, not both")
 	}
 	if c.Runtime.GOMAXPROCS < 0 || c.Runtime.GOMAXPROCS > 1024 {
 		bad("runtime.gomaxprocs", "%d: use 0 (Go's default: every CPU) or a count of CPUs, 1 to 1024", c.Runtime.GOMAXPROCS)

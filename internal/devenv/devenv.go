@@ -33,6 +33,7 @@ import (
 
 	"github.com/walbox/walbox/internal/app"
 	"github.com/walbox/walbox/internal/config"
+	webconsole "github.com/walbox/walbox/internal/console"
 	"github.com/walbox/walbox/internal/natsembed"
 	"github.com/walbox/walbox/internal/pgcluster"
 	"github.com/walbox/walbox/internal/ports"
@@ -256,8 +257,13 @@ func (r *run) serve(ctx context.Context) error {
 	ready := make(chan struct{})
 	relayDone := make(chan error, 1)
 	r.con.progress("starting the relay (slot %s, publication %s, table %s)", rcfg.Postgres.Slot, rcfg.Postgres.Publication, rcfg.Outbox.Table)
+	// The web console on the metrics listener, read-only (no token).
+	opts, err := webconsole.Attach(relayCtx, webconsole.Options{Config: rcfg, Log: r.cfg.Log}, app.Options{Ready: ready, OnDelivered: r.delivered})
+	if err != nil {
+		return err
+	}
 	wg.Go(func() {
-		err := app.Run(relayCtx, rcfg, r.cfg.Log, app.Options{Ready: ready, OnDelivered: r.delivered})
+		err := app.Run(relayCtx, rcfg, r.cfg.Log, opts)
 		if err != nil {
 			err = fmt.Errorf("relay: %w", err)
 			cancel(err)
@@ -673,6 +679,7 @@ func (r *run) banner(c config.Config) {
 		fmt.Fprintf(&b, "  streams     ORDERS <- orders.>, PAYMENTS <- payments.>, %s <- %s>\n", c.NATS.DLQ.Stream, c.NATS.DLQ.SubjectPrefix)
 	}
 	fmt.Fprintf(&b, "  relay       slot %s, publication %s, metrics http://%s/metrics\n", c.Postgres.Slot, c.Postgres.Publication, c.Metrics.Listen)
+	fmt.Fprintf(&b, "  console     http://%s/ui/ (read-only: set console.token to retry dead letters from it)\n", c.Metrics.Listen)
 	if r.cfg.Rate > 0 {
 		fmt.Fprintf(&b, "  producer    %g sample events/s, one transaction each, into %s\n", r.cfg.Rate, c.Outbox.Table)
 	}

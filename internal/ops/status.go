@@ -89,6 +89,12 @@ type StreamCount struct {
 // Errors (and their fields left empty); only an unreachable database is an
 // error.
 func Status(ctx context.Context, cfg config.Config) (*StatusReport, error) {
+	return status(ctx, cfg, true)
+}
+
+// status is Status; lostHistory false skips reading back the streams'
+// tails (the web console samples the rest every few seconds).
+func status(ctx context.Context, cfg config.Config, lostHistory bool) (*StatusReport, error) {
 	tables, err := cfg.Tables()
 	if err != nil {
 		return nil, err
@@ -133,7 +139,9 @@ func Status(ctx context.Context, cfg config.Config) (*StatusReport, error) {
 	if err != nil {
 		rep.DLQ.Error = err.Error()
 	}
-	readLostHistory(ctx, cfg, bus, bus.Streams(), rep)
+	if lostHistory {
+		readLostHistory(ctx, cfg, bus, bus.Streams(), rep)
+	}
 	return rep, nil
 }
 

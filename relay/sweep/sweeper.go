@@ -193,6 +193,9 @@ type Sweeper struct {
 
 	maint    sync.Mutex // one maintenance run at a time in this process
 	warnOnce sync.Map
+	// schedule is the maintenance loop's last run and next one, for the
+	// web console (Schedule).
+	schedule atomic.Pointer[MaintenanceSchedule]
 
 	// Catch-up of dropped marks. A row is marked only from evidence that
 	// it was delivered: its ack, or its id read back from the stream. A
@@ -1170,6 +1173,14 @@ func (s *Sweeper) maintenanceLoop(ctx context.Context, stopping <-chan struct{})
 				wait = s.cfg.PostponedRetry
 			}
 		}
+		now := time.Now()
+		sched := &MaintenanceSchedule{Last: now, Next: now.Add(wait)}
+		if err != nil {
+			sched.Error = err.Error()
+		} else if len(rep.Postponed) > 0 {
+			sched.Error = fmt.Sprintf("%d step(s) postponed (a lock was not free in time)", len(rep.Postponed))
+		}
+		s.schedule.Store(sched)
 		select {
 		case <-ctx.Done():
 			return
@@ -1179,6 +1190,18 @@ func (s *Sweeper) maintenanceLoop(ctx context.Context, stopping <-chan struct{})
 		}
 	}
 }
+
+// MaintenanceSchedule is when the maintenance loop last ran, how that
+// ended, and when it runs next.
+type MaintenanceSchedule struct {
+	Last  time.Time `json:"last"`
+	Next  time.Time `json:"next"`
+	Error string    `json:"error,omitempty"` // of the last run; "" when it went well
+}
+
+// Schedule is the maintenance loop's schedule; nil before its first run,
+// and always with sweeper.maintain false.
+func (s *Sweeper) Schedule() *MaintenanceSchedule { return s.schedule.Load() }
 
 // MaintainOptions adjust one maintenance run.
 type MaintainOptions struct {
