@@ -46,10 +46,36 @@ func TestR3StreamLeaderLossMidLoadLosesNothing(t *testing.T) {
 // leader, a gap, a batch the new leader does not know, pings, the unproven
 // resent alone, and the switch between the two paths, in one run.
 func TestR3NATSProcessesLeaderKillAndRollingRestart(t *testing.T) {
-	testR3ProcessFaults(t, func(c *config.Config) { c.NATS.FastBatch, c.NATS.FastBatchAfter = true, 4 })
+	testR3ProcessFaults(t, func(c *config.Config) { c.NATS.FastBatch, c.NATS.FastBatchAfter = true, 4 }, func(e *env, committed int) {
+		batches := e.counter("walbox_nats_batches_total", nil)
+		batched := e.counter("walbox_nats_batched_messages_total", nil)
+		t.Logf("fast batches: %.0f, %.0f messages batched, %.0f unproven and resent alone", batches, batched,
+			e.counter("walbox_nats_batch_unproven_total", nil))
+		if batched == 0 || batched >= float64(committed) {
+			t.Fatalf("%.0f of %d events went in fast batches: want both paths used", batched, committed)
+		}
+	})
 }
 
-func testR3ProcessFaults(t *testing.T, mutate func(*config.Config)) {
+// TestR3NATSProcessesAtomicTransactionsThroughLeaderKillAndRollingRestart:
+// the same faults with every transaction published as one atomic batch
+// (nats.atomic_transactions): batches staged on a leader that is killed
+// before their commit, commits refused by a new leader, and the per-message
+// resend of refused ones.
+func TestR3NATSProcessesAtomicTransactionsThroughLeaderKillAndRollingRestart(t *testing.T) {
+	testR3ProcessFaults(t, func(c *config.Config) { c.NATS.AtomicTransactions = true }, func(e *env, committed int) {
+		atomic := e.counter("walbox_nats_atomic_messages_total", nil)
+		t.Logf("atomic batches: %.0f, %.0f messages in them, %.0f refused, %.0f split", e.counter("walbox_nats_atomic_batches_total", nil),
+			atomic, e.counter("walbox_nats_atomic_refused_total", nil), e.counter("walbox_nats_atomic_splits_total", nil))
+		if atomic == 0 {
+			t.Fatalf("no event of %d went in an atomic batch", committed)
+		}
+	})
+}
+
+// testR3ProcessFaults runs the faults with the config mutated, then paths
+// checks which publish paths the relay took.
+func testR3ProcessFaults(t *testing.T, mutate func(*config.Config), paths func(e *env, committed int)) {
 	cl := natstest.NewProcCluster(t, 3)
 	e := r3Env(t, cl.URLs(), func(c *config.Config) { c.NATS.AckTimeout = 2 * time.Second }, mutate)
 	w := e.witness("outbox_events")
@@ -105,13 +131,7 @@ func testR3ProcessFaults(t *testing.T, mutate func(*config.Config)) {
 	if _, err := e.js.Publish(ctx, "orders.probe", []byte(`{}`)); err != nil {
 		t.Fatalf("ORDERS does not store after the restarts: %v", err)
 	}
-	batches := e.counter("walbox_nats_batches_total", nil)
-	batched := e.counter("walbox_nats_batched_messages_total", nil)
-	t.Logf("fast batches: %.0f, %.0f messages batched, %.0f unproven and resent alone", batches, batched,
-		e.counter("walbox_nats_batch_unproven_total", nil))
-	if batched == 0 || batched >= float64(len(committed)) {
-		t.Fatalf("%.0f of %d events went in fast batches: want both paths used", batched, len(committed))
-	}
+	paths(e, len(committed))
 }
 
 func streamLeader(ctx context.Context, t *testing.T, js jetstream.JetStream, stream string) string {
