@@ -15,6 +15,7 @@ import (
 	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/retry"
 	"github.com/walbox/walbox/relay"
+	"github.com/walbox/walbox/relay/claim"
 	"github.com/walbox/walbox/relay/jssink"
 	"github.com/walbox/walbox/relay/kafkasink"
 	"github.com/walbox/walbox/relay/sweep"
@@ -47,6 +48,10 @@ type bus struct {
 	// Both nil where the bus has no fence.
 	takeOver func(ctx context.Context) error
 	fenced   func() <-chan struct{}
+	// claim and claimSweep: the claim check (claim_check.enabled), nil
+	// when off.
+	claim      *claim.Sink
+	claimSweep *claim.Sweeper
 }
 
 // openBus connects the configured sink. Kafka is contacted only by ensure.
@@ -69,15 +74,26 @@ func openBus(ctx context.Context, cfg config.Config, database string, log zerolo
 		nc.Close()
 		return nil, err
 	}
-	return &bus{
+	b := &bus{
 		name: "NATS", sink: sink, reader: sink,
-		ensure: func(ctx context.Context) ([]relay.Route, error) {
-			return ensureStreams(ctx, sink, cfg, log, &natsErr)
-		},
 		up:        nc.IsConnected,
 		dlqStream: cfg.NATS.DLQ.Stream, prefix: cfg.NATS.SubjectPrefix, template: cfg.NATS.SubjectTemplate,
 		strict: cfg.NATS.StrictOrder, url: RedactNATSURL(cfg.NATS.URL), close: nc.Close,
-	}, nil
+	}
+	var store *claim.JetStreamStore
+	if cc := cfg.ClaimCheck; cc.Enabled {
+		store = claim.NewJetStreamStore(sink.JetStream(), cfg.ClaimBucketSpec())
+		b.claim = claim.New(sink, store, claim.Options{Threshold: cc.Threshold, UploadTimeout: cc.UploadTimeout, Logger: log, Registerer: reg})
+		b.sink = b.claim.AsSink()
+		// An object's message is stored within the ack timeout after its
+		// upload (claim.Sweeper's proof); a minute more for the clocks of
+		// a cluster's servers.
+		b.claimSweep = claim.NewSweeper(store, sink.JetStream(), cfg.NATS.AckTimeout+time.Minute, log, reg)
+	}
+	b.ensure = func(ctx context.Context) ([]relay.Route, error) {
+		return ensureStreams(ctx, sink, store, cfg, log, &natsErr)
+	}
+	return b, nil
 }
 
 func openKafka(ctx context.Context, cfg config.Config, database string, log zerolog.Logger, reg prometheus.Registerer) (*bus, error) {

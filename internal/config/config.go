@@ -47,6 +47,8 @@ type Config struct {
 	Archive  Archive       `yaml:"archive" envPrefix:"ARCHIVE_"`
 	Runtime  Runtime       `yaml:"runtime" envPrefix:"RUNTIME_"`
 	OTel     OTel          `yaml:"otel" envPrefix:"OTEL_"`
+	// ClaimCheck moves payloads too large for one message to an object store.
+	ClaimCheck ClaimCheck `yaml:"claim_check" envPrefix:"CLAIM_CHECK_"`
 }
 
 // Runtime is the process: `walbox run` applies it at start.
@@ -287,13 +289,14 @@ func Default() Config {
 		NATS: NATS{URL: "nats://127.0.0.1:4222", AckTimeout: 10 * time.Second, Window: 1024, WindowBytes: 64 << 20, StrictOrder: true, FastBatch: true, FastBatchAfter: 32,
 			SubjectTemplate: relay.DefaultSubjectTemplate, PartitionBuckets: relay.DefaultPartitionBuckets, Envelope: relay.EnvelopeRaw,
 			DLQ: DLQ{Stream: "WALBOX_DLQ", SubjectPrefix: "walbox.dlq."}},
-		Retry:   Retry{Initial: retry.DefaultInitial, Max: retry.DefaultMax},
-		Metrics: Metrics{Listen: "127.0.0.1:9187", LivenessTimeout: 5 * time.Minute, StuckAfter: 2 * time.Minute},
-		Log:     Log{Level: "info", Format: "auto"},
-		Sweeper: Sweeper{MarkProcessed: true, BatchSize: 1000, Interval: 200 * time.Millisecond, PartitionStep: "day", PartitionsAhead: 7, Maintain: true, YieldAfter: time.Second, LockTimeout: 100 * time.Millisecond},
-		Archive: Archive{After: 90 * 24 * time.Hour, DeleteAfter: 3 * 365 * 24 * time.Hour, S3: S3{UseSSL: true}},
-		Runtime: Runtime{GOMAXPROCS: 1},
-		OTel:    OTel{ServiceName: "walbox"},
+		Retry:      Retry{Initial: retry.DefaultInitial, Max: retry.DefaultMax},
+		Metrics:    Metrics{Listen: "127.0.0.1:9187", LivenessTimeout: 5 * time.Minute, StuckAfter: 2 * time.Minute},
+		Log:        Log{Level: "info", Format: "auto"},
+		Sweeper:    Sweeper{MarkProcessed: true, BatchSize: 1000, Interval: 200 * time.Millisecond, PartitionStep: "day", PartitionsAhead: 7, Maintain: true, YieldAfter: time.Second, LockTimeout: 100 * time.Millisecond},
+		Archive:    Archive{After: 90 * 24 * time.Hour, DeleteAfter: 3 * 365 * 24 * time.Hour, S3: S3{UseSSL: true}},
+		Runtime:    Runtime{GOMAXPROCS: 1},
+		OTel:       OTel{ServiceName: "walbox"},
+		ClaimCheck: defaultClaimCheck(),
 	}
 }
 
@@ -407,7 +410,7 @@ func keyAtLine(data []byte, line int) string {
 var sectionOf = map[string]string{
 	"Config": "", "Postgres": "postgres.", "Outbox": "outbox.", "TableSweeper": "outboxes[].sweeper.", "OutboxEntry": "outboxes[].", "NATS": "nats.", "Stream": "nats.streams[].", "RouteRule": "nats.routes[].",
 	"DLQ": "nats.dlq.", "NATSTLS": "nats.tls.", "Retry": "retry.", "Metrics": "metrics.", "Log": "log.",
-	"Sweeper": "sweeper.", "Archive": "archive.", "S3": "archive.s3.",
+	"Sweeper": "sweeper.", "Archive": "archive.", "S3": "archive.s3.", "ClaimCheck": "claim_check.",
 }
 
 func decodeYAML(data []byte, cfg *Config) error {
@@ -598,6 +601,7 @@ func (c *Config) validate(withNATS bool) error {
 	c.validateSweeper(bad)
 	c.validateNATSAuth(bad)
 	c.validateOTel(bad)
+	c.validateClaimCheck(bad)
 	if len(errs) > 0 {
 		return fmt.Errorf("invalid configuration:\n  %s", strings.Join(errs, "\n  "))
 	}
