@@ -86,9 +86,10 @@ func openBus(ctx context.Context, cfg config.Config, database string, log zerolo
 		b.claim = claim.New(sink, store, claim.Options{Threshold: cc.Threshold, UploadTimeout: cc.UploadTimeout, Logger: log, Registerer: reg})
 		b.sink = b.claim.AsSink()
 		// An object's message is stored within the ack timeout after its
-		// upload (claim.Sweeper's proof); a minute more for the clocks of
-		// a cluster's servers.
-		b.claimSweep = claim.NewSweeper(store, sink.JetStream(), cfg.NATS.AckTimeout+time.Minute, log, reg)
+		// upload, and an upload's chunks are named by an object within the
+		// upload timeout (claim.Sweeper's proof); a minute more for the
+		// clocks of a cluster's servers.
+		b.claimSweep = claim.NewSweeper(store, sink.JetStream(), cfg.NATS.AckTimeout+cc.UploadTimeout+time.Minute, log, reg)
 	}
 	b.ensure = func(ctx context.Context) ([]relay.Route, error) {
 		return ensureStreams(ctx, sink, store, cfg, log, &natsErr)

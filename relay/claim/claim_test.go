@@ -237,3 +237,47 @@ func TestSweepDeletesObjectsWhoseMessageIsGone(t *testing.T) {
 		t.Fatalf("orphan: %v, want not found", err)
 	}
 }
+
+// The chunks of an upload killed before its end belong to no object: the
+// sweep purges them once they are older than the slack, and leaves a
+// complete object's chunks alone.
+func TestSweepPurgesTheChunksOfAnUploadThatNeverCompleted(t *testing.T) {
+	ctx, _, js := jsEnv(t)
+	st := claim.NewJetStreamStore(js, claim.BucketSpec{Name: "C", Storage: "memory"})
+	if err := st.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Put(ctx, "whole", []byte("whole"), map[string]string{claim.MetaStream: "S"}); err != nil {
+		t.Fatal(err)
+	}
+	// What Put leaves when it dies after two chunks: chunks, no meta.
+	for range 2 {
+		if _, err := js.Publish(ctx, "$O.C.C.partialnuid", []byte("chunk")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}, Storage: jetstream.MemoryStorage}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, "s.x", nil); err != nil { // the whole object's message
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	stats, err := claim.NewSweeper(st, js, 50*time.Millisecond, zerolog.Nop(), nil).Sweep(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stats.Partials != 1 || stats.Objects != 1 {
+		t.Fatalf("sweep %+v, want the partial upload purged and the whole object kept", stats)
+	}
+	info, err := js.Stream(ctx, "OBJ_C")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := info.CachedInfo().State.Msgs; n != 2 { // whole's chunk and meta
+		t.Fatalf("bucket stream holds %d messages, want 2", n)
+	}
+	if got, err := st.Get(ctx, "whole"); err != nil || string(got) != "whole" {
+		t.Fatalf("whole: %q, %v", got, err)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -163,4 +164,44 @@ func (s *JetStreamStore) Delete(ctx context.Context, key string) error {
 		return fmt.Errorf("delete object %s from bucket %s: %w", key, s.spec.Name, err)
 	}
 	return nil
+}
+
+// PurgePartials purges the chunks of uploads that never completed (the
+// relay killed mid-upload, or between an overwrite and its purge of the
+// old chunks): chunk subjects that no object in live (NUIDs of the
+// bucket's objects) names and whose newest chunk is older than before. An
+// upload in progress publishes chunks continuously and names them in its
+// meta message at its end, so before must lie an upload's timeout in the
+// past. It returns how many uploads it purged.
+func (s *JetStreamStore) PurgePartials(ctx context.Context, live map[string]bool, before time.Time) (int, error) {
+	st, err := s.js.Stream(ctx, "OBJ_"+s.spec.Name)
+	if err != nil {
+		return 0, fmt.Errorf("claim-check bucket %s's stream: %w", s.spec.Name, err)
+	}
+	prefix := "$O." + s.spec.Name + ".C."
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(prefix+">"))
+	if err != nil {
+		return 0, fmt.Errorf("list the chunks of claim-check bucket %s: %w", s.spec.Name, err)
+	}
+	n := 0
+	for subj := range info.State.Subjects {
+		if live[strings.TrimPrefix(subj, prefix)] {
+			continue
+		}
+		last, err := st.GetLastMsgForSubject(ctx, subj)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			return n, fmt.Errorf("read the newest chunk of %s: %w", subj, err)
+		}
+		if !last.Time.Before(before) {
+			continue
+		}
+		if err := st.Purge(ctx, jetstream.WithPurgeSubject(subj)); err != nil {
+			return n, fmt.Errorf("purge the partial upload %s: %w", subj, err)
+		}
+		n++
+	}
+	return n, nil
 }

@@ -28,6 +28,11 @@ import (
 // when the stream is empty or gone, has no message left to read, and never
 // will (a later attempt would have uploaded it again). Slack must cover the
 // upload's end to the broker's ack: the ack timeout, plus a margin.
+//
+// The chunks of an upload that never completed (the relay killed
+// mid-upload) belong to no object; they are purged once their newest chunk
+// is older than Slack, which must therefore also cover an upload's timeout
+// (JetStreamStore.PurgePartials).
 type Sweeper struct {
 	store *JetStreamStore
 	js    jetstream.JetStream
@@ -59,6 +64,7 @@ func NewSweeper(store *JetStreamStore, js jetstream.JetStream, slack time.Durati
 type SweepStats struct {
 	Objects, Bytes int64 // kept
 	Deleted        int
+	Partials       int // uploads that never completed, purged
 }
 
 // Sweep deletes what the rule allows (see Sweeper) and returns what is left.
@@ -70,10 +76,12 @@ func (s *Sweeper) Sweep(ctx context.Context) (SweepStats, error) {
 	}
 	now := time.Now()
 	cutoffs := map[string]time.Time{}
+	live := map[string]bool{}
 	for _, o := range list {
 		if o.Deleted {
 			continue
 		}
+		live[o.NUID] = true
 		stream := o.Metadata[MetaStream]
 		cutoff, ok := cutoffs[stream]
 		if !ok {
@@ -93,10 +101,13 @@ func (s *Sweeper) Sweep(ctx context.Context) (SweepStats, error) {
 		st.Objects++
 		st.Bytes += int64(o.Size)
 	}
+	if st.Partials, err = s.store.PurgePartials(ctx, live, now.Add(-s.slack)); err != nil {
+		return st, err
+	}
 	s.objects.Set(float64(st.Objects))
 	s.bytes.Set(float64(st.Bytes))
-	if st.Deleted > 0 {
-		s.log.Info().Int("deleted", st.Deleted).Int64("objects", st.Objects).Int64("bytes", st.Bytes).Msg("claim-check sweep deleted objects whose message is gone")
+	if st.Deleted > 0 || st.Partials > 0 {
+		s.log.Info().Int("deleted", st.Deleted).Int("partial_uploads", st.Partials).Int64("objects", st.Objects).Int64("bytes", st.Bytes).Msg("claim-check sweep deleted objects whose message is gone")
 	}
 	return st, nil
 }
