@@ -758,3 +758,28 @@ func BenchmarkRouterMessage(b *testing.B) {
 		r.Recycle(m)
 	}
 }
+
+// With the claim check on, a payload above its threshold travels apart: the
+// size check counts the reference, so the event is not poison for its
+// payload; headers that alone exceed the limit still are.
+func TestClaimedPayloadIsNotTooLarge(t *testing.T) {
+	r := NewRouter("", "src", testRoutes)
+	r.SetMaxPayload(4096)
+	ev := goodEvent()
+	ev.Payload = []byte(`"` + strings.Repeat("x", 10000) + `"`)
+	if _, _, err := r.Message(ev); err == nil || !strings.Contains(err.Error(), "max_payload") {
+		t.Fatalf("without the claim check: %v, want too large", err)
+	}
+	r.SetClaimThreshold(2048)
+	m, _, err := r.Message(ev)
+	if err != nil {
+		t.Fatalf("with the claim check: %v", err)
+	}
+	if len(m.Data) != len(ev.Payload) {
+		t.Fatal("the router must leave the payload to the claim-check sink")
+	}
+	r.SetMaxPayload(ClaimRefAllowance) // no room for the headers beside the reference
+	if _, _, err := r.Message(ev); err == nil {
+		t.Fatal("headers and reference over max_payload passed")
+	}
+}
