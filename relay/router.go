@@ -53,6 +53,11 @@ const (
 	// Nats-Msg-Id because another event of the stream has its id.
 	HeaderEventID = "Walbox-Event-Id"
 
+	// HeaderClaimCheck carries the reference of a payload stored apart
+	// (relay/claim); only the claim check sets it, never a row's headers
+	// column: a consumer would fetch the object it names.
+	HeaderClaimCheck = "Walbox-Claim-Check"
+
 	HeaderDLQReason          = "Walbox-Dlq-Reason"
 	HeaderDLQOriginalSubject = "Walbox-Dlq-Original-Subject"
 	// HeaderDLQOriginalTopic and HeaderDLQHeaders keep what the router
@@ -433,7 +438,8 @@ func headerSize(h Header) int {
 // nats.ErrBadHeaderMsg, which is not a per-event error), and so are
 // JetStream's own, Nats-*: the server acts on them (Nats-Msg-Id deduplicates,
 // Nats-Rollup purges, an unmet Nats-Expected-* refuses the message or stops
-// a replicated stream), and a row must not steer it.
+// a replicated stream), and a row must not steer it; nor Walbox-Claim-Check, which would make a
+// consumer fetch the object it names.
 func addJSONHeaders(h Header, raw []byte) error {
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &obj); err != nil {
@@ -444,7 +450,7 @@ func addJSONHeaders(h Header, raw []byte) error {
 		own = append(own, k)
 	}
 	for k, v := range obj {
-		if !validHeaderKey(k) || jetStreamHeader(k) ||
+		if !validHeaderKey(k) || jetStreamHeader(k) || strings.EqualFold(k, HeaderClaimCheck) ||
 			slices.ContainsFunc(own, func(o string) bool { return strings.EqualFold(o, k) }) {
 			continue
 		}

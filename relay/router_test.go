@@ -310,6 +310,10 @@ func TestMessageHeadersColumn(t *testing.T) {
 			`"Nats-Expected-Last-Subject-Sequence":"1","Nats-TTL":"1s","NATS-Marker-Reason":"Purge","Nats-Batch-Id":"b","traceparent":"t"}`,
 			map[string]string{"Nats-Rollup": "", "Nats-Expected-Last-Msg-Id": "", "nats-expected-stream": "", "Nats-Expected-Last-Subject-Sequence": "",
 				"Nats-TTL": "", "NATS-Marker-Reason": "", "Nats-Batch-Id": "", "traceparent": "t"}},
+		// A consumer fetches the object a claim-check reference names: only
+		// the claim check sets one.
+		{"a claim-check reference is skipped", `{"Walbox-Claim-Check":"store=jetstream&bucket=B&key=other","walbox-claim-check":"x"}`,
+			map[string]string{HeaderClaimCheck: "", "walbox-claim-check": ""}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -21,10 +21,12 @@ import (
 	"fmt"
 	"net/url"
 	"strconv"
+
+	"github.com/walbox/walbox/relay"
 )
 
 // Header is the message header that carries a Ref.
-const Header = "Walbox-Claim-Check"
+const Header = relay.HeaderClaimCheck
 
 // StoreJetStream names the JetStream Object Store in a Ref.
 const StoreJetStream = "jetstream"
