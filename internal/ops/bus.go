@@ -6,7 +6,9 @@ import (
 
 	"github.com/walbox/walbox/internal/app"
 	"github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/relay"
 	"github.com/walbox/walbox/relay/busops"
+	"github.com/walbox/walbox/relay/claim"
 	"github.com/walbox/walbox/relay/jssink"
 	"github.com/walbox/walbox/relay/kafkasink"
 )
@@ -24,12 +26,21 @@ func openBus(ctx context.Context, cfg config.Config) (busops.Bus, error) {
 		}
 		return kafkasink.OpenOps(sc, kafkasink.OpsConfig{Topics: cfg.TopicSpecs(), Router: ro})
 	}
-	nc, _, err := connectNATS(ctx, cfg)
+	nc, js, err := connectNATS(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
-	b, err := jssink.OpenOps(nc, jssink.OpsConfig{Streams: cfg.StreamSpecs(), SubjectPrefix: cfg.NATS.SubjectPrefix,
-		DLQSubjectPrefix: cfg.NATS.DLQ.SubjectPrefix, Router: ro, AckTimeout: cfg.NATS.AckTimeout, RedactURL: app.RedactNATSURL})
+	oc := jssink.OpsConfig{Streams: cfg.StreamSpecs(), SubjectPrefix: cfg.NATS.SubjectPrefix,
+		DLQSubjectPrefix: cfg.NATS.DLQ.SubjectPrefix, Router: ro, AckTimeout: cfg.NATS.AckTimeout, RedactURL: app.RedactNATSURL}
+	if cc := cfg.ClaimCheck; cc.Enabled {
+		// replay and dlq retry publish large events as the relay does:
+		// the payload stored under the same key, then the reference.
+		oc.Claim = func(inner relay.Sink) (relay.Sink, int) {
+			cs := claim.New(inner, claim.NewJetStreamStore(js, cfg.ClaimBucketSpec()), claim.Options{Threshold: cc.Threshold, UploadTimeout: cc.UploadTimeout})
+			return cs.AsSink(), cs.Threshold()
+		}
+	}
+	b, err := jssink.OpenOps(nc, oc)
 	if err != nil {
 		nc.Close()
 		return nil, err
