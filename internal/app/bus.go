@@ -81,7 +81,12 @@ func openBus(ctx context.Context, cfg config.Config, database string, log zerolo
 		strict: cfg.NATS.StrictOrder, url: RedactNATSURL(cfg.NATS.URL), close: nc.Close,
 	}
 	var store *claim.JetStreamStore
-	if cc := cfg.ClaimCheck; cc.Enabled {
+	if cc := cfg.ClaimCheck; cc.Enabled && cfg.ClaimS3() {
+		if err := b.claimInS3(cfg, log, reg); err != nil {
+			nc.Close()
+			return nil, err
+		}
+	} else if cc.Enabled {
 		store = claim.NewJetStreamStore(sink.JetStream(), cfg.ClaimBucketSpec())
 		b.claim = claim.New(sink, store, claim.Options{Threshold: cc.Threshold, UploadTimeout: cc.UploadTimeout, Logger: log, Registerer: reg})
 		b.sink = b.claim.AsSink()
@@ -122,6 +127,12 @@ func openKafka(ctx context.Context, cfg config.Config, database string, log zero
 	}
 	if sink.Transactional() {
 		b.takeOver, b.fenced = sink.TakeOver, sink.Fenced
+	}
+	if cfg.ClaimCheck.Enabled {
+		if err := b.claimInS3(cfg, log, reg); err != nil {
+			sink.Close()
+			return nil, err
+		}
 	}
 	// Readiness: the brokers answered a metadata request in the last 10 s.
 	pingCtx, stopPing := context.WithCancel(ctx)
@@ -221,5 +232,21 @@ func registerBatchMetrics(reg prometheus.Registerer, sink *jssink.Sink) error {
 			return fmt.Errorf("register %s: %w", c.opts.Name, err)
 		}
 	}
+	return nil
+}
+
+// claimInS3 puts the claim check around b's sink with claim_check.s3 as its
+// store. Nothing sweeps that bucket: its lifecycle rules expire objects.
+func (b *bus) claimInS3(cfg config.Config, log zerolog.Logger, reg prometheus.Registerer) error {
+	s3 := cfg.ClaimCheck.S3
+	c, err := sweep.NewS3Client(sweep.S3Config{Endpoint: s3.Endpoint, Bucket: s3.Bucket, Prefix: s3.Prefix,
+		AccessKey: s3.AccessKey, SecretKey: s3.SecretKey, UseSSL: s3.UseSSL})
+	if err != nil {
+		return &config.Error{Key: "claim_check.s3", Msg: err.Error()}
+	}
+	cc := cfg.ClaimCheck
+	b.claim = claim.New(b.sink, claim.NewS3Store(c, s3.Bucket, s3.Prefix, cc.MaxBytes),
+		claim.Options{Threshold: cc.Threshold, UploadTimeout: cc.UploadTimeout, Logger: log, Registerer: reg})
+	b.sink = b.claim.AsSink()
 	return nil
 }

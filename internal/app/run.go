@@ -109,8 +109,14 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 	ts.router = router
 	if bus.claim != nil {
 		router.SetClaimThreshold(bus.claim.Threshold())
-		log.Info().Str("bucket", cfg.ClaimBucketSpec().Name).Int("threshold", bus.claim.Threshold()).
+		bucket := cfg.ClaimBucketSpec().Name
+		if cfg.ClaimS3() {
+			bucket = "s3://" + cfg.ClaimCheck.S3.Bucket
+		}
+		log.Info().Str("bucket", bucket).Int("threshold", bus.claim.Threshold()).
 			Msg("claim check on: larger payloads go to the object store, their messages carry a reference")
+	}
+	if bus.claimSweep != nil {
 		sweepCtx, stopSweep := context.WithCancel(ctx)
 		swept := make(chan struct{})
 		go func() { defer close(swept); bus.claimSweep.Run(sweepCtx, cfg.ClaimCheck.SweepInterval) }()

@@ -30,11 +30,17 @@ type ClaimCheck struct {
 	UploadTimeout time.Duration `yaml:"upload_timeout" env:"UPLOAD_TIMEOUT"`
 	// SweepInterval is how often objects whose message is gone are deleted.
 	SweepInterval time.Duration `yaml:"sweep_interval" env:"SWEEP_INTERVAL"`
+	// S3 is an S3-compatible bucket for the payloads: required with sink:
+	// kafka, optional with nats (in place of the Object Store bucket).
+	S3 S3 `yaml:"s3" envPrefix:"S3_"`
 }
 
 func defaultClaimCheck() ClaimCheck {
-	return ClaimCheck{UploadTimeout: claim.DefaultUploadTimeout, SweepInterval: 5 * time.Minute}
+	return ClaimCheck{UploadTimeout: claim.DefaultUploadTimeout, SweepInterval: 5 * time.Minute, S3: S3{UseSSL: true}}
 }
+
+// ClaimS3 reports whether the claim check stores payloads in S3.
+func (c *Config) ClaimS3() bool { return c.ClaimCheck.S3.Endpoint != "" }
 
 var bucketNameRe = regexp.MustCompile(`^[a-zA-Z0-9_-]+$`)
 
@@ -47,8 +53,8 @@ func (c *Config) validateClaimCheck(bad func(key, format string, args ...any)) {
 	if !cc.Enabled {
 		return
 	}
-	if c.Sink != SinkNATS {
-		bad("claim_check.enabled", "the claim check has a store for sink: nats only so far (the S3 store for Kafka is not built yet); set it to false")
+	if c.Sink == SinkKafka && (cc.S3.Endpoint == "" || cc.S3.Bucket == "") {
+		bad("claim_check.s3", "with sink: kafka the payloads go to an S3-compatible bucket: set claim_check.s3.endpoint and claim_check.s3.bucket (the bucket must exist)")
 	}
 	if cc.Threshold < 0 {
 		bad("claim_check.threshold", "%d: must not be negative (0: the server's max_payload less 64 KiB)", cc.Threshold)

@@ -14,7 +14,7 @@ func TestClaimCheckValuesAreChecked(t *testing.T) {
 		{"bucket with a dot", base + "claim_check:\n  enabled: true\n  bucket: a.b\n", "claim_check.bucket", nil},
 		{"negative threshold", base + "claim_check:\n  enabled: true\n  threshold: -1\n", "claim_check.threshold", nil},
 		{"upload timeout zero", base + "claim_check:\n  enabled: true\n  upload_timeout: 0s\n", "claim_check.upload_timeout", nil},
-		{"kafka", "sink: kafka\n" + base + "kafka:\n  brokers: [k:9092]\nclaim_check:\n  enabled: true\n", "claim_check.enabled", []string{"Kafka"}},
+		{"kafka without s3", "sink: kafka\n" + base + "kafka:\n  brokers: [k:9092]\nclaim_check:\n  enabled: true\n", "claim_check.s3", []string{"kafka"}},
 	})
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/walbox/walbox/relay/claim"
 	"github.com/walbox/walbox/relay/jssink"
 	"github.com/walbox/walbox/relay/kafkasink"
+	"github.com/walbox/walbox/relay/sweep"
 )
 
 // openBus opens the configured sink's bus for a command: the one place
@@ -35,8 +36,18 @@ func openBus(ctx context.Context, cfg config.Config) (busops.Bus, error) {
 	if cc := cfg.ClaimCheck; cc.Enabled {
 		// replay and dlq retry publish large events as the relay does:
 		// the payload stored under the same key, then the reference.
+		var store claim.Store = claim.NewJetStreamStore(js, cfg.ClaimBucketSpec())
+		if s3 := cc.S3; cfg.ClaimS3() {
+			c, err := sweep.NewS3Client(sweep.S3Config{Endpoint: s3.Endpoint, Bucket: s3.Bucket, Prefix: s3.Prefix,
+				AccessKey: s3.AccessKey, SecretKey: s3.SecretKey, UseSSL: s3.UseSSL})
+			if err != nil {
+				nc.Close()
+				return nil, &config.Error{Key: "claim_check.s3", Msg: err.Error()}
+			}
+			store = claim.NewS3Store(c, s3.Bucket, s3.Prefix, cc.MaxBytes)
+		}
 		oc.Claim = func(inner relay.Sink) (relay.Sink, int) {
-			cs := claim.New(inner, claim.NewJetStreamStore(js, cfg.ClaimBucketSpec()), claim.Options{Threshold: cc.Threshold, UploadTimeout: cc.UploadTimeout})
+			cs := claim.New(inner, store, claim.Options{Threshold: cc.Threshold, UploadTimeout: cc.UploadTimeout})
 			return cs.AsSink(), cs.Threshold()
 		}
 	}

@@ -48,8 +48,9 @@ type fakeStore struct {
 	err  error
 }
 
-func (s *fakeStore) Kind() string   { return "fake" }
-func (s *fakeStore) Bucket() string { return "B" }
+func (s *fakeStore) Kind() string                { return "fake" }
+func (s *fakeStore) Bucket() string              { return "B" }
+func (s *fakeStore) ObjectKey(key string) string { return key }
 func (s *fakeStore) Put(_ context.Context, key string, data []byte, meta map[string]string) error {
 	*s.log = append(*s.log, "put "+key+" "+meta[claim.MetaStream])
 	if s.err != nil {

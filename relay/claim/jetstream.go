@@ -17,6 +17,8 @@ type Store interface {
 	// Kind and Bucket are the store's names in a Ref.
 	Kind() string
 	Bucket() string
+	// ObjectKey is where key's object is in the bucket (a Ref's key).
+	ObjectKey(key string) string
 	// Put stores data under key, replacing what the key held, and returns
 	// once the store has confirmed it. meta travels with the object (the
 	// stream its message goes to, for the retention sweep). An error
@@ -63,6 +65,9 @@ func (s *JetStreamStore) Kind() string { return StoreJetStream }
 
 // Bucket implements Store.
 func (s *JetStreamStore) Bucket() string { return s.spec.Name }
+
+// ObjectKey implements Store: the key itself.
+func (s *JetStreamStore) ObjectKey(key string) string { return key }
 
 // Ensure creates the bucket, or updates it to spec.
 func (s *JetStreamStore) Ensure(ctx context.Context) error {

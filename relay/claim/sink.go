@@ -131,7 +131,7 @@ func (s *Sink) Publish(m *relay.Msg) (relay.Future, error) {
 	id := relay.IdentityID(m.Header)
 	key := Key(m.Header.Get(relay.HeaderSource), m.Header.Get(relay.HeaderTable), id)
 	sum := sha256.Sum256(m.Data)
-	ref := Ref{Store: s.store.Kind(), Bucket: s.store.Bucket(), Key: key, Size: int64(len(m.Data)), SHA256: hex.EncodeToString(sum[:])}
+	ref := Ref{Store: s.store.Kind(), Bucket: s.store.Bucket(), Key: s.store.ObjectKey(key), Size: int64(len(m.Data)), SHA256: hex.EncodeToString(sum[:])}
 	ctx, cancel := context.WithTimeout(context.Background(), s.opts.UploadTimeout)
 	start := time.Now()
 	err := s.store.Put(ctx, key, m.Data, map[string]string{MetaStream: m.Stream, MetaEventID: id})
