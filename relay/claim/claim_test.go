@@ -282,3 +282,16 @@ func TestSweepPurgesTheChunksOfAnUploadThatNeverCompleted(t *testing.T) {
 		t.Fatalf("whole: %q, %v", got, err)
 	}
 }
+
+func TestThresholdIsAtMostWhatAMessageTakes(t *testing.T) {
+	for _, tt := range []struct{ set, want int }{
+		{0, 1<<20 - claim.DefaultHeaderMargin},
+		{1000, 1000},
+		{2 << 20, 1<<20 - claim.DefaultHeaderMargin},
+	} {
+		s, _, _, _ := newFakes(tt.set)
+		if got := s.Threshold(); got != tt.want {
+			t.Errorf("threshold %d: %d, want %d", tt.set, got, tt.want)
+		}
+	}
+}

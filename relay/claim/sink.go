@@ -25,10 +25,15 @@ const (
 	DefaultUploadTimeout = time.Minute
 )
 
+// slowUpload is how long an upload may take before it is logged at info:
+// the publisher waits for it.
+const slowUpload = 5 * time.Second
+
 // Options configure a Sink.
 type Options struct {
 	// Threshold: payloads larger than this go to the store (0: the
-	// sink's MaxPayload less DefaultHeaderMargin).
+	// sink's MaxPayload less DefaultHeaderMargin, which is also the most
+	// it can be: a larger payload would not fit in a message).
 	Threshold int
 	// UploadTimeout bounds one upload (0: DefaultUploadTimeout).
 	UploadTimeout time.Duration
@@ -68,13 +73,14 @@ func New(inner relay.Sink, store Store, opts Options) *Sink {
 
 // Threshold is the payload size above which a payload is moved.
 func (s *Sink) Threshold() int {
-	if s.opts.Threshold > 0 {
-		return s.opts.Threshold
-	}
+	most := 0
 	if mp := s.inner.MaxPayload(); mp > DefaultHeaderMargin {
-		return mp - DefaultHeaderMargin
+		most = mp - DefaultHeaderMargin
 	}
-	return 0
+	if t := s.opts.Threshold; t > 0 && (most == 0 || t < most) {
+		return t
+	}
+	return most
 }
 
 // AsSink is s as the relay takes it: with the optional interfaces of the
@@ -150,7 +156,11 @@ func (s *Sink) Publish(m *relay.Msg) (relay.Future, error) {
 	s.uploads.Inc()
 	s.bytes.Add(float64(len(m.Data)))
 	s.seconds.Observe(took.Seconds())
-	s.log.Debug().Str("id", id).Str("key", key).Int("bytes", len(m.Data)).Dur("took", took).Msg("payload stored in the claim-check store")
+	ev := s.log.Debug()
+	if took > slowUpload {
+		ev = s.log.Info() // the publisher waited this long
+	}
+	ev.Str("id", id).Str("key", key).Int("bytes", len(m.Data)).Dur("took", took).Msg("payload stored in the claim-check store")
 	return s.inner.Publish(m.Replaced(nil, Header, ref.String()))
 }
 
