@@ -15,6 +15,7 @@ import (
 
 	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/kafkatest"
+	"github.com/walbox/walbox/internal/ops"
 	"github.com/walbox/walbox/internal/relaytest"
 	"github.com/walbox/walbox/relay/claim"
 	"github.com/walbox/walbox/relay/sweep"
@@ -123,5 +124,24 @@ func TestKafkaLargeEventsGoThroughS3(t *testing.T) {
 	}
 	if claimed != 1 {
 		t.Fatalf("%d events went by reference, want 1 (the 1.5 MiB one)", claimed)
+	}
+
+	// walbox replay publishes it by reference too.
+	res, err := ops.Replay(e.ctx, e.cfg, ops.ReplayOptions{IDs: []string{e.ids[2]}, ForceNewID: true})
+	if err != nil || res.Published != 1 {
+		t.Fatalf("replay: %+v, %v; want 1 published", res, err)
+	}
+	var again *kgo.Record
+	for again == nil && time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(e.ctx, 2*time.Second)
+		cl.PollFetches(ctx).EachRecord(func(r *kgo.Record) {
+			if r.Topic == "user.created" {
+				again = r
+			}
+		})
+		cancel()
+	}
+	if again == nil || header(again, claim.Header) == "" || len(again.Value) != 0 {
+		t.Fatalf("replayed record %v, want a reference and an empty value", again)
 	}
 }
