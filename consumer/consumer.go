@@ -82,7 +82,14 @@ type Message struct {
 	// outbox row's id); the idempotency key.
 	ID      string
 	Subject string
-	Data    []byte
+	// Data is the payload. For an event walbox stored apart (a
+	// Walbox-Claim-Check header, Claim set), Run fetches it from the
+	// object store and checks its SHA-256 before the handler runs, unless
+	// Config.ClaimReferenceOnly: then Data is empty.
+	Data []byte
+	// Claim is the claim-check reference of an event whose payload walbox
+	// stored apart; nil for the others.
+	Claim *ClaimCheck
 	// Header holds every message header (traceparent, the Walbox-* headers,
 	// the keys of the outbox row's headers column). Do not modify it.
 	Header nats.Header
@@ -98,6 +105,8 @@ type Message struct {
 	Stream    string
 	Sequence  uint64
 	Timestamp time.Time
+
+	claimErr error // a Walbox-Claim-Check header that does not parse
 }
 
 // Decode unmarshals the JSON payload into v.
@@ -190,6 +199,11 @@ type Config struct {
 	// goroutine that handled it (for metrics and logs). err is the handler
 	// or database error for Retrying and DeadLettered.
 	OnOutcome func(msg Message, outcome Outcome, err error)
+	// ClaimReferenceOnly hands an event whose payload walbox stored apart
+	// to the handler with its reference (Message.Claim) and an empty Data,
+	// for a handler that streams the object itself (FetchClaim reads it
+	// whole). Otherwise Run fetches and verifies the payload first.
+	ClaimReferenceOnly bool
 	// Logger receives warnings (retries, dead letters, ack failures); nil:
 	// silent.
 	Logger *slog.Logger
@@ -537,6 +551,26 @@ func (r *runner) settle(ctx context.Context, jm jetstream.Msg, m Message) (Outco
 	if m.ID == "" {
 		return r.deadLetter(ctx, jm, m, Permanent(errors.New("the message has no Nats-Msg-Id header: no event id to deduplicate by")))
 	}
+	if m.claimErr != nil {
+		return r.deadLetter(ctx, jm, m, Permanent(fmt.Errorf("event %s: %w", m.ID, m.claimErr)))
+	}
+	if m.Claim != nil && !r.cfg.ClaimReferenceOnly && len(m.Data) == 0 {
+		data, err := FetchClaim(ctx, r.js, m.ID, m.Claim)
+		switch {
+		case err == nil:
+			m.Data = data
+		case ctx.Err() != nil:
+			r.ackErr(jm.Nak(), "nak", m)
+			return 0, nil
+		case errors.Is(err, ErrClaimMissing), errors.Is(err, ErrClaimCorrupt):
+			return r.deadLetter(ctx, jm, m, Permanent(err))
+		default:
+			delay := r.backoff(m.Attempt)
+			r.log.Warn("cannot read the event's payload from the claim-check store; retrying", "event_id", m.ID, "key", m.Claim.Key, "retry_in", delay, "err", err)
+			r.ackErr(jm.NakWithDelay(delay), "nak", m)
+			return Retrying, err
+		}
+	}
 	outcome, err := r.process(ctx, m)
 	switch {
 	case err == nil:
@@ -618,6 +652,9 @@ func (r *runner) deadLetter(ctx context.Context, jm jetstream.Msg, m Message, ca
 	}
 	dl := nats.NewMsg(r.cfg.DeadLetterSubject)
 	dl.Data = m.Data
+	if m.Claim != nil {
+		dl.Data = nil // the reference header travels with the dead letter
+	}
 	for k, vs := range m.Header {
 		if strings.HasPrefix(strings.ToLower(k), "nats-") {
 			continue // Nats-Msg-Id, Nats-Expected-*, ...: they would change how the dead letter is stored
@@ -691,6 +728,7 @@ func newMessage(jm jetstream.Msg) Message {
 		AggregateID:   h.Get(HeaderAggregateID),
 		PartitionKey:  h.Get(HeaderPartitionKey),
 	}
+	m.Claim, m.claimErr = ParseClaimCheck(h)
 	if meta, err := jm.Metadata(); err == nil {
 		m.Attempt = int(meta.NumDelivered)
 		m.Stream = meta.Stream

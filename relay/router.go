@@ -53,6 +53,11 @@ const (
 	// Nats-Msg-Id because another event of the stream has its id.
 	HeaderEventID = "Walbox-Event-Id"
 
+	// HeaderClaimCheck carries the reference of a payload stored apart
+	// (relay/claim); only the claim check sets it, never a row's headers
+	// column: a consumer would fetch the object it names.
+	HeaderClaimCheck = "Walbox-Claim-Check"
+
 	HeaderDLQReason          = "Walbox-Dlq-Reason"
 	HeaderDLQOriginalSubject = "Walbox-Dlq-Original-Subject"
 	// HeaderDLQOriginalTopic and HeaderDLQHeaders keep what the router
@@ -90,6 +95,9 @@ type Router struct {
 	source   string
 	routes   []Route
 	maxBytes int
+	// claimAbove: payloads larger than this travel apart (the claim
+	// check, relay/claim), so the size check counts a reference instead.
+	claimAbove int
 	// cache remembers subject -> stream: topics repeat, wildcard matching
 	// splits strings. Bounded so a flood of distinct topics cannot grow it.
 	cache map[string]string
@@ -277,6 +285,17 @@ func (r *Router) SetOrigin(o *cdc.Origin) {
 // SetMaxPayload sets the largest message the server accepts (0: unchecked).
 func (r *Router) SetMaxPayload(n int) { r.maxBytes = n }
 
+// ClaimRefAllowance is what the size check counts for the claim-check
+// header that takes a moved payload's place (its value names a store, a
+// bucket, a key made of the event's identity, a size and a SHA-256).
+const ClaimRefAllowance = 1024
+
+// SetClaimThreshold says that payloads larger than n bytes are moved to
+// the claim-check store and replaced by a reference (0: none are): the
+// size check then counts ClaimRefAllowance for such a payload, and an
+// event too large for the server is no longer poison for its payload.
+func (r *Router) SetClaimThreshold(n int) { r.claimAbove = n }
+
 // StreamFor returns the stream whose subjects capture subject.
 func (r *Router) StreamFor(subject string) (string, bool) {
 	if s, ok := r.cache[subject]; ok {
@@ -374,8 +393,12 @@ func (r *Router) Message(ev *cdc.Event) (*Msg, string, error) {
 	}
 	m.Subject, m.Data, m.Key = subject, data, partitionKey(ev)
 	m.Expect, m.ExpectSet = 0, false
-	if r.maxBytes > 0 && len(data)+m.headerSize() > r.maxBytes {
-		return nil, "", poison("message of %d bytes exceeds the server's max_payload of %d", len(data)+m.headerSize(), r.maxBytes)
+	size := len(data)
+	if r.claimAbove > 0 && size > r.claimAbove {
+		size = ClaimRefAllowance
+	}
+	if r.maxBytes > 0 && size+m.headerSize() > r.maxBytes {
+		return nil, "", poison("message of %d bytes exceeds the server's max_payload of %d", size+m.headerSize(), r.maxBytes)
 	}
 	return m, stream, nil
 }
@@ -415,7 +438,8 @@ func headerSize(h Header) int {
 // nats.ErrBadHeaderMsg, which is not a per-event error), and so are
 // JetStream's own, Nats-*: the server acts on them (Nats-Msg-Id deduplicates,
 // Nats-Rollup purges, an unmet Nats-Expected-* refuses the message or stops
-// a replicated stream), and a row must not steer it.
+// a replicated stream), and a row must not steer it; nor Walbox-Claim-Check, which would make a
+// consumer fetch the object it names.
 func addJSONHeaders(h Header, raw []byte) error {
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &obj); err != nil {
@@ -426,7 +450,7 @@ func addJSONHeaders(h Header, raw []byte) error {
 		own = append(own, k)
 	}
 	for k, v := range obj {
-		if !validHeaderKey(k) || jetStreamHeader(k) ||
+		if !validHeaderKey(k) || jetStreamHeader(k) || strings.EqualFold(k, HeaderClaimCheck) ||
 			slices.ContainsFunc(own, func(o string) bool { return strings.EqualFold(o, k) }) {
 			continue
 		}

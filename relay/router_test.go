@@ -310,6 +310,10 @@ func TestMessageHeadersColumn(t *testing.T) {
 			`"Nats-Expected-Last-Subject-Sequence":"1","Nats-TTL":"1s","NATS-Marker-Reason":"Purge","Nats-Batch-Id":"b","traceparent":"t"}`,
 			map[string]string{"Nats-Rollup": "", "Nats-Expected-Last-Msg-Id": "", "nats-expected-stream": "", "Nats-Expected-Last-Subject-Sequence": "",
 				"Nats-TTL": "", "NATS-Marker-Reason": "", "Nats-Batch-Id": "", "traceparent": "t"}},
+		// A consumer fetches the object a claim-check reference names: only
+		// the claim check sets one.
+		{"a claim-check reference is skipped", `{"Walbox-Claim-Check":"store=jetstream&bucket=B&key=other","walbox-claim-check":"x"}`,
+			map[string]string{HeaderClaimCheck: "", "walbox-claim-check": ""}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -756,5 +760,30 @@ func BenchmarkRouterMessage(b *testing.B) {
 		}
 		m.SetHeader(HeaderExpectedLastSeq, "4711") // as the JetStream sink sends it (nats.strict_order)
 		r.Recycle(m)
+	}
+}
+
+// With the claim check on, a payload above its threshold travels apart: the
+// size check counts the reference, so the event is not poison for its
+// payload; headers that alone exceed the limit still are.
+func TestClaimedPayloadIsNotTooLarge(t *testing.T) {
+	r := NewRouter("", "src", testRoutes)
+	r.SetMaxPayload(4096)
+	ev := goodEvent()
+	ev.Payload = []byte(`"` + strings.Repeat("x", 10000) + `"`)
+	if _, _, err := r.Message(ev); err == nil || !strings.Contains(err.Error(), "max_payload") {
+		t.Fatalf("without the claim check: %v, want too large", err)
+	}
+	r.SetClaimThreshold(2048)
+	m, _, err := r.Message(ev)
+	if err != nil {
+		t.Fatalf("with the claim check: %v", err)
+	}
+	if len(m.Data) != len(ev.Payload) {
+		t.Fatal("the router must leave the payload to the claim-check sink")
+	}
+	r.SetMaxPayload(ClaimRefAllowance) // no room for the headers beside the reference
+	if _, _, err := r.Message(ev); err == nil {
+		t.Fatal("headers and reference over max_payload passed")
 	}
 }

@@ -120,6 +120,22 @@ const (
 // where its own ack or error decides, the dead-letter rules included.
 var ErrTxnRefused = errors.New("the broker refused the transaction's batch; resending its events one at a time")
 
+// Replaced returns a copy of m whose payload is data and whose header key
+// is v, in a header map of its own: what a decorator of the sink (the claim
+// check, relay/claim) hands to the sink in m's place, leaving m as the relay
+// holds it, so that a resend of m starts again from the event's payload.
+func (m *Msg) Replaced(data []byte, key, v string) *Msg {
+	c := *m
+	c.slots = nil // the copy's headers are plain map entries
+	c.Header = make(Header, len(m.Header)+1)
+	for k, vs := range m.Header {
+		c.Header[k] = vs
+	}
+	c.Header[key] = []string{v}
+	c.Data = data
+	return &c
+}
+
 // Ack is a broker's acknowledgement: the stream (or topic) and the
 // sequence the message is stored at, 1-based (Kafka: the partition, and
 // its offset + 1). Duplicate: the broker already held it and dropped this

@@ -15,6 +15,7 @@ import (
 	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/retry"
 	"github.com/walbox/walbox/relay"
+	"github.com/walbox/walbox/relay/claim"
 	"github.com/walbox/walbox/relay/jssink"
 	"github.com/walbox/walbox/relay/kafkasink"
 	"github.com/walbox/walbox/relay/sweep"
@@ -47,6 +48,10 @@ type bus struct {
 	// Both nil where the bus has no fence.
 	takeOver func(ctx context.Context) error
 	fenced   func() <-chan struct{}
+	// claim and claimSweep: the claim check (claim_check.enabled), nil
+	// when off.
+	claim      *claim.Sink
+	claimSweep *claim.Sweeper
 }
 
 // openBus connects the configured sink. Kafka is contacted only by ensure.
@@ -69,15 +74,32 @@ func openBus(ctx context.Context, cfg config.Config, database string, log zerolo
 		nc.Close()
 		return nil, err
 	}
-	return &bus{
+	b := &bus{
 		name: "NATS", sink: sink, reader: sink,
-		ensure: func(ctx context.Context) ([]relay.Route, error) {
-			return ensureStreams(ctx, sink, cfg, log, &natsErr)
-		},
 		up:        nc.IsConnected,
 		dlqStream: cfg.NATS.DLQ.Stream, prefix: cfg.NATS.SubjectPrefix, template: cfg.NATS.SubjectTemplate,
 		strict: cfg.NATS.StrictOrder, url: RedactNATSURL(cfg.NATS.URL), close: nc.Close,
-	}, nil
+	}
+	var store *claim.JetStreamStore
+	if cc := cfg.ClaimCheck; cc.Enabled && cfg.ClaimS3() {
+		if err := b.claimInS3(cfg, log, reg); err != nil {
+			nc.Close()
+			return nil, err
+		}
+	} else if cc.Enabled {
+		store = claim.NewJetStreamStore(sink.JetStream(), cfg.ClaimBucketSpec())
+		b.claim = claim.New(sink, store, claim.Options{Threshold: cc.Threshold, UploadTimeout: cc.UploadTimeout, Logger: log, Registerer: reg})
+		b.sink = b.claim.AsSink()
+		// An object's message is stored within the ack timeout after its
+		// upload, and an upload's chunks are named by an object within the
+		// upload timeout (claim.Sweeper's proof); a minute more for the
+		// clocks of a cluster's servers.
+		b.claimSweep = claim.NewSweeper(store, sink.JetStream(), cfg.NATS.AckTimeout+cc.UploadTimeout+time.Minute, log, reg)
+	}
+	b.ensure = func(ctx context.Context) ([]relay.Route, error) {
+		return ensureStreams(ctx, sink, store, cfg, log, &natsErr)
+	}
+	return b, nil
 }
 
 func openKafka(ctx context.Context, cfg config.Config, database string, log zerolog.Logger, reg prometheus.Registerer) (*bus, error) {
@@ -105,6 +127,12 @@ func openKafka(ctx context.Context, cfg config.Config, database string, log zero
 	}
 	if sink.Transactional() {
 		b.takeOver, b.fenced = sink.TakeOver, sink.Fenced
+	}
+	if cfg.ClaimCheck.Enabled {
+		if err := b.claimInS3(cfg, log, reg); err != nil {
+			sink.Close()
+			return nil, err
+		}
 	}
 	// Readiness: the brokers answered a metadata request in the last 10 s.
 	pingCtx, stopPing := context.WithCancel(ctx)
@@ -224,5 +252,21 @@ func registerBatchMetrics(reg prometheus.Registerer, sink *jssink.Sink) error {
 			return fmt.Errorf("register %s: %w", c.opts.Name, err)
 		}
 	}
+	return nil
+}
+
+// claimInS3 puts the claim check around b's sink with claim_check.s3 as its
+// store. Nothing sweeps that bucket: its lifecycle rules expire objects.
+func (b *bus) claimInS3(cfg config.Config, log zerolog.Logger, reg prometheus.Registerer) error {
+	s3 := cfg.ClaimCheck.S3
+	c, err := sweep.NewS3Client(sweep.S3Config{Endpoint: s3.Endpoint, Bucket: s3.Bucket, Prefix: s3.Prefix,
+		AccessKey: s3.AccessKey, SecretKey: s3.SecretKey, UseSSL: s3.UseSSL})
+	if err != nil {
+		return &config.Error{Key: "claim_check.s3", Msg: err.Error()}
+	}
+	cc := cfg.ClaimCheck
+	b.claim = claim.New(b.sink, claim.NewS3Store(c, s3.Bucket, s3.Prefix, cc.MaxBytes),
+		claim.Options{Threshold: cc.Threshold, UploadTimeout: cc.UploadTimeout, Logger: log, Registerer: reg})
+	b.sink = b.claim.AsSink()
 	return nil
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/redact"
 	"github.com/walbox/walbox/relay"
+	"github.com/walbox/walbox/relay/claim"
 	"github.com/walbox/walbox/relay/jssink"
 )
 
@@ -113,6 +114,21 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 		return err
 	}
 	ts.router = router
+	if bus.claim != nil {
+		router.SetClaimThreshold(bus.claim.Threshold())
+		bucket := cfg.ClaimBucketSpec().Name
+		if cfg.ClaimS3() {
+			bucket = "s3://" + cfg.ClaimCheck.S3.Bucket
+		}
+		log.Info().Str("bucket", bucket).Int("threshold", bus.claim.Threshold()).
+			Msg("claim check on: larger payloads go to the object store, their messages carry a reference")
+	}
+	if bus.claimSweep != nil {
+		sweepCtx, stopSweep := context.WithCancel(ctx)
+		swept := make(chan struct{})
+		go func() { defer close(swept); bus.claimSweep.Run(sweepCtx, cfg.ClaimCheck.SweepInterval) }()
+		defer func() { stopSweep(); <-swept }()
+	}
 	// Dropped marks are caught up from what the streams hold, and at start
 	// the newest messages of each stream are read back for the marks a crash
 	// left unwritten (at most each table's mark queue, which its sweeper
@@ -359,12 +375,17 @@ const jsErrClusterNoPeers jetstream.ErrorCode = 10005
 
 // ensureStreams creates or checks the configured streams, retrying while
 // NATS is unreachable: an outage at start is an outage like any other.
-func ensureStreams(ctx context.Context, sink *jssink.Sink, cfg config.Config, log zerolog.Logger, lastErr *atomic.Pointer[error]) ([]relay.Route, error) {
+func ensureStreams(ctx context.Context, sink *jssink.Sink, store *claim.JetStreamStore, cfg config.Config, log zerolog.Logger, lastErr *atomic.Pointer[error]) ([]relay.Route, error) {
 	return retryEnsure(ctx, cfg, 10*time.Second,
 		func(ctx context.Context) ([]relay.Route, error) {
 			routes, paths, err := jssink.EnsureStreams(ctx, sink.JetStream(), cfg.StreamSpecs())
 			if err != nil {
 				return nil, err
+			}
+			if store != nil {
+				if err := store.Ensure(ctx); err != nil {
+					return nil, err
+				}
 			}
 			for _, p := range paths {
 				if p.Atomic {

@@ -47,7 +47,9 @@ type Config struct {
 	Archive  Archive       `yaml:"archive" envPrefix:"ARCHIVE_"`
 	Runtime  Runtime       `yaml:"runtime" envPrefix:"RUNTIME_"`
 	OTel     OTel          `yaml:"otel" envPrefix:"OTEL_"`
-	Console  Console       `yaml:"console" envPrefix:"CONSOLE_"`
+	// ClaimCheck moves payloads too large for one message to an object store.
+	ClaimCheck ClaimCheck `yaml:"claim_check" envPrefix:"CLAIM_CHECK_"`
+	Console    Console    `yaml:"console" envPrefix:"CONSOLE_"`
 }
 
 // Console is the web console on the metrics listener (/ui).
@@ -311,14 +313,15 @@ func Default() Config {
 		NATS: NATS{URL: "nats://127.0.0.1:4222", AckTimeout: 10 * time.Second, Window: 1024, WindowBytes: 64 << 20, StrictOrder: true, FastBatch: true, FastBatchAfter: 32,
 			SubjectTemplate: relay.DefaultSubjectTemplate, PartitionBuckets: relay.DefaultPartitionBuckets, Envelope: relay.EnvelopeRaw,
 			DLQ: DLQ{Stream: "WALBOX_DLQ", SubjectPrefix: "walbox.dlq."}},
-		Retry:   Retry{Initial: retry.DefaultInitial, Max: retry.DefaultMax},
-		Metrics: Metrics{Listen: "127.0.0.1:9187", LivenessTimeout: 5 * time.Minute, StuckAfter: 2 * time.Minute},
-		Log:     Log{Level: "info", Format: "auto"},
-		Sweeper: Sweeper{MarkProcessed: true, BatchSize: 1000, Interval: 200 * time.Millisecond, PartitionStep: "day", PartitionsAhead: 7, Maintain: true, YieldAfter: time.Second, LockTimeout: 100 * time.Millisecond},
-		Archive: Archive{After: 90 * 24 * time.Hour, DeleteAfter: 3 * 365 * 24 * time.Hour, S3: S3{UseSSL: true}},
-		Runtime: Runtime{GOMAXPROCS: 1},
-		OTel:    OTel{ServiceName: "walbox"},
-		Console: Console{Enabled: true, AllowedHosts: []string{}},
+		Retry:      Retry{Initial: retry.DefaultInitial, Max: retry.DefaultMax},
+		Metrics:    Metrics{Listen: "127.0.0.1:9187", LivenessTimeout: 5 * time.Minute, StuckAfter: 2 * time.Minute},
+		Log:        Log{Level: "info", Format: "auto"},
+		Sweeper:    Sweeper{MarkProcessed: true, BatchSize: 1000, Interval: 200 * time.Millisecond, PartitionStep: "day", PartitionsAhead: 7, Maintain: true, YieldAfter: time.Second, LockTimeout: 100 * time.Millisecond},
+		Archive:    Archive{After: 90 * 24 * time.Hour, DeleteAfter: 3 * 365 * 24 * time.Hour, S3: S3{UseSSL: true}},
+		Runtime:    Runtime{GOMAXPROCS: 1},
+		OTel:       OTel{ServiceName: "walbox"},
+		ClaimCheck: defaultClaimCheck(),
+		Console:    Console{Enabled: true, AllowedHosts: []string{}},
 	}
 }
 
@@ -432,7 +435,7 @@ func keyAtLine(data []byte, line int) string {
 var sectionOf = map[string]string{
 	"Config": "", "Postgres": "postgres.", "Outbox": "outbox.", "TableSweeper": "outboxes[].sweeper.", "OutboxEntry": "outboxes[].", "NATS": "nats.", "Stream": "nats.streams[].", "RouteRule": "nats.routes[].",
 	"DLQ": "nats.dlq.", "NATSTLS": "nats.tls.", "Retry": "retry.", "Metrics": "metrics.", "Log": "log.",
-	"Sweeper": "sweeper.", "Archive": "archive.", "S3": "archive.s3.",
+	"Sweeper": "sweeper.", "Archive": "archive.", "S3": "archive.s3.", "ClaimCheck": "claim_check.",
 }
 
 func decodeYAML(data []byte, cfg *Config) error {
@@ -626,6 +629,7 @@ func (c *Config) validate(withNATS bool) error {
 	c.validateSweeper(bad)
 	c.validateNATSAuth(bad)
 	c.validateOTel(bad)
+	c.validateClaimCheck(bad)
 	if len(errs) > 0 {
 		return fmt.Errorf("invalid configuration:\n  %s", strings.Join(errs, "\n  "))
 	}

@@ -4,11 +4,16 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/walbox/walbox/internal/app"
 	"github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/relay"
 	"github.com/walbox/walbox/relay/busops"
+	"github.com/walbox/walbox/relay/claim"
 	"github.com/walbox/walbox/relay/jssink"
 	"github.com/walbox/walbox/relay/kafkasink"
+	"github.com/walbox/walbox/relay/sweep"
 )
 
 // openBus opens the configured sink's bus for a command: the one place
@@ -22,14 +27,23 @@ func openBus(ctx context.Context, cfg config.Config) (busops.Bus, error) {
 		if err != nil {
 			return nil, err
 		}
-		return kafkasink.OpenOps(sc, kafkasink.OpsConfig{Topics: cfg.TopicSpecs(), Router: ro})
+		oc := kafkasink.OpsConfig{Topics: cfg.TopicSpecs(), Router: ro}
+		if oc.Claim, err = claimWrap(cfg, nil); err != nil {
+			return nil, err
+		}
+		return kafkasink.OpenOps(sc, oc)
 	}
-	nc, _, err := connectNATS(ctx, cfg)
+	nc, js, err := connectNATS(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
-	b, err := jssink.OpenOps(nc, jssink.OpsConfig{Streams: cfg.StreamSpecs(), SubjectPrefix: cfg.NATS.SubjectPrefix,
-		DLQSubjectPrefix: cfg.NATS.DLQ.SubjectPrefix, Router: ro, AckTimeout: cfg.NATS.AckTimeout, RedactURL: app.RedactNATSURL})
+	oc := jssink.OpsConfig{Streams: cfg.StreamSpecs(), SubjectPrefix: cfg.NATS.SubjectPrefix,
+		DLQSubjectPrefix: cfg.NATS.DLQ.SubjectPrefix, Router: ro, AckTimeout: cfg.NATS.AckTimeout, RedactURL: app.RedactNATSURL}
+	if oc.Claim, err = claimWrap(cfg, js); err != nil {
+		nc.Close()
+		return nil, err
+	}
+	b, err := jssink.OpenOps(nc, oc)
 	if err != nil {
 		nc.Close()
 		return nil, err
@@ -48,4 +62,30 @@ func busUnreachable(cfg config.Config, err error, report busops.Report) {
 	report("nats.connect", busops.Fail, err.Error(),
 		"check nats.url (or WALBOX_NATS_URL / --nats-url), nats.tls and the credentials; is nats-server running and reachable from here?")
 	report("nats.jetstream", busops.Skip, "no connection to NATS", "")
+}
+
+// claimWrap is the claim check the commands publish through when
+// claim_check is on (nil when off): replay and dlq retry publish a large
+// event as the relay does, its payload stored under the same key, then the
+// reference. js is the JetStream of the Object Store (nil with Kafka).
+func claimWrap(cfg config.Config, js jetstream.JetStream) (func(relay.Sink) (relay.Sink, int), error) {
+	cc := cfg.ClaimCheck
+	if !cc.Enabled {
+		return nil, nil
+	}
+	var store claim.Store
+	if s3 := cc.S3; cfg.ClaimS3() {
+		c, err := sweep.NewS3Client(sweep.S3Config{Endpoint: s3.Endpoint, Bucket: s3.Bucket, Prefix: s3.Prefix,
+			AccessKey: s3.AccessKey, SecretKey: s3.SecretKey, UseSSL: s3.UseSSL})
+		if err != nil {
+			return nil, &config.Error{Key: "claim_check.s3", Msg: err.Error()}
+		}
+		store = claim.NewS3Store(c, s3.Bucket, s3.Prefix, cc.MaxBytes)
+	} else {
+		store = claim.NewJetStreamStore(js, cfg.ClaimBucketSpec())
+	}
+	return func(inner relay.Sink) (relay.Sink, int) {
+		cs := claim.New(inner, store, claim.Options{Threshold: cc.Threshold, UploadTimeout: cc.UploadTimeout})
+		return cs.AsSink(), cs.Threshold()
+	}, nil
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/relay"
+	"github.com/walbox/walbox/relay/claim"
 )
 
 // TailOptions adjust Tail.
@@ -117,8 +118,29 @@ func tailLine(m jetstream.Msg, width int) string {
 		id = "-"
 	}
 	payload := oneLine(m.Data(), width)
+	if v := h.Get(claim.Header); v != "" {
+		payload = claimLine(v)
+	}
 	if reason := h.Get(relay.HeaderDLQReason); reason != "" {
 		payload = "DEAD LETTER: " + reason + ": " + payload
 	}
 	return fmt.Sprintf("%-23s  %-24s  %-36s  %11s  %s", stored, m.Subject(), id, lat, payload)
+}
+
+// claimLine is what tail shows of a claim-check reference (header value v)
+// in the payload's place: the payload's size and where it is.
+func claimLine(v string) string {
+	ref, err := claim.ParseRef(v)
+	if err != nil {
+		return "CLAIM CHECK (unreadable reference): " + v
+	}
+	return fmt.Sprintf("CLAIM CHECK: %s in %s bucket %s, key %s", mib(ref.Size), ref.Store, ref.Bucket, ref.Key)
+}
+
+// mib is n bytes in KiB or MiB, one decimal.
+func mib(n int64) string {
+	if n < 1<<20 {
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
 }

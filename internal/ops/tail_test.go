@@ -12,6 +12,7 @@ import (
 
 	"github.com/walbox/walbox/internal/relaytest"
 	"github.com/walbox/walbox/relay"
+	"github.com/walbox/walbox/relay/claim"
 	"github.com/walbox/walbox/relay/kafkasink"
 )
 
@@ -180,4 +181,11 @@ func waitTailOutput(t *testing.T, out *relaytest.Buffer, wants ...string) {
 		}
 		return true
 	})
+}
+
+func TestTailShowsAClaimCheckReferenceInThePayloadsPlace(t *testing.T) {
+	v := claim.Ref{Store: claim.StoreJetStream, Bucket: "ORDERS_CLAIMS", Key: "app/walbox/public.outbox_events/42", Size: 3 << 20 / 2, SHA256: strings.Repeat("0", 64)}.String()
+	if got, want := claimLine(v), "CLAIM CHECK: 1.5 MiB in jetstream bucket ORDERS_CLAIMS, key app/walbox/public.outbox_events/42"; got != want {
+		t.Fatalf("%q, want %q", got, want)
+	}
 }

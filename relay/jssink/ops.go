@@ -27,6 +27,10 @@ type OpsConfig struct {
 	AckTimeout       time.Duration
 	// RedactURL shows a server URL without its credentials.
 	RedactURL func(string) string
+	// Claim, when set, wraps the sink the commands publish through (the
+	// claim check, relay/claim) and returns the size above which it moves
+	// a payload, for the router's size check.
+	Claim func(relay.Sink) (relay.Sink, int)
 }
 
 // Ops is JetStream as walbox's operations commands see it: a
@@ -37,6 +41,9 @@ type Ops struct {
 	nc   *nats.Conn
 	js   jetstream.JetStream
 	sink *Sink
+	// pub is what Publish goes through: sink, or the claim check around it.
+	pub        relay.Sink
+	claimAbove int
 }
 
 // OpenOps wraps a connection for the commands; Close closes it.
@@ -49,7 +56,11 @@ func OpenOps(nc *nats.Conn, cfg OpsConfig) (*Ops, error) {
 	for i, sp := range cfg.Streams {
 		names[i] = sp.Name
 	}
-	return &Ops{Names: busops.NamesOf(names), cfg: cfg, nc: nc, js: sink.js, sink: sink}, nil
+	o := &Ops{Names: busops.NamesOf(names), cfg: cfg, nc: nc, js: sink.js, sink: sink, pub: sink}
+	if cfg.Claim != nil {
+		o.pub, o.claimAbove = cfg.Claim(sink)
+	}
+	return o, nil
 }
 
 var _ busops.Bus = (*Ops)(nil)
@@ -93,6 +104,7 @@ func (o *Ops) Router(source string, routes []relay.Route) (*relay.Router, error)
 		return nil, err
 	}
 	rt.SetMaxPayload(o.sink.MaxPayload())
+	rt.SetClaimThreshold(o.claimAbove)
 	return rt, nil
 }
 
@@ -118,7 +130,7 @@ func (o *Ops) DeadLetter(rt *relay.Router, ev *cdc.Event, reason string) *relay.
 // the relay's Sink.
 func (o *Ops) Publish(m *relay.Msg, dest string) (relay.Future, error) {
 	m.SetHeader(jetstream.ExpectedStreamHeader, dest)
-	return o.sink.Publish(m)
+	return o.pub.Publish(m)
 }
 
 // ReadBack implements busops.Bus.

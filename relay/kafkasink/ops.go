@@ -26,6 +26,10 @@ type OpsConfig struct {
 	Topics []TopicSpec
 	// Router has the topic template.
 	Router relay.RouterOptions
+	// Claim, when set, wraps the sink the commands publish through (the
+	// claim check, relay/claim) and returns the size above which it moves
+	// a payload, for the router's size check.
+	Claim func(relay.Sink) (relay.Sink, int)
 }
 
 // Ops is Kafka as walbox's operations commands see it: a busops.Bus over
@@ -39,6 +43,9 @@ type Ops struct {
 	adm    *kadm.Client
 	sink   *Sink
 	routes []relay.Route // Destination's, read once
+	// pub is what Publish goes through: sink, or the claim check around it.
+	pub        relay.Sink
+	claimAbove int
 }
 
 // OpenOps opens the clients; it does not contact the brokers yet.
@@ -56,7 +63,11 @@ func OpenOps(sc Config, cfg OpsConfig) (*Ops, error) {
 	for i, t := range cfg.Topics {
 		names[i] = t.Name
 	}
-	return &Ops{Names: busops.NamesOf(names), sc: sc, cfg: cfg, cl: cl, adm: kadm.NewClient(cl), sink: sink}, nil
+	o := &Ops{Names: busops.NamesOf(names), sc: sc, cfg: cfg, cl: cl, adm: kadm.NewClient(cl), sink: sink, pub: sink}
+	if cfg.Claim != nil {
+		o.pub, o.claimAbove = cfg.Claim(sink)
+	}
+	return o, nil
 }
 
 var _ busops.Bus = (*Ops)(nil)
@@ -107,6 +118,7 @@ func (o *Ops) Router(source string, routes []relay.Route) (*relay.Router, error)
 		return nil, err
 	}
 	rt.SetMaxPayload(o.sc.MaxPayload)
+	rt.SetClaimThreshold(o.claimAbove)
 	return rt, nil
 }
 
@@ -135,7 +147,7 @@ func (o *Ops) DeadLetter(rt *relay.Router, ev *cdc.Event, reason string) *relay.
 }
 
 // Publish implements busops.Bus (the topic is m.Subject).
-func (o *Ops) Publish(m *relay.Msg, _ string) (relay.Future, error) { return o.sink.Publish(m) }
+func (o *Ops) Publish(m *relay.Msg, _ string) (relay.Future, error) { return o.pub.Publish(m) }
 
 // ReadBack implements busops.Bus.
 func (o *Ops) ReadBack(ctx context.Context, dest, source string, rr relay.ReadBackRange, fn func(relay.StoredEvent) bool) error {

@@ -170,6 +170,19 @@ type S3Store struct {
 
 // NewS3Store returns a store for the bucket. It does not connect.
 func NewS3Store(cfg S3Config) (*S3Store, error) {
+	c, err := NewS3Client(cfg)
+	if err != nil {
+		return nil, err
+	}
+	prefix := strings.Trim(cfg.Prefix, "/")
+	where := "s3://" + cfg.Bucket + "/" + prefix
+	return &S3Store{c: c, bucket: cfg.Bucket, prefix: prefix, where: where}, nil
+}
+
+// NewS3Client is the minio-go client of cfg (the bucket is cfg's to use,
+// the prefix the caller's): static keys, else the environment's or the
+// instance's credentials. It does not connect.
+func NewS3Client(cfg S3Config) (*minio.Client, error) {
 	if cfg.Endpoint == "" || cfg.Bucket == "" {
 		return nil, errors.New("S3 endpoint and bucket are required")
 	}
@@ -183,11 +196,9 @@ func NewS3Store(cfg S3Config) (*S3Store, error) {
 	}
 	c, err := minio.New(cfg.Endpoint, &minio.Options{Creds: creds, Secure: cfg.UseSSL})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("S3 client for %s: %w", cfg.Endpoint, err)
 	}
-	prefix := strings.Trim(cfg.Prefix, "/")
-	where := "s3://" + cfg.Bucket + "/" + prefix
-	return &S3Store{c: c, bucket: cfg.Bucket, prefix: prefix, where: where}, nil
+	return c, nil
 }
 
 func (s *S3Store) key(k string) string {

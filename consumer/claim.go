@@ -1,0 +1,90 @@
+package consumer
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/url"
+	"strconv"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// HeaderClaimCheck marks an event whose payload walbox stored apart
+// (claim_check in walbox's config): the message's body is empty and the
+// header's value, a URL query, says where the payload is:
+//
+//	store=jetstream&bucket=ORDERS_CLAIMS&key=<source>%2F<table>%2F<id>&size=8388608&sha256=<hex>
+const HeaderClaimCheck = "Walbox-Claim-Check"
+
+// ClaimCheck is a claim-check reference: the payload is the object Key in
+// the JetStream Object Store bucket Bucket, Size bytes with this SHA-256.
+type ClaimCheck struct {
+	Store  string // "jetstream"
+	Bucket string
+	Key    string
+	Size   int64
+	SHA256 string // lower-case hex
+}
+
+// Errors of FetchClaim about the object itself: no retry cures them, Run
+// dead-letters the event.
+var (
+	ErrClaimMissing = errors.New("claim-check object missing")
+	ErrClaimCorrupt = errors.New("claim-check object corrupt")
+)
+
+// ParseClaimCheck reads h's claim-check reference: nil when h has none.
+func ParseClaimCheck(h nats.Header) (*ClaimCheck, error) {
+	v := h.Get(HeaderClaimCheck)
+	if v == "" {
+		return nil, nil
+	}
+	q, err := url.ParseQuery(v)
+	if err != nil {
+		return nil, fmt.Errorf("parse %s header %q: %w", HeaderClaimCheck, v, err)
+	}
+	c := &ClaimCheck{Store: q.Get("store"), Bucket: q.Get("bucket"), Key: q.Get("key"), SHA256: q.Get("sha256")}
+	if c.Size, err = strconv.ParseInt(q.Get("size"), 10, 64); err != nil || c.Size < 0 {
+		return nil, fmt.Errorf("parse %s header %q: bad size", HeaderClaimCheck, v)
+	}
+	if c.Bucket == "" || c.Key == "" || len(c.SHA256) != 64 {
+		return nil, fmt.Errorf("parse %s header %q: bucket, key and a 64-digit sha256 are required", HeaderClaimCheck, v)
+	}
+	return c, nil
+}
+
+// FetchClaim reads the payload c names from js's Object Store and checks
+// its size and SHA-256. eventID names the event in the errors. An object
+// that is gone wraps ErrClaimMissing, one whose bytes do not match wraps
+// ErrClaimCorrupt; any other error is the store's of the moment.
+func FetchClaim(ctx context.Context, js jetstream.JetStream, eventID string, c *ClaimCheck) ([]byte, error) {
+	if c.Store != "" && c.Store != "jetstream" {
+		return nil, fmt.Errorf("event %s: claim-check store %q is not the JetStream Object Store: fetch object %s of bucket %s yourself", eventID, c.Store, c.Key, c.Bucket)
+	}
+	obs, err := js.ObjectStore(ctx, c.Bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, fmt.Errorf("event %s: %w: bucket %s does not exist (object %s)", eventID, ErrClaimMissing, c.Bucket, c.Key)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("event %s: open claim-check bucket %s: %w", eventID, c.Bucket, err)
+	}
+	data, err := obs.GetBytes(ctx, c.Key)
+	switch {
+	case errors.Is(err, jetstream.ErrObjectNotFound):
+		return nil, fmt.Errorf("event %s: %w: no object %s in bucket %s (deleted, or expired with the bucket's TTL)", eventID, ErrClaimMissing, c.Key, c.Bucket)
+	case errors.Is(err, jetstream.ErrDigestMismatch):
+		return nil, fmt.Errorf("event %s: %w: object %s in bucket %s: %v", eventID, ErrClaimCorrupt, c.Key, c.Bucket, err)
+	case err != nil:
+		return nil, fmt.Errorf("event %s: read claim-check object %s from bucket %s: %w", eventID, c.Key, c.Bucket, err)
+	}
+	sum := sha256.Sum256(data)
+	if int64(len(data)) != c.Size || hex.EncodeToString(sum[:]) != c.SHA256 {
+		return nil, fmt.Errorf("event %s: %w: object %s in bucket %s has %d bytes with sha256 %x; the reference says %d bytes, sha256 %s (overwritten by another event with the same identity?)",
+			eventID, ErrClaimCorrupt, c.Key, c.Bucket, len(data), sum, c.Size, c.SHA256)
+	}
+	return data, nil
+}

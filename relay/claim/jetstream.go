@@ -1,0 +1,212 @@
+package claim
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Store keeps payloads apart from their messages.
+type Store interface {
+	// Kind and Bucket are the store's names in a Ref.
+	Kind() string
+	Bucket() string
+	// ObjectKey is where key's object is in the bucket (a Ref's key).
+	ObjectKey(key string) string
+	// Put stores data under key, replacing what the key held, and returns
+	// once the store has confirmed it. meta travels with the object (the
+	// stream its message goes to, for the retention sweep). An error
+	// wrapping ErrRefused means the store will never take it.
+	Put(ctx context.Context, key string, data []byte, meta map[string]string) error
+}
+
+// Object metadata walbox sets (ObjectMeta.Metadata).
+const (
+	MetaStream  = "walbox-stream"
+	MetaEventID = "walbox-event-id"
+)
+
+// BucketSpec is the JetStream Object Store bucket walbox keeps payloads in.
+type BucketSpec struct {
+	Name     string
+	Replicas int
+	// TTL is the bucket's max_age: the server deletes objects older than
+	// it. It must not be shorter than the streams' max_age (the config
+	// checks), or an object could go before its message.
+	TTL time.Duration
+	// MaxBytes bounds the bucket (0: unlimited); an object larger than it
+	// is refused (ErrRefused).
+	MaxBytes int64
+	Storage  string // file or memory
+}
+
+// JetStreamStore is a Store in a JetStream Object Store bucket.
+type JetStreamStore struct {
+	js   jetstream.JetStream
+	spec BucketSpec
+
+	mu  sync.Mutex
+	obs jetstream.ObjectStore
+}
+
+// NewJetStreamStore returns the store of spec; Ensure creates the bucket.
+func NewJetStreamStore(js jetstream.JetStream, spec BucketSpec) *JetStreamStore {
+	return &JetStreamStore{js: js, spec: spec}
+}
+
+// Kind implements Store.
+func (s *JetStreamStore) Kind() string { return StoreJetStream }
+
+// Bucket implements Store.
+func (s *JetStreamStore) Bucket() string { return s.spec.Name }
+
+// ObjectKey implements Store: the key itself.
+func (s *JetStreamStore) ObjectKey(key string) string { return key }
+
+// Ensure creates the bucket, or updates it to spec.
+func (s *JetStreamStore) Ensure(ctx context.Context) error {
+	c := jetstream.ObjectStoreConfig{
+		Bucket:      s.spec.Name,
+		Description: "walbox claim check: payloads too large for one message",
+		TTL:         s.spec.TTL,
+		MaxBytes:    s.spec.MaxBytes,
+		Replicas:    max(s.spec.Replicas, 1),
+		Storage:     jetstream.FileStorage,
+	}
+	if s.spec.Storage == "memory" {
+		c.Storage = jetstream.MemoryStorage
+	}
+	obs, err := s.js.CreateOrUpdateObjectStore(ctx, c)
+	if err != nil {
+		return fmt.Errorf("create or update claim-check bucket %s: %w", s.spec.Name, err)
+	}
+	s.mu.Lock()
+	s.obs = obs
+	s.mu.Unlock()
+	return nil
+}
+
+// handle is the bucket's handle, looked up once.
+func (s *JetStreamStore) handle(ctx context.Context) (jetstream.ObjectStore, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.obs != nil {
+		return s.obs, nil
+	}
+	obs, err := s.js.ObjectStore(ctx, s.spec.Name)
+	if err != nil {
+		return nil, fmt.Errorf("open claim-check bucket %s: %w", s.spec.Name, err)
+	}
+	s.obs = obs
+	return obs, nil
+}
+
+// Put implements Store. nats.go's ObjectStore.Put publishes the chunks and
+// the object's meta message and returns only when JetStream has acked every
+// one of them (or fails): that is the confirmation.
+func (s *JetStreamStore) Put(ctx context.Context, key string, data []byte, meta map[string]string) error {
+	if s.spec.MaxBytes > 0 && int64(len(data)) > s.spec.MaxBytes {
+		return fmt.Errorf("%w: the payload of %d bytes is larger than bucket %s's max_bytes of %d (claim_check.max_bytes)",
+			ErrRefused, len(data), s.spec.Name, s.spec.MaxBytes)
+	}
+	obs, err := s.handle(ctx)
+	if err != nil {
+		return err
+	}
+	info, err := obs.Put(ctx, jetstream.ObjectMeta{Name: key, Metadata: meta}, bytes.NewReader(data))
+	if err != nil {
+		return fmt.Errorf("put object %s in bucket %s: %w", key, s.spec.Name, err)
+	}
+	if info.Size != uint64(len(data)) {
+		return fmt.Errorf("put object %s in bucket %s: stored %d bytes of %d", key, s.spec.Name, info.Size, len(data))
+	}
+	return nil
+}
+
+// Get reads the object under key (for tests and tools; consumers use the
+// consumer library).
+func (s *JetStreamStore) Get(ctx context.Context, key string) ([]byte, error) {
+	obs, err := s.handle(ctx)
+	if err != nil {
+		return nil, err
+	}
+	b, err := obs.GetBytes(ctx, key)
+	if err != nil {
+		return nil, fmt.Errorf("get object %s from bucket %s: %w", key, s.spec.Name, err)
+	}
+	return b, nil
+}
+
+// Objects lists the bucket's objects (none: an empty list).
+func (s *JetStreamStore) Objects(ctx context.Context) ([]*jetstream.ObjectInfo, error) {
+	obs, err := s.handle(ctx)
+	if err != nil {
+		return nil, err
+	}
+	list, err := obs.List(ctx)
+	if errors.Is(err, jetstream.ErrNoObjectsFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list claim-check bucket %s: %w", s.spec.Name, err)
+	}
+	return list, nil
+}
+
+// Delete removes the object under key.
+func (s *JetStreamStore) Delete(ctx context.Context, key string) error {
+	obs, err := s.handle(ctx)
+	if err != nil {
+		return err
+	}
+	if err := obs.Delete(ctx, key); err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
+		return fmt.Errorf("delete object %s from bucket %s: %w", key, s.spec.Name, err)
+	}
+	return nil
+}
+
+// PurgePartials purges the chunks of uploads that never completed (the
+// relay killed mid-upload, or between an overwrite and its purge of the
+// old chunks): chunk subjects that no object in live (NUIDs of the
+// bucket's objects) names and whose newest chunk is older than before. An
+// upload in progress publishes chunks continuously and names them in its
+// meta message at its end, so before must lie an upload's timeout in the
+// past. It returns how many uploads it purged.
+func (s *JetStreamStore) PurgePartials(ctx context.Context, live map[string]bool, before time.Time) (int, error) {
+	st, err := s.js.Stream(ctx, "OBJ_"+s.spec.Name)
+	if err != nil {
+		return 0, fmt.Errorf("claim-check bucket %s's stream: %w", s.spec.Name, err)
+	}
+	prefix := "$O." + s.spec.Name + ".C."
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(prefix+">"))
+	if err != nil {
+		return 0, fmt.Errorf("list the chunks of claim-check bucket %s: %w", s.spec.Name, err)
+	}
+	n := 0
+	for subj := range info.State.Subjects {
+		if live[strings.TrimPrefix(subj, prefix)] {
+			continue
+		}
+		last, err := st.GetLastMsgForSubject(ctx, subj)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			return n, fmt.Errorf("read the newest chunk of %s: %w", subj, err)
+		}
+		if !last.Time.Before(before) {
+			continue
+		}
+		if err := st.Purge(ctx, jetstream.WithPurgeSubject(subj)); err != nil {
+			return n, fmt.Errorf("purge the partial upload %s: %w", subj, err)
+		}
+		n++
+	}
+	return n, nil
+}

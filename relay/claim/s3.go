@@ -1,0 +1,77 @@
+package claim
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/minio/minio-go/v7"
+)
+
+// StoreS3 names an S3-compatible bucket in a Ref.
+const StoreS3 = "s3"
+
+// S3Store is a Store in an S3-compatible bucket, through minio-go: the
+// Kafka sink's (Kafka has no object store of its own). The bucket must
+// exist; its lifecycle rules expire objects (walbox has no sweep for it
+// yet: README, Large events).
+type S3Store struct {
+	c        *minio.Client
+	bucket   string
+	prefix   string
+	maxBytes int64
+}
+
+// NewS3Store stores objects in bucket under prefix ("" for none); an
+// object larger than maxBytes (0: no limit) is refused. minio-go uploads
+// a large one in parts, and the object appears only once every part is
+// stored: a confirmed Put is a whole object.
+func NewS3Store(c *minio.Client, bucket, prefix string, maxBytes int64) *S3Store {
+	return &S3Store{c: c, bucket: bucket, prefix: strings.Trim(prefix, "/"), maxBytes: maxBytes}
+}
+
+// Kind implements Store.
+func (s *S3Store) Kind() string { return StoreS3 }
+
+// Bucket implements Store.
+func (s *S3Store) Bucket() string { return s.bucket }
+
+// ObjectKey implements Store: the key under the prefix.
+func (s *S3Store) ObjectKey(key string) string {
+	if s.prefix == "" {
+		return key
+	}
+	return s.prefix + "/" + key
+}
+
+// Put implements Store. S3 refuses an object above its own limit (5 TiB)
+// with EntityTooLarge: refused for itself too.
+func (s *S3Store) Put(ctx context.Context, key string, data []byte, meta map[string]string) error {
+	if s.maxBytes > 0 && int64(len(data)) > s.maxBytes {
+		return fmt.Errorf("%w: the payload of %d bytes is larger than claim_check.max_bytes of %d", ErrRefused, len(data), s.maxBytes)
+	}
+	_, err := s.c.PutObject(ctx, s.bucket, s.ObjectKey(key), bytes.NewReader(data), int64(len(data)),
+		minio.PutObjectOptions{ContentType: "application/json", UserMetadata: meta})
+	if minio.ToErrorResponse(err).Code == "EntityTooLarge" {
+		return fmt.Errorf("%w: s3://%s/%s: %v", ErrRefused, s.bucket, s.ObjectKey(key), err)
+	}
+	if err != nil {
+		return fmt.Errorf("put s3://%s/%s: %w", s.bucket, s.ObjectKey(key), err)
+	}
+	return nil
+}
+
+// Get reads the object under key (tests and tools).
+func (s *S3Store) Get(ctx context.Context, key string) ([]byte, error) {
+	obj, err := s.c.GetObject(ctx, s.bucket, s.ObjectKey(key), minio.GetObjectOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("get s3://%s/%s: %w", s.bucket, s.ObjectKey(key), err)
+	}
+	defer obj.Close()
+	var b bytes.Buffer
+	if _, err := b.ReadFrom(obj); err != nil {
+		return nil, fmt.Errorf("get s3://%s/%s: %w", s.bucket, s.ObjectKey(key), err)
+	}
+	return b.Bytes(), nil
+}
