@@ -265,3 +265,21 @@ func TestClaimCheckBadCases(t *testing.T) {
 		t.Fatal("the small events did not reach the handler intact")
 	}
 }
+
+// TestLargeEventsInAtomicTransactions: with nats.atomic_transactions on,
+// the claim check's sink must still tell the relay where transactions end
+// (relay.TxnSink): the JetStream sink holds an atomic batch until the relay
+// says it may commit, so a decorator that hid the interface would hold
+// every event forever. Small and large events arrive once, in order, the
+// small ones in atomic batches.
+func TestLargeEventsInAtomicTransactions(t *testing.T) {
+	e := newEnv(t, func(c *config.Config) { c.NATS.AtomicTransactions = true })
+	r := relaytest.StartRelay(t, e.cfg)
+	for _, size := range []int{100, 3 * MiB / 2, 100, 100} {
+		e.insert(size)
+	}
+	e.stored(30 * time.Second)
+	if n := relaytest.Metric(t, r.Registry, "walbox_nats_atomic_messages_total", nil); n == 0 {
+		t.Fatal("no event went in an atomic batch")
+	}
+}

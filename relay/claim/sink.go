@@ -111,6 +111,24 @@ func (s *Sink) AsSink() relay.Sink {
 	return s
 }
 
+// EndTxn implements relay.TxnSink: the relay's word on where transactions
+// end goes to the wrapped sink. A JetStream sink with atomic transactions
+// on holds each batch until it hears it; were the interface hidden (as for
+// the optional ones AsSink picks), it would hold every event forever.
+// Without a wrapped TxnSink it does nothing, and TxnOpen is false: the
+// relay then acts as it does for a sink without transactions.
+func (s *Sink) EndTxn(end relay.TxnEnd) {
+	if ts, ok := s.inner.(relay.TxnSink); ok {
+		ts.EndTxn(end)
+	}
+}
+
+// TxnOpen implements relay.TxnSink.
+func (s *Sink) TxnOpen() bool {
+	ts, ok := s.inner.(relay.TxnSink)
+	return ok && ts.TxnOpen()
+}
+
 // UploadError is a failed upload: transient, the event waits.
 type UploadError struct {
 	Key string
