@@ -9,8 +9,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/walbox/walbox/internal/relaytest"
 )
 
 // These tests pin down the server behaviour walbox's ordering relies on.
@@ -31,30 +29,8 @@ func r3Stream(t *testing.T, name string) (*Cluster, jetstream.JetStream) {
 	_, js, _ := connect(t, cl.URLs())
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	st := createStream(ctx, t, js, name, name+".>", 3)
-	// CreateStream returns once the meta group placed the stream; its own
-	// group may not have elected a leader yet, and a publish then gets "no
-	// response from stream" (seen once in CI). Wait until it has a leader
-	// and both followers are current.
-	relaytest.Eventually(t, 15*time.Second, "the R3 stream's leader and two current replicas", func() bool {
-		info, err := st.Info(ctx)
-		if err != nil || info.Cluster == nil || info.Cluster.Leader == "" || len(info.Cluster.Replicas) != 2 {
-			return false
-		}
-		for _, r := range info.Cluster.Replicas {
-			if !r.Current {
-				return false
-			}
-		}
-		return true
-	})
-	// The leader's subscription to the stream's subjects reaches the other
-	// nodes over the routes a moment after the election; a publish through a
-	// node that has not heard of it yet gets "no response from stream" too
-	// (6 of 160 runs under load before this wait).
-	relaytest.Eventually(t, 15*time.Second, "every node routing "+name+".> to the stream", func() bool {
-		return cl.Reachable("", name+".a")
-	})
+	createStream(ctx, t, js, name, name+".>", 3)
+	WaitStreamReady(t, cl, js, name, name+".a")
 	return cl, js
 }
 

@@ -16,7 +16,11 @@
 package natstest
 
 import (
+	"context"
 	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/walbox/walbox/internal/natsembed"
 )
@@ -64,4 +68,43 @@ func NewCluster(t testing.TB, n int, opts ...Option) *Cluster {
 	}
 	t.Cleanup(c.Close)
 	return c
+}
+
+// WaitStreamReady waits until stream on cl has a leader and every replica
+// current, and every node routes subject to it. CreateStream returns once
+// the meta group placed the stream: its own group may not have elected a
+// leader yet, and the leader's subscription reaches the other nodes over
+// the routes a moment after the election; a publish before either gets "no
+// response from stream".
+func WaitStreamReady(t testing.TB, cl *Cluster, js jetstream.JetStream, stream, subject string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		if streamReady(ctx, js, stream) && cl.Reachable("", subject) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("stream %s: no leader with current replicas routed from every node within 30 s", stream)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func streamReady(ctx context.Context, js jetstream.JetStream, stream string) bool {
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		return false
+	}
+	info, err := st.Info(ctx)
+	if err != nil || info.Cluster == nil || info.Cluster.Leader == "" || len(info.Cluster.Replicas) != info.Config.Replicas-1 {
+		return false
+	}
+	for _, r := range info.Cluster.Replicas {
+		if !r.Current {
+			return false
+		}
+	}
+	return true
 }

@@ -523,6 +523,7 @@ func TestAtomicR3(t *testing.T) {
 	sp := atomicSpec()
 	sp.Replicas = 3
 	s := batchSinkOn(t, c.URLs(), 10*time.Second, 1024, sp)
+	natstest.WaitStreamReady(t, c, s.js, sp.Name, "orders.created")
 	if !s.paths[0].Atomic {
 		t.Fatalf("path %+v", s.paths[0])
 	}
