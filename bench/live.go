@@ -170,11 +170,14 @@ func (b *bench) live(ctx context.Context) error {
 	if err := b.liveTraced(ctx, pool); err != nil {
 		return err
 	}
-	rounds := 2
+	rounds, pairs := 2, 5
 	if b.p.Quick {
-		rounds = 1
+		rounds, pairs = 1, 2
 	}
-	return b.consoleCost(ctx, pool, rounds)
+	if err := b.consoleCost(ctx, pool, rounds); err != nil {
+		return err
+	}
+	return b.consoleToggle(ctx, pool, pairs)
 }
 
 // liveNoFlag runs the live rates up to 2,000/s again with a fresh relay
