@@ -295,3 +295,36 @@ func TestThresholdIsAtMostWhatAMessageTakes(t *testing.T) {
 		}
 	}
 }
+
+// fullSink has every optional interface the relay looks for on its sink.
+type fullSink struct{ fakeSink }
+
+func (fullSink) ErrorCode(error) string               { return "" }
+func (fullSink) PartitionOf(*relay.Msg) (int32, bool) { return 0, false }
+func (fullSink) EndTxn(relay.TxnEnd)                  {}
+func (fullSink) TxnOpen() bool                        { return false }
+func (fullSink) StoredIdentity(context.Context, string, uint64) (string, string, error) {
+	return "", "", nil
+}
+
+// TestAsSinkKeepsEveryOptionalInterface: the relay acts on which optional
+// interfaces its sink has (resume checks, error codes, where transactions
+// end), so the claim check's wrap must keep each one the wrapped sink has.
+// Hiding relay.TxnSink once held every event of an atomic batch forever.
+func TestAsSinkKeepsEveryOptionalInterface(t *testing.T) {
+	var log []string
+	s := claim.New(&fullSink{fakeSink{log: &log}}, &fakeStore{log: &log, objs: map[string][]byte{}},
+		claim.Options{Threshold: 1 << 10, Logger: zerolog.Nop()}).AsSink()
+	if _, ok := s.(relay.ErrorCoder); !ok {
+		t.Error("relay.ErrorCoder lost")
+	}
+	if _, ok := s.(relay.Partitioner); !ok {
+		t.Error("relay.Partitioner lost")
+	}
+	if _, ok := s.(relay.DuplicateChecker); !ok {
+		t.Error("relay.DuplicateChecker lost")
+	}
+	if _, ok := s.(relay.TxnSink); !ok {
+		t.Error("relay.TxnSink lost")
+	}
+}
