@@ -270,11 +270,19 @@ func (r *results) consoleReport(head func(string), add func(what, value, target,
 		ratios = append(ratios, ratioOf(w, u))
 		parts = append(parts, fmt.Sprintf("%.1f/%.1f", w, u))
 	}
+	lo, hi := slices.Min(ratios), slices.Max(ratios)
 	med := median(ratios)
 	add(fmt.Sprintf("one relay, console on, %d/s: relay CPU per event with / without a live-tail viewer, windows alternated (µs, per pair)", consoleRate),
 		strings.Join(parts, ", "), "", "")
+	// Windows of one relay differ too (two runs of this phase gave medians
+	// of +9.3 % and -4.4 %): when the pairs' ratios spread over more than
+	// twice the target's margin, the median cannot tell either.
+	v = met(med <= targetConsoleCPU)
+	if hi-lo > (targetConsoleCPU-1)*2 {
+		v = fmt.Sprintf("noisy: the pairs' ratios span %.0f %%", (hi-lo)*100)
+	}
 	add("target: relay CPU with one live-tail viewer ÷ without it, one relay (median of the pairs)",
-		fmt.Sprintf("%.3f (%+.1f %%)", med, (med-1)*100), fmt.Sprintf("≤ %.2f", targetConsoleCPU), met(med <= targetConsoleCPU))
+		fmt.Sprintf("%.3f (%+.1f %%)", med, (med-1)*100), fmt.Sprintf("≤ %.2f", targetConsoleCPU), v)
 }
 
 // median of xs (xs is reordered).
