@@ -213,42 +213,35 @@ func retryEnsure(ctx context.Context, cfg config.Config, timeout time.Duration,
 
 // registerBatchMetrics exports the sink's fast-batch and atomic-batch counts.
 func registerBatchMetrics(reg prometheus.Registerer, sink *jssink.Sink) error {
+	batch := func(f func(jssink.BatchStats) uint64) func() float64 {
+		return func() float64 { return float64(f(sink.BatchStats())) }
+	}
+	atomic := func(f func(jssink.AtomicStats) uint64) func() float64 {
+		return func() float64 { return float64(f(sink.AtomicStats())) }
+	}
 	for _, c := range []struct {
-		opts prometheus.CounterOpts
-		get  func(jssink.BatchStats) uint64
+		opts  prometheus.CounterOpts
+		value func() float64
 	}{
 		{prometheus.CounterOpts{Name: "walbox_nats_batches_total", Help: "Fast batches opened (nats.fast_batch)."},
-			func(s jssink.BatchStats) uint64 { return s.Batches }},
+			batch(func(s jssink.BatchStats) uint64 { return s.Batches })},
 		{prometheus.CounterOpts{Name: "walbox_nats_batched_messages_total", Help: "Messages published in fast batches."},
-			func(s jssink.BatchStats) uint64 { return s.Batched }},
+			batch(func(s jssink.BatchStats) uint64 { return s.Batched })},
 		{prometheus.CounterOpts{Name: "walbox_nats_batch_flow_acks_total", Help: "Flow acks received for fast batches."},
-			func(s jssink.BatchStats) uint64 { return s.FlowAcks }},
+			batch(func(s jssink.BatchStats) uint64 { return s.FlowAcks })},
 		{prometheus.CounterOpts{Name: "walbox_nats_batch_unproven_total", Help: "Batched messages whose batch ended without proof they were stored: resent on their own."},
-			func(s jssink.BatchStats) uint64 { return s.Unproven }},
-	} {
-		get := c.get
-		if err := reg.Register(prometheus.NewCounterFunc(c.opts,
-			func() float64 { return float64(get(sink.BatchStats())) })); err != nil {
-			return fmt.Errorf("register %s: %w", c.opts.Name, err)
-		}
-	}
-	// Atomic transactions (nats.atomic_transactions).
-	for _, c := range []struct {
-		opts prometheus.CounterOpts
-		get  func(jssink.AtomicStats) uint64
-	}{
+			batch(func(s jssink.BatchStats) uint64 { return s.Unproven })},
+		// Atomic transactions (nats.atomic_transactions).
 		{prometheus.CounterOpts{Name: "walbox_nats_atomic_batches_total", Help: "Atomic batches committed (nats.atomic_transactions)."},
-			func(s jssink.AtomicStats) uint64 { return s.Batches }},
+			atomic(func(s jssink.AtomicStats) uint64 { return s.Batches })},
 		{prometheus.CounterOpts{Name: "walbox_nats_atomic_messages_total", Help: "Messages sent in atomic batches."},
-			func(s jssink.AtomicStats) uint64 { return s.Messages }},
+			atomic(func(s jssink.AtomicStats) uint64 { return s.Messages })},
 		{prometheus.CounterOpts{Name: "walbox_nats_atomic_splits_total", Help: "Atomic batches ended before their transaction: the server's batch limit or the relay's window."},
-			func(s jssink.AtomicStats) uint64 { return s.Splits }},
+			atomic(func(s jssink.AtomicStats) uint64 { return s.Splits })},
 		{prometheus.CounterOpts{Name: "walbox_nats_atomic_refused_total", Help: "Atomic batches the server refused (a duplicate inside, a poison event): their transactions resent per message."},
-			func(s jssink.AtomicStats) uint64 { return s.Refused }},
+			atomic(func(s jssink.AtomicStats) uint64 { return s.Refused })},
 	} {
-		get := c.get
-		if err := reg.Register(prometheus.NewCounterFunc(c.opts,
-			func() float64 { return float64(get(sink.AtomicStats())) })); err != nil {
+		if err := reg.Register(prometheus.NewCounterFunc(c.opts, c.value)); err != nil {
 			return fmt.Errorf("register %s: %w", c.opts.Name, err)
 		}
 	}
