@@ -140,6 +140,22 @@ func (e *env) consume(n int) (data map[string]string, deadLettered map[string]er
 	return data, deadLettered
 }
 
+// wantHandledAsRows runs the consumer library over every event inserted
+// and checks that none is dead-lettered and each handler got its row's
+// payload byte for byte.
+func (e *env) wantHandledAsRows() {
+	e.t.Helper()
+	data, dead := e.consume(len(e.ids))
+	if len(dead) > 0 {
+		e.t.Fatalf("the consumer dead-lettered %v", dead)
+	}
+	for _, id := range e.ids {
+		if data[id] != e.payloads[id] {
+			e.t.Errorf("event %s: the handler got %d bytes, want its row's %d bytes byte for byte", id, len(data[id]), len(e.payloads[id]))
+		}
+	}
+}
+
 // TestLargeEventsArriveOnceInOrderAcrossRestarts: events of 0.5, 1.5 and 8
 // MiB between small ones, through a relay stopped while large events are in
 // flight and a NATS restart, arrive once each, in commit order; the large
@@ -193,15 +209,7 @@ func TestLargeEventsArriveOnceInOrderAcrossRestarts(t *testing.T) {
 		t.Errorf("%d events went by reference, want 4 (1.5 MiB twice, 8 MiB twice)", claimed)
 	}
 
-	data, dead := e.consume(len(e.ids))
-	if len(dead) > 0 {
-		t.Fatalf("the consumer dead-lettered %v", dead)
-	}
-	for _, id := range e.ids {
-		if data[id] != e.payloads[id] {
-			t.Errorf("event %s: the handler got %d bytes, want its row's %d bytes byte for byte", id, len(data[id]), len(e.payloads[id]))
-		}
-	}
+	e.wantHandledAsRows()
 }
 
 // TestClaimCheckBadCases: with the claim check on, an event above NATS's
