@@ -117,10 +117,34 @@ func TestLiveTailShowsACommittedEventWithinASecondAndTheFilterHidesOthers(t *tes
 	// The subject filter hides the others, the text filter too.
 	run(t, ctx, typeInto("#tail-subject", "orders.>"))
 	waitJS(t, ctx, 2*time.Second, "the payments event hidden", otherRow+`.hidden && !`+row+`.hidden`)
+	// The relay applies the filter too (the feed reconnects with it), so
+	// that a viewer's 200 events a second are ones it asked for: a
+	// payments event committed before an orders event in one transaction
+	// never reaches the page, hidden or not.
+	waitJS(t, ctx, 5*time.Second, "the feed reconnected with the filter", feedFilter("subject=orders.%3E"))
+	var paid, ordered string
+	tx, err := conn.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.QueryRow(t.Context(), `INSERT INTO outbox_events (topic, payload) VALUES ('payments.settled', '{"payment": "filtered-1"}') RETURNING id::text`).Scan(&paid); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.QueryRow(t.Context(), `INSERT INTO outbox_events (topic, payload) VALUES ('orders.created', '{"order": "kept-1"}') RETURNING id::text`).Scan(&ordered); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	waitJS(t, ctx, 5*time.Second, "the orders event under the filter", fmt.Sprintf(`document.querySelector('#tail-rows tr[data-id=%q]') !== null`, ordered))
+	if sent, err := chromedp.Run(ctx, chromedp.Evaluate[bool](fmt.Sprintf(`document.querySelector('#tail-rows tr[data-id=%q]') !== null`, paid))); err != nil || sent {
+		t.Errorf("the relay sent an event its viewer's filter excludes (err %v)", err)
+	}
 	run(t, ctx, setInput("#tail-subject", ""), typeInto("#tail-text", "other-1"))
 	waitJS(t, ctx, 2*time.Second, "only the text match shown", `!`+otherRow+`.hidden && `+row+`.hidden`)
 	run(t, ctx, setInput("#tail-text", ""))
 	waitJS(t, ctx, 2*time.Second, "both shown again", `!`+otherRow+`.hidden && !`+row+`.hidden`)
+	waitJS(t, ctx, 5*time.Second, "the feed reconnected without a filter", feedFilter(""))
 
 	// Pause holds new events back; resume shows them.
 	run(t, ctx, click("#tail-pause"))
@@ -225,4 +249,10 @@ func TestLiveTailReconnectsAfterTheRelayRestarts(t *testing.T) {
 	waitJS(t, ctx, 15*time.Second, "the feed reconnected", `document.getElementById("tail-status").innerText === "live" && Number(document.getElementById("tail-status").dataset.opens) >= 2`)
 	id := w.insert("orders.created", `{"after": "restart"}`)
 	waitJS(t, ctx, 5*time.Second, "an event after the restart", fmt.Sprintf(`document.querySelector('#tail-rows tr[data-id=%q]') !== null`, id))
+}
+
+// feedFilter is true once the live feed is connected with the filter q
+// (its query string).
+func feedFilter(q string) string {
+	return fmt.Sprintf(`document.getElementById("tail-status").innerText === "live" && document.getElementById("tail-status").dataset.filter === %q`, q)
 }

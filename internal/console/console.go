@@ -484,8 +484,11 @@ func sameOrigin(origin, host string) bool {
 }
 
 // tail streams the live tail as Server-Sent Events: "event" messages,
-// one per event stored, written together every tailFlushEvery; a
-// "dropped" message when this viewer fell behind.
+// one per event stored that passes the viewer's filter (query parameters
+// subject and text, as the page's filter fields), at most tailPerFlush
+// written together every tailFlushEvery; a "skipped" message with the
+// count of events the filter kept but the viewer was not sent (over its
+// budget, or its connection behind).
 func (c *Console) tail(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet {
 		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
@@ -500,7 +503,12 @@ func (c *Console) tail(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "streaming unsupported", http.StatusInternalServerError)
 		return
 	}
-	sub := c.hub.subscribe()
+	filter, err := newTailFilter(r.URL.Query().Get("subject"), r.URL.Query().Get("text"))
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	sub := c.hub.subscribe(filter)
 	if sub == nil {
 		http.Error(w, "too many live tail viewers", http.StatusServiceUnavailable)
 		return
@@ -532,9 +540,12 @@ func (c *Console) tail(w http.ResponseWriter, r *http.Request) {
 			buf = ev.appendJSON(buf)
 			buf = append(buf, "\n\n"...)
 		}
-		if d := sub.dropped.Load(); d != told {
+		// Refilled once the queue is drained: what was offered while
+		// it drained spent the last window's budget.
+		sub.budget.Store(tailPerFlush)
+		if d := sub.skipped.Load(); d != told {
 			told = d
-			buf = append(buf, "event: dropped\ndata: "+strconv.FormatUint(d, 10)+"\n\n"...)
+			buf = append(buf, "event: skipped\ndata: "+strconv.FormatUint(d, 10)+"\n\n"...)
 		}
 		if len(buf) == 0 && time.Since(lastWrite) < 15*time.Second {
 			continue

@@ -3,12 +3,12 @@ package console
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -157,19 +157,17 @@ func TestTokenFileFirstLine(t *testing.T) {
 }
 
 // The relay's publisher goroutine never waits for a viewer: a viewer that
-// reads nothing loses what its queue cannot hold, counted.
-func TestSlowViewerDropsEventsAndNeverBlocksTheRelay(t *testing.T) {
+// reads nothing is sent its budget and no more, the rest counted as not
+// shown.
+func TestSlowViewerSkipsEventsAndNeverBlocksTheRelay(t *testing.T) {
 	h, err := newTailHub(prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
 	h.offer(relay.Delivered{ID: "before-anyone"}) // no viewer: nothing copied
-	slow := h.subscribe()
-	var wg sync.WaitGroup
-	wg.Add(1)
+	slow := h.subscribe(tailFilter{})
 	done := make(chan struct{})
 	go func() {
-		defer wg.Done()
 		defer close(done)
 		for i := range 3 * tailBuffer {
 			h.offer(relay.Delivered{ID: "e", Seq: uint64(i + 1), Msg: &relay.Msg{Subject: "orders.x", Data: []byte(`{}`)}})
@@ -180,12 +178,11 @@ func TestSlowViewerDropsEventsAndNeverBlocksTheRelay(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("offer blocked on a viewer that reads nothing")
 	}
-	wg.Wait()
-	if got := len(slow.ch); got != tailBuffer {
-		t.Errorf("queue holds %d, want %d", got, tailBuffer)
+	if got := len(slow.ch); got != tailPerFlush {
+		t.Errorf("queue holds %d, want its budget %d", got, tailPerFlush)
 	}
-	if got := slow.dropped.Load(); got != 2*tailBuffer {
-		t.Errorf("dropped %d, want %d", got, 2*tailBuffer)
+	if got := slow.skipped.Load(); got != 3*tailBuffer-tailPerFlush {
+		t.Errorf("skipped %d, want %d", got, 3*tailBuffer-tailPerFlush)
 	}
 	if ev := <-slow.ch; ev.Seq != 1 || ev.Subject != "orders.x" {
 		t.Errorf("first event %+v", ev)
@@ -193,6 +190,75 @@ func TestSlowViewerDropsEventsAndNeverBlocksTheRelay(t *testing.T) {
 	h.unsubscribe(slow)
 	if h.viewers.Load() != 0 {
 		t.Error("viewer count after unsubscribe")
+	}
+}
+
+// A viewer's filter is applied before its budget: one matching event among
+// a thousand others offered in the same flush window reaches it, and the
+// others neither spend the budget nor count as not shown.
+func TestTailFilterIsAppliedBeforeTheBudget(t *testing.T) {
+	h, err := newTailHub(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := newTailFilter("payments.>", "Needle")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub := h.subscribe(f)
+	all := h.subscribe(tailFilter{})
+	for i := range 1000 {
+		h.offer(relay.Delivered{ID: fmt.Sprintf("o-%d", i), Stream: "ORDERS", Msg: &relay.Msg{Subject: "orders.created", Data: []byte(`{"needle":1}`)}})
+		if i == 500 {
+			h.offer(relay.Delivered{ID: "p-1", Stream: "PAYMENTS", Msg: &relay.Msg{Subject: "payments.settled", Data: []byte(`{"note":"a NEEDLE here"}`)}})
+			h.offer(relay.Delivered{ID: "p-2", Stream: "PAYMENTS", Msg: &relay.Msg{Subject: "payments.settled", Data: []byte(`{"note":"none"}`)}})
+		}
+	}
+	if got := len(sub.ch); got != 1 {
+		t.Fatalf("filtered viewer holds %d events, want 1", got)
+	}
+	if ev := <-sub.ch; ev.ID != "p-1" {
+		t.Errorf("filtered viewer got %s, want p-1", ev.ID)
+	}
+	if got := sub.skipped.Load(); got != 0 {
+		t.Errorf("filtered viewer: %d not shown, want 0", got)
+	}
+	if got, want := all.skipped.Load(), uint64(1002-tailPerFlush); len(all.ch) != tailPerFlush || got != want {
+		t.Errorf("unfiltered viewer: %d queued, %d not shown; want %d and %d", len(all.ch), got, tailPerFlush, want)
+	}
+}
+
+// The relay's subject match is the page's (app.js subjectMatch), and the
+// text match ignores case, looks at the id, subject and payload preview,
+// and never matches what the page redacts.
+func TestTailFilterMatchesAsThePageDoes(t *testing.T) {
+	for _, c := range []struct {
+		filter, subject string
+		want            bool
+	}{
+		{"orders.>", "orders.created", true}, {"orders.>", "orders.a.b", true}, {"orders.>", "orders", false},
+		{"orders.*", "orders.created", true}, {"orders.*", "orders.a.b", false}, {"orders", "orders", true},
+		{"orders", "orders.created", false}, {"*", "", true}, {"*.created", "orders.created", true},
+		{"orders.created", "orders.creat", false}, {">", "x", true}, {"a.b.c", "a.b", false},
+	} {
+		if got := subjectMatch(strings.Split(c.filter, "."), c.subject); got != c.want {
+			t.Errorf("subjectMatch(%q, %q) = %v, want %v", c.filter, c.subject, got, c.want)
+		}
+	}
+	d := relay.Delivered{ID: "0190-ABC", Stream: "ORDERS", Msg: &relay.Msg{Subject: "orders.created",
+		Data: []byte(`{"Customer":"Zoë","hook":"https://user:s3cret@hooks.example/x"}` + strings.Repeat(" ", tailPreviewMax) + "beyond")}}
+	for text, want := range map[string]bool{"abc": true, "ORDERS.CREATED": true, "customer": true, "zoë": true, "ZOË": true,
+		"s3cret": false, "beyond": false, "missing": false, "": true} {
+		f, err := newTailFilter("", text)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := f.match(&d); got != want {
+			t.Errorf("text %q: %v, want %v", text, got, want)
+		}
+	}
+	if _, err := newTailFilter(strings.Repeat("x", tailFilterMax+1), ""); err == nil {
+		t.Error("an overlong filter was taken")
 	}
 }
 
@@ -225,54 +291,45 @@ func TestTailEventJSONDecodesToWhatWasSent(t *testing.T) {
 	}
 }
 
-func BenchmarkTailOfferAndEncode(b *testing.B) {
-	h, _ := newTailHub(nil)
-	sub := h.subscribe()
+// BenchmarkTailOffer is what the relay's publisher goroutine pays per
+// event with one viewer: "sent" for an event the viewer is sent (copied,
+// queued and encoded), "over-budget" for one beyond its 200 a second
+// (a filter match and a counter), "filtered" for one its filter drops.
+func BenchmarkTailOffer(b *testing.B) {
 	hdr := relay.Header{}
 	for _, k := range []string{"Nats-Msg-Id", "Walbox-Commit-Lsn", "Walbox-Commit-Time", "Walbox-Source", "Walbox-Table", "Walbox-Txn-Index"} {
 		hdr.Set(k, "some-value-0123456789")
 	}
 	m := &relay.Msg{Subject: "orders.created", Header: hdr, Data: []byte(strings.Repeat(`{"k":"v"},`, 20))}
 	d := relay.Delivered{ID: "0190a1b2-0000-7000-8000-000000000001", Stream: "ORDERS", Seq: 1, CommitTime: time.Now(), AckedAt: time.Now(), Msg: m}
-	var buf []byte
-	b.ReportAllocs()
-	for b.Loop() {
-		h.offer(d)
-		ev := <-sub.ch
-		buf = ev.appendJSON(buf[:0])
-	}
-}
-
-// DNS rebinding: a page of another site whose name points at the console's
-// address sends its own name as Host.
-func TestConsoleAnswersOnlyUnderAnAddressLocalhostOrAnAllowedName(t *testing.T) {
-	c := offline(t, "")
-	c.opts.Config.Console.AllowedHosts = []string{"walbox.example.internal"}
-	for host, want := range map[string]int{
-		"127.0.0.1:9187": http.StatusOK, "[::1]:9187": http.StatusOK, "localhost:9187": http.StatusOK, "10.0.0.7:9187": http.StatusOK,
-		"walbox.example.internal": http.StatusOK, "evil.example:9187": http.StatusMisdirectedRequest,
-	} {
-		r := httptest.NewRequest(http.MethodGet, "http://"+host+"/ui/", nil)
-		w := httptest.NewRecorder()
-		c.ServeHTTP(w, r)
-		if w.Code != want {
-			t.Errorf("Host %s: %d, want %d", host, w.Code, want)
+	b.Run("sent", func(b *testing.B) {
+		h, _ := newTailHub(nil)
+		sub := h.subscribe(tailFilter{})
+		var buf []byte
+		b.ReportAllocs()
+		for b.Loop() {
+			sub.budget.Store(tailPerFlush)
+			h.offer(d)
+			ev := <-sub.ch
+			buf = ev.appendJSON(buf[:0])
 		}
-	}
-}
-
-func TestOpenedEventsComeOnlyFromWalboxsStreams(t *testing.T) {
-	c := offline(t, "")
-	c.opts.Config.NATS.Streams = []config.Stream{{Name: "ORDERS", Subjects: []string{"orders.>"}}}
-	r := httptest.NewRequest(http.MethodGet, "http://127.0.0.1:9187/ui/api/event?stream=SECRETS&seq=1", nil)
-	w := httptest.NewRecorder()
-	c.ServeHTTP(w, r)
-	if w.Code != http.StatusForbidden {
-		t.Errorf("another stream's message: %d %s", w.Code, w.Body.String())
-	}
-	for _, name := range []string{"ORDERS", "WALBOX_DLQ"} {
-		if !c.walboxStream(name) {
-			t.Errorf("%s refused", name)
+	})
+	b.Run("over-budget", func(b *testing.B) {
+		h, _ := newTailHub(nil)
+		sub := h.subscribe(tailFilter{})
+		sub.budget.Store(0)
+		b.ReportAllocs()
+		for b.Loop() {
+			h.offer(d)
 		}
-	}
+	})
+	b.Run("filtered", func(b *testing.B) {
+		h, _ := newTailHub(nil)
+		f, _ := newTailFilter("payments.>", "needle")
+		h.subscribe(f)
+		b.ReportAllocs()
+		for b.Loop() {
+			h.offer(d)
+		}
+	})
 }

@@ -1,7 +1,10 @@
 package console
 
 import (
+	"bytes"
+	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -13,20 +16,33 @@ import (
 )
 
 // Live tail limits. The tail must cost the relay little (issue 38: ≤ 2 %
-// of its CPU at 1,000 events/s with one viewer): what the publisher
-// goroutine does per event is a few copies, and a viewer's stream is
-// written a few times a second, not once per event.
+// of its CPU at 1,000 events/s with one viewer). What the publisher
+// goroutine does per event is one atomic load with no viewer; with viewers
+// it matches each viewer's filter and spends one unit of its budget, and
+// only an event some viewer takes is copied. A viewer's stream is written
+// every tailFlushEvery with at most tailPerFlush events: a person reads a
+// few events a second, and encoding and writing 1,000 a second to a
+// browser that shows 500 rows was most of the tail's cost (bench/console.go).
+// What a viewer's filter keeps beyond its budget is counted and shown as
+// "N not shown", never queued.
 const (
 	// tailPreviewMax is the most payload bytes an event carries; the
 	// page opens the whole stored message on request (/ui/api/event).
 	tailPreviewMax = 256
-	// tailBuffer is each viewer's queue: a browser that falls this far
-	// behind loses events (counted), the relay never waits for it.
-	tailBuffer = 2048
+	// tailPerFlush is the most events a viewer is sent per flush:
+	// 20 per 100 ms, 200 a second.
+	tailPerFlush = 20
+	// tailBuffer is each viewer's queue: its budget, with room for the
+	// events offered while a flush drains it. A viewer whose queue is
+	// full (its connection stuck) loses events, counted; the relay never
+	// waits for it.
+	tailBuffer = 2 * tailPerFlush
 	// tailViewersMax bounds the viewers of one process.
 	tailViewersMax = 16
 	// tailFlushEvery is how often a viewer's stream is written.
 	tailFlushEvery = 100 * time.Millisecond
+	// tailFilterMax bounds a filter's length (query parameters).
+	tailFilterMax = 256
 )
 
 // TailEvent is one event as the relay stored it (or dead-lettered it),
@@ -66,8 +82,105 @@ type tailHub struct {
 }
 
 type tailSub struct {
-	ch      chan TailEvent
-	dropped atomic.Uint64
+	ch     chan TailEvent
+	filter tailFilter
+	// budget is what the viewer may still be sent before its next flush
+	// (the flush refills it); skipped counts what its filter kept beyond
+	// the budget or its queue.
+	budget  atomic.Int32
+	skipped atomic.Uint64
+}
+
+// tailFilter is a viewer's filter, applied on the relay's side so that the
+// budget is spent on what the viewer asked for: a subject pattern (NATS
+// wildcards, matched against the subject or the stream/topic) and a text
+// that the event id, subject or payload preview contains, ignoring case.
+type tailFilter struct {
+	subject []string // tokens; nil: any
+	text    string   // lower case; "": any
+}
+
+func newTailFilter(subject, text string) (tailFilter, error) {
+	subject, text = strings.TrimSpace(subject), strings.TrimSpace(text)
+	if len(subject) > tailFilterMax || len(text) > tailFilterMax {
+		return tailFilter{}, fmt.Errorf("a live tail filter is at most %d bytes", tailFilterMax)
+	}
+	var f tailFilter
+	if subject != "" {
+		f.subject = strings.Split(subject, ".")
+	}
+	f.text = strings.ToLower(text)
+	return f, nil
+}
+
+// subjectMatch is the page's subjectMatch (app.js): "*" one token, ">"
+// one or more at the end.
+func subjectMatch(f []string, subject string) bool {
+	rest, more := subject, true // more: a token is left in rest
+	for _, tok := range f {
+		if tok == ">" {
+			return more
+		}
+		if !more {
+			return false
+		}
+		var s string
+		s, rest, more = strings.Cut(rest, ".")
+		if tok != "*" && tok != s {
+			return false
+		}
+	}
+	return !more
+}
+
+// match reports whether d passes f. It runs on the relay's publisher
+// goroutine for every event while someone watches: no allocation unless
+// a text filter meets a payload with a URL in it (scrubbed first, so that
+// the filter cannot probe for what the page redacts) or a non-ASCII text.
+func (f *tailFilter) match(d *relay.Delivered) bool {
+	var subject string
+	var data []byte
+	if d.Msg != nil {
+		subject, data = d.Msg.Subject, d.Msg.Data
+	}
+	if f.subject != nil && !subjectMatch(f.subject, subject) && !subjectMatch(f.subject, d.Stream) {
+		return false
+	}
+	if f.text == "" {
+		return true
+	}
+	if len(data) > tailPreviewMax {
+		data = data[:tailPreviewMax]
+	}
+	if bytes.Contains(data, []byte("://")) {
+		return containsFold(d.ID, f.text) || containsFold(subject, f.text) || containsFold(scrub(string(data)), f.text)
+	}
+	return containsFold(d.ID, f.text) || containsFold(subject, f.text) || containsFold(data, f.text)
+}
+
+// containsFold reports whether s contains lower (lower case), ignoring
+// case: byte by byte for ASCII, through strings.ToLower otherwise.
+func containsFold[T string | []byte](s T, lower string) bool {
+	for i := range len(lower) {
+		if lower[i] >= utf8.RuneSelf {
+			return strings.Contains(strings.ToLower(string(s)), lower)
+		}
+	}
+	n := len(lower)
+outer:
+	for i := 0; i+n <= len(s); i++ {
+		for j := range n {
+			c := s[i+j]
+			if 'A' <= c && c <= 'Z' {
+				c += 'a' - 'A'
+			}
+			if c != lower[j] {
+				continue outer
+			}
+		}
+		return true
+	}
+	return false
 }
 
 func newTailHub(reg prometheus.Registerer) (*tailHub, error) {
@@ -75,7 +188,7 @@ func newTailHub(reg prometheus.Registerer) (*tailHub, error) {
 		sent: prometheus.NewCounter(prometheus.CounterOpts{Name: "walbox_console_tail_events_total",
 			Help: "Events handed to the web console's live tail viewers."}),
 		dropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "walbox_console_tail_dropped_total",
-			Help: "Events the web console's live tail dropped because a viewer fell behind (the relay never waits for it)."}),
+			Help: "Events a live tail viewer's filter kept but it was not sent: over its 200 a second, or its connection fell behind (the relay never waits for it)."}),
 		gauge: prometheus.NewGauge(prometheus.GaugeOpts{Name: "walbox_console_tail_viewers",
 			Help: "Browsers on the web console's live tail."}),
 	}
@@ -90,13 +203,14 @@ func newTailHub(reg prometheus.Registerer) (*tailHub, error) {
 }
 
 // subscribe adds a viewer; nil when there are tailViewersMax already.
-func (h *tailHub) subscribe() *tailSub {
+func (h *tailHub) subscribe(f tailFilter) *tailSub {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if len(h.subs) >= tailViewersMax {
 		return nil
 	}
-	s := &tailSub{ch: make(chan TailEvent, tailBuffer)}
+	s := &tailSub{ch: make(chan TailEvent, tailBuffer), filter: f}
+	s.budget.Store(tailPerFlush)
 	h.subs[s] = struct{}{}
 	h.viewers.Store(int32(len(h.subs)))
 	h.gauge.Set(float64(len(h.subs)))
@@ -118,24 +232,36 @@ func (h *tailHub) offer(d relay.Delivered) {
 	if h.viewers.Load() == 0 {
 		return
 	}
-	ev := tailEvent(d)
-	var sent, dropped int
+	var ev TailEvent
+	copied := false
+	var sent, skipped int
 	h.mu.RLock()
 	for s := range h.subs {
+		if !s.filter.match(&d) {
+			continue
+		}
+		if s.budget.Add(-1) < 0 {
+			s.skipped.Add(1)
+			skipped++
+			continue
+		}
+		if !copied {
+			ev, copied = tailEvent(d), true
+		}
 		select {
 		case s.ch <- ev:
 			sent++
 		default:
-			s.dropped.Add(1)
-			dropped++
+			s.skipped.Add(1)
+			skipped++
 		}
 	}
 	h.mu.RUnlock()
 	if sent > 0 {
 		h.sent.Add(float64(sent))
 	}
-	if dropped > 0 {
-		h.dropped.Add(float64(dropped))
+	if skipped > 0 {
+		h.dropped.Add(float64(skipped))
 	}
 }
 

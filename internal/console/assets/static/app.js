@@ -214,7 +214,7 @@ function drawChart(pts) {
 }
 
 // ---- live tail ----
-const tail = { es: null, paused: false, events: [], held: [], max: 500, opens: 0, dropped: 0, selected: null };
+const tail = { es: null, paused: false, events: [], held: [], max: 500, opens: 0, skipped: 0, skippedBase: 0, selected: null, refilter: null };
 
 function subjectMatch(filter, subject) {
   if (!filter) return true;
@@ -261,7 +261,7 @@ function tailCounts() {
   const shown = [...$("tail-rows").children].filter((r) => !r.hidden).length;
   $("tail-counts").textContent = `${shown} shown of ${tail.events.length}` +
     (tail.held.length ? `, ${tail.held.length} held while paused` : "") +
-    (tail.dropped ? `, ${tail.dropped} dropped (the browser fell behind)` : "");
+    (tail.skipped ? `, ${tail.skipped} more not shown (the tail sends at most 200 events a second: narrow the filter)` : "");
 }
 
 function tailFilter() {
@@ -315,10 +315,20 @@ function tailConnect() {
     $("tail-status").className = "badge warn";
     return;
   }
-  const es = new EventSource("/ui/api/tail");
+  // The filter is applied by the relay too, so that the 200 events a
+  // second a viewer is sent are ones it asked for; the rows already listed
+  // are filtered here (tailFilter).
+  const q = new URLSearchParams();
+  const subj = $("tail-subject").value.trim(), text = $("tail-text").value.trim();
+  if (subj) q.set("subject", subj);
+  if (text) q.set("text", text);
+  if (tail.es) tail.es.close();
+  const es = new EventSource("/ui/api/tail" + (q.size ? "?" + q : ""));
   tail.es = es;
   es.onopen = () => {
     tail.opens++;
+    tail.skippedBase = tail.skipped; // the relay counts per connection
+    $("tail-status").dataset.filter = q.toString();
     $("tail-status").textContent = "live";
     $("tail-status").className = "badge good";
     $("tail-status").dataset.opens = tail.opens;
@@ -326,14 +336,14 @@ function tailConnect() {
   es.onerror = () => {
     $("tail-status").textContent = "reconnecting";
     $("tail-status").className = "badge warn";
-    if (es.readyState === EventSource.CLOSED) setTimeout(tailConnect, 1000);
+    if (es.readyState === EventSource.CLOSED && es === tail.es) setTimeout(() => { if (es === tail.es) tailConnect(); }, 1000);
   };
   es.addEventListener("event", (m) => {
     const ev = JSON.parse(m.data);
     if (tail.paused) { tail.held.push(ev); if (tail.held.length > tail.max) tail.held.shift(); tailCounts(); return; }
     tailAdd(ev);
   });
-  es.addEventListener("dropped", (m) => { tail.dropped = Number(m.data); tailCounts(); });
+  es.addEventListener("skipped", (m) => { tail.skipped = tail.skippedBase + Number(m.data); tailCounts(); });
 }
 
 // ---- dead letters ----
@@ -449,8 +459,14 @@ document.addEventListener("DOMContentLoaded", () => {
     $("token").value = sessionStorage.getItem("walbox-token") || "";
     $("token").addEventListener("input", () => sessionStorage.setItem("walbox-token", $("token").value));
   }
-  $("tail-subject").addEventListener("input", tailFilter);
-  $("tail-text").addEventListener("input", tailFilter);
+  // A changed filter reconnects the feed with it (after typing pauses).
+  const refilter = () => {
+    tailFilter();
+    clearTimeout(tail.refilter);
+    tail.refilter = setTimeout(() => { if (tail.es) tailConnect(); }, 300);
+  };
+  $("tail-subject").addEventListener("input", refilter);
+  $("tail-text").addEventListener("input", refilter);
   $("tail-pause").addEventListener("click", () => {
     tail.paused = !tail.paused;
     $("tail-pause").textContent = tail.paused ? "Resume" : "Pause";
