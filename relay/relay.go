@@ -130,6 +130,7 @@ type Config struct {
 type Relay struct {
 	cfg    Config
 	sink   Sink
+	txn    TxnSink // sink as a TxnSink; nil when it is not one
 	router *Router
 	log    zerolog.Logger
 	m      *Metrics
@@ -171,7 +172,8 @@ func New(cfg Config, sink Sink, router *Router) *Relay {
 		cfg.Metrics = NewMetrics(nil)
 	}
 	router.SetMaxPayload(sink.MaxPayload())
-	return &Relay{cfg: cfg, sink: sink, router: router, log: cfg.Logger.With().Str("component", "relay").Logger(), m: cfg.Metrics,
+	txn, _ := sink.(TxnSink)
+	return &Relay{cfg: cfg, sink: sink, txn: txn, router: router, log: cfg.Logger.With().Str("component", "relay").Logger(), m: cfg.Metrics,
 		tr: newTracing(cfg.Tracer, cfg.TraceSystem, cfg.TraceRatio)}
 }
 
@@ -1054,14 +1056,13 @@ func (l *loop) drainResolved() {
 
 // unitOpen reports whether a TxnSink holds messages in an open unit.
 func (l *loop) unitOpen() bool {
-	ts, ok := l.r.sink.(TxnSink)
-	return ok && ts.TxnOpen()
+	return l.r.txn != nil && l.r.txn.TxnOpen()
 }
 
 // endTxn tells a TxnSink what to do with its open unit.
 func (l *loop) endTxn(end TxnEnd) {
-	if ts, ok := l.r.sink.(TxnSink); ok {
-		ts.EndTxn(end)
+	if l.r.txn != nil {
+		l.r.txn.EndTxn(end)
 	}
 }
 
