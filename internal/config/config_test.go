@@ -646,3 +646,49 @@ func TestYAMLTypeErrorsNameTheKeyAndTheForm(t *testing.T) {
 		}
 	}
 }
+
+// nats.window defaults to 1,024, and to 2,048 with atomic transactions
+// (an atomic batch stays in the window until its commit is acked); a
+// window given in the file or the environment is kept either way.
+func TestWindowDefaultFollowsAtomicTransactions(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct {
+		name, yaml string
+		env        []string
+		want       int
+	}{
+		{"default", "", nil, 1024},
+		{"atomic", "nats:\n  atomic_transactions: true\n", nil, 2048},
+		{"atomic from the environment", "", []string{"WALBOX_NATS_ATOMIC_TRANSACTIONS=true"}, 2048},
+		{"atomic, window given", "nats:\n  atomic_transactions: true\n  window: 1024\n", nil, 1024},
+		{"window given", "nats:\n  window: 4096\n", nil, 4096},
+		{"atomic, window from the environment", "nats:\n  atomic_transactions: true\n", []string{"WALBOX_NATS_WINDOW=512"}, 512},
+		{"kafka", "sink: kafka\nnats:\n  atomic_transactions: true\n", nil, 1024},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			path := filepath.Join(dir, strings.ReplaceAll(c.name, " ", "_")+".yaml")
+			if err := os.WriteFile(path, []byte(c.yaml), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			cfg, err := Load(path, c.env)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg.NATS.Window != c.want {
+				t.Errorf("nats.window %d, want %d", cfg.NATS.Window, c.want)
+			}
+		})
+	}
+	// An explicit 0 is still refused, not taken for "not given".
+	path := filepath.Join(dir, "zero.yaml")
+	if err := os.WriteFile(path, []byte("postgres:\n  url: postgres://x\nnats:\n  window: 0\n  streams: [{name: ORDERS, subjects: [orders.>]}]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := Load(path, nil)
+	if err == nil {
+		err = cfg.Validate()
+	}
+	if err == nil || !strings.Contains(err.Error(), "nats.window") {
+		t.Errorf("window: 0 gave %v, want an error naming nats.window", err)
+	}
+}
