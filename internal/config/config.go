@@ -361,18 +361,7 @@ func (c *Config) ApplyPasswordFile() error {
 // variables from environ (os.Environ() format). The caller applies flags and
 // then calls Validate.
 func Load(path string, environ []string) (Config, error) {
-	cfg, err := loadFile(path, environ)
-	// nats.window's default depends on nats.atomic_transactions: known
-	// once the file and the environment are read.
-	if cfg.NATS.Window == windowUnset {
-		cfg.NATS.Window = DefaultWindow(cfg.NATS.AtomicTransactions && cfg.Sink != SinkKafka)
-	}
-	return cfg, err
-}
-
-func loadFile(path string, environ []string) (Config, error) {
 	cfg := Default()
-	cfg.NATS.Window = windowUnset
 	if path != "" {
 		data, err := os.ReadFile(path)
 		if err != nil {
@@ -386,22 +375,6 @@ func loadFile(path string, environ []string) (Config, error) {
 		return cfg, err
 	}
 	return cfg, nil
-}
-
-// windowUnset marks nats.window as not given while a config loads.
-const windowUnset = -1 << 30
-
-// DefaultWindow is nats.window's default: 1,024 events, and 2,048 with
-// atomic transactions. An atomic batch is proven by its commit's ack only,
-// so its events stay in the window until the whole batch is stored; a
-// window of one server batch limit (1,000) would let the relay fill the
-// next batch only once the one before it is acked. Twice the limit keeps
-// one batch filling while the other commits (bench: go run . atomic).
-func DefaultWindow(atomic bool) int {
-	if atomic {
-		return 2048
-	}
-	return 1024
 }
 
 var notFoundRe = regexp.MustCompile(`field (\S+) not found in type config\.(\w+)`)
