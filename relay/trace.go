@@ -121,24 +121,36 @@ func (tr *tracing) published(p *pending, table string) {
 		return
 	}
 	if p.span == nil {
-		parent := tr.prop.Extract(context.Background(), headerCarrier(p.msg.Header))
-		if p.dlq && !trace.SpanContextFromContext(parent).IsValid() && len(p.ev.Headers) > 0 {
-			// A dead letter does not carry the headers column as headers:
-			// the producer's context is read from the column itself.
-			var cols map[string]any
-			if json.Unmarshal(p.ev.Headers, &cols) == nil {
-				h := Header{}
-				for k, v := range cols {
-					if s, ok := v.(string); ok {
-						h.Set(k, s)
-					}
-				}
-				parent = tr.prop.Extract(context.Background(), headerCarrier(h))
+		parent := context.Background()
+		if !p.dlq && headerCarrier(p.msg.Header).Get("traceparent") == "" {
+			// No producer context (the propagator reads traceparent
+			// first and finds none either): the ratio alone decides, and
+			// most events of a catch-up at 1 % cost this lookup and one
+			// random number. A dead letter reads the headers column below.
+			if !tr.sampled(trace.SpanContext{}) {
+				p.untraced = true
+				return
 			}
-		}
-		if !tr.sampled(trace.SpanContextFromContext(parent)) {
-			p.untraced = true
-			return
+		} else {
+			parent = tr.prop.Extract(parent, headerCarrier(p.msg.Header))
+			if p.dlq && !trace.SpanContextFromContext(parent).IsValid() && len(p.ev.Headers) > 0 {
+				// A dead letter does not carry the headers column as headers:
+				// the producer's context is read from the column itself.
+				var cols map[string]any
+				if json.Unmarshal(p.ev.Headers, &cols) == nil {
+					h := Header{}
+					for k, v := range cols {
+						if s, ok := v.(string); ok {
+							h.Set(k, s)
+						}
+					}
+					parent = tr.prop.Extract(context.Background(), headerCarrier(h))
+				}
+			}
+			if !tr.sampled(trace.SpanContextFromContext(parent)) {
+				p.untraced = true
+				return
+			}
 		}
 		_, p.span = tr.t.Start(parent, SpanName, trace.WithSpanKind(trace.SpanKindProducer), trace.WithTimestamp(p.sentAt))
 		if p.span.IsRecording() {

@@ -165,6 +165,29 @@ func TestTraceRatioDecidesBeforeAnySpan(t *testing.T) {
 	})
 }
 
+// TestTraceRatioIsDrawnOncePerEvent: an event without a producer context
+// is sampled at the ratio, not at the ratio squared (the draw that skips
+// the propagator for such events must be the only one). 20,000 events at
+// 0.5: 10,000 expected, σ ≈ 71; drawn twice it would be about 5,000.
+func TestTraceRatioIsDrawnOncePerEvent(t *testing.T) {
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sdktrace.NewBatchSpanProcessor(discardExporter{})))
+	defer func() { _ = tp.Shutdown(context.Background()) }()
+	tr := newTracing(tp.Tracer("test"), "nats", 0.5)
+	const n = 20000
+	spans := 0
+	for i := range n {
+		p := &pending{ev: cdc.Event{ID: fmt.Sprint(i)}, msg: &Msg{Subject: "orders.created", Header: Header{"Nats-Msg-Id": {fmt.Sprint(i)}}}, sentAt: time.Now()}
+		tr.published(p, "public.outbox_events")
+		if p.span != nil {
+			spans++
+		}
+		tr.acked(p, &Ack{Stream: "ORDERS", Sequence: uint64(i + 1)}, time.Now())
+	}
+	if spans < 9500 || spans > 10500 {
+		t.Fatalf("%d of %d events got a span at ratio 0.5, want about 10,000", spans, n)
+	}
+}
+
 // BenchmarkTracingPerEvent is tracing's cost per event in the relay's own
 // code (the span's open at publish and its end at the ack), by sampling
 // ratio, for events whose headers column carries no trace context: a
