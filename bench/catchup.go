@@ -175,6 +175,9 @@ func (b *bench) catchUp(ctx context.Context) error {
 		b.res.catchupRuns, b.res.decodeRuns = append(b.res.catchupRuns, c), append(b.res.decodeRuns, dec)
 		b.res.publishRuns, b.res.noflagRuns = append(b.res.publishRuns, pub), append(b.res.noflagRuns, nf)
 	}
+	if err := b.catchUpTracedProfiled(ctx); err != nil {
+		return fmt.Errorf("with tracing sampled at 0.01, profiled: %w", err)
+	}
 	pubs, err := b.publishFloor(ctx)
 	if err != nil {
 		return fmt.Errorf("publishing alone: %w", err)

@@ -170,6 +170,14 @@ func (b *bench) live(ctx context.Context) error {
 	if err := b.liveTraced(ctx, pool); err != nil {
 		return err
 	}
+	// Long enough for a profile's share to rest on over 1,000 samples.
+	profiled := 150 * time.Second
+	if b.p.Quick {
+		profiled = 30 * time.Second
+	}
+	if err := b.liveTracedProfiled(ctx, pool, profiled); err != nil {
+		return err
+	}
 	rounds, pairs := 2, 5
 	if b.p.Quick {
 		rounds, pairs = 1, 2
@@ -177,7 +185,10 @@ func (b *bench) live(ctx context.Context) error {
 	if err := b.consoleCost(ctx, pool, rounds); err != nil {
 		return err
 	}
-	return b.consoleToggle(ctx, pool, pairs)
+	if err := b.consoleToggle(ctx, pool, pairs); err != nil {
+		return err
+	}
+	return b.consoleProfile(ctx, pool, profiled)
 }
 
 // liveNoFlag runs the live rates up to 2,000/s again with a fresh relay

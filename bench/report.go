@@ -48,8 +48,11 @@ type results struct {
 	// first live rate.
 	tracedRuns map[string][]catchupResult
 	liveTraced map[string]liveResult
-	big        bigResult
-	peers      []peerResult
+	// tracedProfiles: tracing's share of profiled relays (tracing.go)
+	tracedProfiles tracedProfiles
+	tracePairs     []tracePair // fresh relays at 1,000/s, tracing off and at 1 %
+	big            bigResult
+	peers          []peerResult
 
 	idleBusy  float64 // machine busy share before the run
 	idleWhere []cpuShare
