@@ -210,3 +210,32 @@ func (s *JetStreamStore) PurgePartials(ctx context.Context, live map[string]bool
 	}
 	return n, nil
 }
+
+// list implements sweepable: the bucket's objects, their stream from
+// their metadata.
+func (s *JetStreamStore) list(ctx context.Context) ([]storedObject, error) {
+	infos, err := s.Objects(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]storedObject, 0, len(infos))
+	for _, o := range infos {
+		if o.Deleted {
+			continue
+		}
+		out = append(out, storedObject{name: o.Name, size: int64(o.Size), modTime: o.ModTime,
+			stream: o.Metadata[MetaStream], streamKnown: true, nuid: o.NUID})
+	}
+	return out, nil
+}
+
+// streamOf implements sweepable (list knows every stream).
+func (s *JetStreamStore) streamOf(_ context.Context, o storedObject) (string, error) {
+	return o.stream, nil
+}
+
+// remove implements sweepable.
+func (s *JetStreamStore) remove(ctx context.Context, name string) error { return s.Delete(ctx, name) }
+
+// resolution implements sweepable: a meta message's timestamp is exact.
+func (s *JetStreamStore) resolution() time.Duration { return 0 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/minio/minio-go/v7"
 )
@@ -14,8 +15,8 @@ const StoreS3 = "s3"
 
 // S3Store is a Store in an S3-compatible bucket, through minio-go: the
 // Kafka sink's (Kafka has no object store of its own). The bucket must
-// exist; its lifecycle rules expire objects (walbox has no sweep for it
-// yet: README, Large events).
+// exist. The Sweeper (NewS3Sweeper) deletes the objects whose message
+// is gone.
 type S3Store struct {
 	c        *minio.Client
 	bucket   string
@@ -75,3 +76,53 @@ func (s *S3Store) Get(ctx context.Context, key string) ([]byte, error) {
 	}
 	return b.Bytes(), nil
 }
+
+// list implements sweepable: every object under the prefix. A listing
+// carries no user metadata: streamOf reads it for the objects old enough
+// to matter.
+func (s *S3Store) list(ctx context.Context) ([]storedObject, error) {
+	prefix := ""
+	if s.prefix != "" {
+		prefix = s.prefix + "/"
+	}
+	var out []storedObject
+	for o := range s.c.ListObjects(ctx, s.bucket, minio.ListObjectsOptions{Prefix: prefix, Recursive: true}) {
+		if o.Err != nil {
+			return nil, fmt.Errorf("list s3://%s/%s: %w", s.bucket, prefix, o.Err)
+		}
+		out = append(out, storedObject{name: o.Key, size: o.Size, modTime: o.LastModified})
+	}
+	return out, nil
+}
+
+// streamOf implements sweepable: the object's MetaStream metadata ("" for
+// an object walbox did not write, which is kept).
+func (s *S3Store) streamOf(ctx context.Context, o storedObject) (string, error) {
+	info, err := s.c.StatObject(ctx, s.bucket, o.name, minio.StatObjectOptions{})
+	if err != nil {
+		return "", fmt.Errorf("stat s3://%s/%s: %w", s.bucket, o.name, err)
+	}
+	return userMeta(info, MetaStream), nil
+}
+
+// userMeta is the user metadata key of info (minio-go canonicalizes the
+// keys' case).
+func userMeta(info minio.ObjectInfo, key string) string {
+	for k, v := range info.UserMetadata {
+		if strings.EqualFold(k, key) {
+			return v
+		}
+	}
+	return ""
+}
+
+// remove implements sweepable: name is the object's whole name.
+func (s *S3Store) remove(ctx context.Context, name string) error {
+	if err := s.c.RemoveObject(ctx, s.bucket, name, minio.RemoveObjectOptions{}); err != nil {
+		return fmt.Errorf("delete s3://%s/%s: %w", s.bucket, name, err)
+	}
+	return nil
+}
+
+// resolution implements sweepable: S3 lists Last-Modified to the second.
+func (s *S3Store) resolution() time.Duration { return time.Second }
