@@ -316,3 +316,8 @@ func (s *JetStreamStore) Reuse(ctx context.Context, key string, size int64, sum 
 	}
 	return true, nil
 }
+
+// purgePartials implements partialPurger.
+func (s *JetStreamStore) purgePartials(ctx context.Context, live map[string]bool, before time.Time) (int, error) {
+	return s.PurgePartials(ctx, live, before)
+}

@@ -173,3 +173,37 @@ func (s *S3Store) Reuse(ctx context.Context, key string, size int64, sum [sha256
 	}
 	return true, nil
 }
+
+// purgePartials implements partialPurger: it aborts the multipart uploads
+// under the prefix begun before before. Such an upload never became an
+// object (S3 shows an object only once its upload completes), but its
+// parts are stored, and billed, until it is aborted; an upload in
+// progress is younger than the upload timeout, which before must lie in
+// the past. minio-go aborts a failed upload's parts itself when it still
+// can; a relay killed mid-upload leaves them.
+func (s *S3Store) purgePartials(ctx context.Context, _ map[string]bool, before time.Time) (int, error) {
+	prefix := ""
+	if s.prefix != "" {
+		prefix = s.prefix + "/"
+	}
+	core := minio.Core{Client: s.c}
+	n := 0
+	for u := range s.c.ListIncompleteUploads(ctx, s.bucket, prefix, true) {
+		if minio.ToErrorResponse(u.Err).Code == "NoSuchUpload" {
+			// Some S3-compatible servers answer a listing so when the
+			// bucket never had a multipart upload: none to abort.
+			break
+		}
+		if u.Err != nil {
+			return n, fmt.Errorf("list the unfinished uploads of s3://%s/%s: %w", s.bucket, prefix, u.Err)
+		}
+		if !u.Initiated.Add(s.resolution()).Before(before) {
+			continue
+		}
+		if err := core.AbortMultipartUpload(ctx, s.bucket, u.Key, u.UploadID); err != nil {
+			return n, fmt.Errorf("abort the unfinished upload %s of s3://%s/%s: %w", u.UploadID, s.bucket, u.Key, err)
+		}
+		n++
+	}
+	return n, nil
+}

@@ -42,11 +42,13 @@ import (
 // The chunks of a JetStream upload that never completed (the relay killed
 // mid-upload) belong to no object; they are purged once their newest chunk
 // is older than Slack, which must therefore also cover an upload's timeout
-// (JetStreamStore.PurgePartials). S3 has no such orphans: a PutObject (and
-// a multipart upload's completion) makes the whole object appear at once,
-// and the parts of a multipart upload that never completed are no object
-// (the bucket's AbortIncompleteMultipartUpload lifecycle rule removes
-// them; minio-go aborts a failed upload's parts itself).
+// (JetStreamStore.PurgePartials). In S3 a partial upload is never an
+// object: a PutObject, or a multipart upload's completion, makes the whole
+// object appear at once, so no reference can name half an object and no
+// listing shows one. The parts of a multipart upload that never completed
+// (minio-go uploads payloads above 16 MiB in parts) are stored, and
+// billed, until the upload is aborted: the sweep aborts those begun more
+// than Slack ago (S3Store.purgePartials).
 type Sweeper struct {
 	store   sweepable
 	horizon Horizon
@@ -86,6 +88,10 @@ type sweepable interface {
 	// resolution is how much earlier than the truth a listed
 	// modification time may be (S3 lists Last-Modified to the second).
 	resolution() time.Duration
+	// purgePartials removes what uploads that never completed left
+	// behind, begun before before; live: the NUIDs of the objects listed
+	// (JetStream). It returns how many uploads it removed.
+	purgePartials(ctx context.Context, live map[string]bool, before time.Time) (int, error)
 }
 
 // DefaultSlack is the Sweeper's slack when none is given.
@@ -118,7 +124,7 @@ func newSweeper(store sweepable, horizon Horizon, slack time.Duration, log zerol
 type SweepStats struct {
 	Objects, Bytes int64 // kept
 	Deleted        int
-	Partials       int // uploads that never completed, purged (JetStream)
+	Partials       int // uploads that never completed, purged (JetStream) or aborted (S3)
 }
 
 // Sweep deletes what the rule allows (see Sweeper) and returns what is
@@ -175,10 +181,8 @@ func (s *Sweeper) Sweep(ctx context.Context) (SweepStats, error) {
 		}
 		keep()
 	}
-	if js, ok := s.store.(*JetStreamStore); ok {
-		if st.Partials, err = js.PurgePartials(ctx, live, now.Add(-s.slack)); err != nil {
-			return st, err
-		}
+	if st.Partials, err = s.store.purgePartials(ctx, live, now.Add(-s.slack)); err != nil {
+		return st, err
 	}
 	s.objects.Set(float64(st.Objects))
 	s.bytes.Set(float64(st.Bytes))
