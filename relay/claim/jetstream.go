@@ -252,8 +252,8 @@ func (s *JetStreamStore) list(ctx context.Context) ([]storedObject, error) {
 }
 
 // streamOf implements sweepable (list knows every stream).
-func (s *JetStreamStore) streamOf(_ context.Context, o storedObject) (string, error) {
-	return o.stream, nil
+func (s *JetStreamStore) streamOf(_ context.Context, o storedObject) (string, time.Time, error) {
+	return o.stream, o.modTime, nil
 }
 
 // remove implements sweepable.

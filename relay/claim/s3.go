@@ -99,13 +99,19 @@ func (s *S3Store) list(ctx context.Context) ([]storedObject, error) {
 }
 
 // streamOf implements sweepable: the object's MetaStream metadata ("" for
-// an object walbox did not write, which is kept).
-func (s *S3Store) streamOf(ctx context.Context, o storedObject) (string, error) {
+// an object walbox did not write, which is kept), and its Last-Modified as
+// of now: an upload (or a replay's renewal) since the listing counts, and
+// only the moment between this HEAD and the delete is left for one to
+// slip in. An object gone since the listing is kept (nothing to delete).
+func (s *S3Store) streamOf(ctx context.Context, o storedObject) (string, time.Time, error) {
 	info, err := s.c.StatObject(ctx, s.bucket, o.name, minio.StatObjectOptions{})
-	if err != nil {
-		return "", fmt.Errorf("stat s3://%s/%s: %w", s.bucket, o.name, err)
+	if minio.ToErrorResponse(err).Code == "NoSuchKey" {
+		return "", o.modTime, nil
 	}
-	return userMeta(info, MetaStream), nil
+	if err != nil {
+		return "", time.Time{}, fmt.Errorf("stat s3://%s/%s: %w", s.bucket, o.name, err)
+	}
+	return userMeta(info, MetaStream), info.LastModified, nil
 }
 
 // userMeta is the user metadata key of info (minio-go canonicalizes the

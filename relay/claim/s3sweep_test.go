@@ -43,7 +43,7 @@ func s3Env(t *testing.T) (*claim.S3Store, *minio.Client, *s3Clock) {
 	t.Helper()
 	clock := &s3Clock{at: time.Now()}
 	backend := s3mem.New(s3mem.WithTimeSource(clock))
-	srv := httptest.NewServer(gofakes3.New(backend).Server())
+	srv := httptest.NewServer(gofakes3.New(backend, gofakes3.WithTimeSource(clock), gofakes3.WithTimeSkewLimit(0)).Server())
 	t.Cleanup(srv.Close)
 	if err := backend.CreateBucket("claims"); err != nil {
 		t.Fatal(err)

@@ -83,7 +83,9 @@ type storedObject struct {
 // sweepable is a store the Sweeper can sweep.
 type sweepable interface {
 	list(ctx context.Context) ([]storedObject, error)
-	streamOf(ctx context.Context, o storedObject) (string, error)
+	// streamOf reads the stream of o, and its modification time again
+	// (an upload since the listing renews it).
+	streamOf(ctx context.Context, o storedObject) (string, time.Time, error)
 	remove(ctx context.Context, name string) error
 	// resolution is how much earlier than the truth a listed
 	// modification time may be (S3 lists Last-Modified to the second).
@@ -155,11 +157,13 @@ func (s *Sweeper) Sweep(ctx context.Context) (SweepStats, error) {
 		}
 		stream := o.stream
 		if !o.streamKnown {
-			if stream, err = s.store.streamOf(ctx, o); err != nil {
+			var mod time.Time
+			if stream, mod, err = s.store.streamOf(ctx, o); err != nil {
 				firstErr = cmp(firstErr, err)
 				keep()
 				continue
 			}
+			o.modTime = mod
 		}
 		cutoff, ok := cutoffs[stream]
 		if !ok {
