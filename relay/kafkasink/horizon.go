@@ -52,6 +52,9 @@ type Horizon struct {
 	clockMargin time.Duration
 }
 
+// cutoffTimeout bounds one topic's Cutoff.
+const cutoffTimeout = 30 * time.Second
+
 // NewHorizon reads topics with cfg's connection options (brokers, TLS,
 // SASL); clockMargin is the margin for clocks the sweep's slack includes.
 func NewHorizon(cfg Config, clockMargin time.Duration) *Horizon {
@@ -62,6 +65,9 @@ func NewHorizon(cfg Config, clockMargin time.Duration) *Horizon {
 // record each partition of topic holds (now for an empty partition, or a
 // topic that is gone), never after now.
 func (h *Horizon) Cutoff(ctx context.Context, topic string, now time.Time) (time.Time, error) {
+	// One topic that does not answer must not hold the whole sweep.
+	ctx, cancel := context.WithTimeout(ctx, cutoffTimeout)
+	defer cancel()
 	cl, err := NewClient(h.cfg)
 	if err != nil {
 		return time.Time{}, err
