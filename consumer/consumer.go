@@ -82,10 +82,15 @@ type Message struct {
 	// outbox row's id); the idempotency key.
 	ID      string
 	Subject string
-	// Data is the payload. For an event walbox stored apart (a
-	// Walbox-Claim-Check header, Claim set), Run fetches it from the
-	// object store and checks its SHA-256 before the handler runs, unless
-	// Config.ClaimReferenceOnly: then Data is empty.
+	// Data is the event's payload, verified: the message body, or, for an
+	// event walbox stored apart (a Walbox-Claim-Check header, Claim set),
+	// the object Run fetched from the store and checked against the
+	// reference's size and SHA-256 before the handler runs (an object that
+	// is gone or does not match never reaches the handler: the event is
+	// dead-lettered with ErrClaimMissing or ErrClaimCorrupt). With
+	// Config.ClaimReferenceOnly such an event's Data is empty: fetch and
+	// verify it with FetchClaim. (A field, not a method: issue 39's
+	// Data() is this field.)
 	Data []byte
 	// Claim is the claim-check reference of an event whose payload walbox
 	// stored apart; nil for the others.

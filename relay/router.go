@@ -57,6 +57,9 @@ const (
 	// (relay/claim); only the claim check sets it, never a row's headers
 	// column: a consumer would fetch the object it names.
 	HeaderClaimCheck = "Walbox-Claim-Check"
+	// HeaderReplayOf names the event a `walbox replay --force-new-id`
+	// delivers again under the id <event id>.replay.<suffix>.
+	HeaderReplayOf = "Walbox-Replay-Of"
 
 	HeaderDLQReason          = "Walbox-Dlq-Reason"
 	HeaderDLQOriginalSubject = "Walbox-Dlq-Original-Subject"

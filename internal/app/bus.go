@@ -82,7 +82,7 @@ func openBus(ctx context.Context, cfg config.Config, database string, log zerolo
 	}
 	var store *claim.JetStreamStore
 	if cc := cfg.ClaimCheck; cc.Enabled && cfg.ClaimS3() {
-		if err := b.claimInS3(cfg, log, reg); err != nil {
+		if err := b.claimInS3(cfg, claim.JetStreamHorizon{JS: sink.JetStream()}, cfg.NATS.AckTimeout, log, reg); err != nil {
 			nc.Close()
 			return nil, err
 		}
@@ -90,11 +90,7 @@ func openBus(ctx context.Context, cfg config.Config, database string, log zerolo
 		store = claim.NewJetStreamStore(sink.JetStream(), cfg.ClaimBucketSpec())
 		b.claim = claim.New(sink, store, claim.Options{Threshold: cc.Threshold, UploadTimeout: cc.UploadTimeout, Logger: log, Registerer: reg})
 		b.sink = b.claim.AsSink()
-		// An object's message is stored within the ack timeout after its
-		// upload, and an upload's chunks are named by an object within the
-		// upload timeout (claim.Sweeper's proof); a minute more for the
-		// clocks of a cluster's servers.
-		b.claimSweep = claim.NewSweeper(store, sink.JetStream(), cfg.NATS.AckTimeout+cc.UploadTimeout+time.Minute, log, reg)
+		b.claimSweep = claim.NewSweeper(store, sink.JetStream(), claimSlack(cfg.NATS.AckTimeout, cc.UploadTimeout), log, reg)
 	}
 	b.ensure = func(ctx context.Context) ([]relay.Route, error) {
 		return ensureStreams(ctx, sink, store, cfg, log, &natsErr)
@@ -129,7 +125,7 @@ func openKafka(ctx context.Context, cfg config.Config, database string, log zero
 		b.takeOver, b.fenced = sink.TakeOver, sink.Fenced
 	}
 	if cfg.ClaimCheck.Enabled {
-		if err := b.claimInS3(cfg, log, reg); err != nil {
+		if err := b.claimInS3(cfg, kafkasink.NewHorizon(sc, claimClockMargin), cfg.Kafka.AckTimeout, log, reg); err != nil {
 			sink.Close()
 			return nil, err
 		}
@@ -248,9 +244,23 @@ func registerBatchMetrics(reg prometheus.Registerer, sink *jssink.Sink) error {
 	return nil
 }
 
+// claimClockMargin is what the claim-check sweep's slack allows for the
+// clocks of the servers (the store's, the brokers', walbox's).
+const claimClockMargin = time.Minute
+
+// claimSlack is the claim-check sweep's slack (claim.Sweeper's proof): an
+// object's message is stored within the upload timeout plus the ack
+// timeout after the object's modification time (S3: when the upload
+// began), and an upload's chunks are named by an object within the upload
+// timeout; a margin more for the clocks.
+func claimSlack(ackTimeout, uploadTimeout time.Duration) time.Duration {
+	return ackTimeout + uploadTimeout + claimClockMargin
+}
+
 // claimInS3 puts the claim check around b's sink with claim_check.s3 as its
-// store. Nothing sweeps that bucket: its lifecycle rules expire objects.
-func (b *bus) claimInS3(cfg config.Config, log zerolog.Logger, reg prometheus.Registerer) error {
+// store, and sweeps the bucket every claim_check.sweep_interval: an object
+// goes when horizon shows its message gone (ackTimeout: the sink's).
+func (b *bus) claimInS3(cfg config.Config, horizon claim.Horizon, ackTimeout time.Duration, log zerolog.Logger, reg prometheus.Registerer) error {
 	s3 := cfg.ClaimCheck.S3
 	c, err := sweep.NewS3Client(sweep.S3Config{Endpoint: s3.Endpoint, Bucket: s3.Bucket, Prefix: s3.Prefix,
 		AccessKey: s3.AccessKey, SecretKey: s3.SecretKey, UseSSL: s3.UseSSL})
@@ -258,8 +268,9 @@ func (b *bus) claimInS3(cfg config.Config, log zerolog.Logger, reg prometheus.Re
 		return &config.Error{Key: "claim_check.s3", Msg: err.Error()}
 	}
 	cc := cfg.ClaimCheck
-	b.claim = claim.New(b.sink, claim.NewS3Store(c, s3.Bucket, s3.Prefix, cc.MaxBytes),
-		claim.Options{Threshold: cc.Threshold, UploadTimeout: cc.UploadTimeout, Logger: log, Registerer: reg})
+	store := claim.NewS3Store(c, s3.Bucket, s3.Prefix, cc.MaxBytes)
+	b.claim = claim.New(b.sink, store, claim.Options{Threshold: cc.Threshold, UploadTimeout: cc.UploadTimeout, Logger: log, Registerer: reg})
 	b.sink = b.claim.AsSink()
+	b.claimSweep = claim.NewS3Sweeper(store, horizon, claimSlack(ackTimeout, cc.UploadTimeout), log, reg)
 	return nil
 }

@@ -66,13 +66,20 @@ func newEnv(t *testing.T, mutate ...func(*config.Config)) *env {
 // its id.
 func (e *env) insert(size int) string {
 	e.t.Helper()
+	return e.insertKeyed(size, "")
+}
+
+// insertKeyed is insert with key as the event's aggregate id, its
+// partition key ("": none).
+func (e *env) insertKeyed(size int, key string) string {
+	e.t.Helper()
 	n := len(e.ids)
 	// Varied bytes, so that a payload mixed up with another shows.
 	blob := strings.Repeat(fmt.Sprintf("%07d-", n), max(size/8, 1))
 	var id, text string
 	relaytest.WithConn(e.t, e.url, func(ctx context.Context, conn *pgx.Conn) error {
-		return conn.QueryRow(ctx, `INSERT INTO outbox_events (topic, payload) VALUES ('user.created', jsonb_build_object('n', $1::int, 'blob', $2::text)) RETURNING id::text, payload::text`,
-			n, blob).Scan(&id, &text)
+		return conn.QueryRow(ctx, `INSERT INTO outbox_events (topic, aggregate_id, payload) VALUES ('user.created', nullif($3, ''), jsonb_build_object('n', $1::int, 'blob', $2::text)) RETURNING id::text, payload::text`,
+			n, blob, key).Scan(&id, &text)
 	})
 	e.ids = append(e.ids, id)
 	e.payloads[id] = text

@@ -1,16 +1,23 @@
 package claimtest
 
 import (
+	"bufio"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
+	"io"
+	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/johannesboyne/gofakes3"
 	"github.com/johannesboyne/gofakes3/backend/s3mem"
+	"github.com/minio/minio-go/v7"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/walbox/walbox/internal/config"
@@ -24,14 +31,183 @@ import (
 // fakeS3 runs an S3-protocol server in memory with bucket "claims" and
 // returns its endpoint.
 func fakeS3(t *testing.T) string {
+	endpoint, _ := countingS3(t, nil)
+	return endpoint
+}
+
+// countingS3 is fakeS3 that also counts the uploads to each object path
+// (/claims/<key>): the requests that send an object's bytes (PUT or POST
+// without X-Amz-Copy-Source; a server-side copy sends none). hook, when
+// set, sees every request before the server does.
+func countingS3(t *testing.T, hook func(*http.Request)) (endpoint string, uploads func(key string) int) {
 	t.Helper()
 	backend := s3mem.New()
-	srv := httptest.NewServer(gofakes3.New(backend).Server())
+	var mu sync.Mutex
+	count := map[string]int{}
+	fake := gofakes3.New(backend).Server()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if (r.Method == http.MethodPut || r.Method == http.MethodPost) && r.Header.Get("X-Amz-Copy-Source") == "" {
+			mu.Lock()
+			count[r.URL.Path]++
+			mu.Unlock()
+		}
+		if hook != nil {
+			hook(r)
+		}
+		if r.URL.Query().Has("partNumber") && strings.HasPrefix(r.Header.Get("X-Amz-Content-Sha256"), "STREAMING-") {
+			// gofakes3 (v1.2.0) decodes aws-chunked bodies of PutObject
+			// only, and would store a part's chunk framing as its
+			// bytes: decode it here, as S3 does.
+			n, err := strconv.ParseInt(r.Header.Get("X-Amz-Decoded-Content-Length"), 10, 64)
+			if err != nil {
+				http.Error(w, "bad X-Amz-Decoded-Content-Length", http.StatusBadRequest)
+				return
+			}
+			r.Body = awsChunked(bufio.NewReader(r.Body))
+			r.ContentLength = n
+			r.Header.Set("Content-Length", strconv.FormatInt(n, 10))
+			r.Header.Set("X-Amz-Content-Sha256", "UNSIGNED-PAYLOAD")
+		}
+		fake.ServeHTTP(w, r)
+	}))
 	t.Cleanup(srv.Close)
 	if err := backend.CreateBucket("claims"); err != nil {
 		t.Fatal(err)
 	}
-	return strings.TrimPrefix(srv.URL, "http://")
+	return strings.TrimPrefix(srv.URL, "http://"), func(key string) int {
+		mu.Lock()
+		defer mu.Unlock()
+		return count["/claims/"+key]
+	}
+}
+
+// kafkaReader reads topic from its start, read_committed, as a consumer of
+// walbox's topics must.
+type kafkaReader struct {
+	t  *testing.T
+	e  *env
+	cl *kgo.Client
+}
+
+func newKafkaReader(e *env, topics ...string) *kafkaReader {
+	e.t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(e.cfg.Kafka.Brokers...), kgo.ConsumeTopics(topics...),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(cl.Close)
+	return &kafkaReader{t: e.t, e: e, cl: cl}
+}
+
+// next returns the next n records, failing the test after timeout.
+func (r *kafkaReader) next(n int, timeout time.Duration) []*kgo.Record {
+	r.t.Helper()
+	var got []*kgo.Record
+	deadline := time.Now().Add(timeout)
+	for len(got) < n && time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(r.e.ctx, 2*time.Second)
+		r.cl.PollRecords(ctx, n-len(got)).EachRecord(func(rec *kgo.Record) { got = append(got, rec) })
+		cancel()
+	}
+	if len(got) < n {
+		r.t.Fatalf("read %d records in %s, want %d", len(got), timeout, n)
+	}
+	return got
+}
+
+// kafkaHeader is the value of r's header k ("" when absent).
+func kafkaHeader(r *kgo.Record, k string) string {
+	for _, h := range r.Headers {
+		if h.Key == k {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+// verifyClaim fetches the object r's reference names, as a consumer
+// without the consumer library does, and checks it against the reference
+// and against want; it returns the reference.
+func verifyClaim(t *testing.T, ctx context.Context, store *claim.S3Store, r *kgo.Record, want string) claim.Ref {
+	t.Helper()
+	ref, err := claim.ParseRef(kafkaHeader(r, claim.Header))
+	if err != nil || ref.Store != claim.StoreS3 || len(r.Value) != 0 {
+		t.Fatalf("record at offset %d: reference %+v (%v), %d bytes of value; want an S3 reference and no value", r.Offset, ref, err, len(r.Value))
+	}
+	data, err := store.Get(ctx, ref.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(data)
+	if hex.EncodeToString(sum[:]) != ref.SHA256 || int64(len(data)) != ref.Size {
+		t.Fatalf("object %s: %d bytes, sha256 %x; its reference says %d, %s", ref.Key, len(data), sum, ref.Size, ref.SHA256)
+	}
+	if string(data) != want {
+		t.Fatalf("object %s differs from its row", ref.Key)
+	}
+	return ref
+}
+
+// TestKafkaReplayReusesAnIntactS3Object: walbox replay of a large event
+// whose S3 object is intact (by its walbox-sha256 metadata, or without it
+// by its bytes) publishes the reference without uploading the payload
+// (a server-side copy renews the object for the retention sweep); an
+// object overwritten with other bytes, or deleted, is uploaded again.
+// Each replayed record's object matches its reference and its row.
+func TestKafkaReplayReusesAnIntactS3Object(t *testing.T) {
+	k := kafkatest.NewCluster(t)
+	endpoint, uploads := countingS3(t, nil)
+	e := newEnv(t, k.Sink(config.KafkaTopic{Name: "user.created", Partitions: 1, ReplicationFactor: 3}), func(c *config.Config) {
+		c.ClaimCheck.S3 = config.S3{Endpoint: endpoint, Bucket: "claims", Prefix: "walbox", AccessKey: "walbox", SecretKey: "secret"}
+	})
+	relaytest.StartRelay(t, e.cfg)
+	id := e.insert(3 * MiB / 2)
+	payload := e.payloads[id]
+	rd := newKafkaReader(e, "user.created")
+	c, err := sweep.NewS3Client(sweep.S3Config{Endpoint: endpoint, Bucket: "claims", AccessKey: "walbox", SecretKey: "secret"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := claim.NewS3Store(c, "claims", "", 0)
+	key := verifyClaim(t, e.ctx, store, rd.next(1, 60*time.Second)[0], payload).Key
+	if n := uploads(key); n != 1 {
+		t.Fatalf("%d uploads of %s, want 1", n, key)
+	}
+	replay := func(wantUploads int, what string) {
+		t.Helper()
+		res, err := ops.Replay(e.ctx, e.cfg, ops.ReplayOptions{IDs: []string{id}, ForceNewID: true})
+		if err != nil || res.Published != 1 {
+			t.Fatalf("replay: %+v, %v; want 1 published", res, err)
+		}
+		if n := uploads(key); n != wantUploads {
+			t.Fatalf("%s: %d uploads of %s, want %d", what, n, key, wantUploads)
+		}
+		if got := verifyClaim(t, e.ctx, store, rd.next(1, 30*time.Second)[0], payload).Key; got != key {
+			t.Fatalf("%s: the replayed record names %s, want the event's object %s", what, got, key)
+		}
+	}
+	// Written afresh, without walbox's metadata (this server, unlike S3,
+	// would keep an overwritten object's metadata).
+	put := func(data string) {
+		t.Helper()
+		if err := c.RemoveObject(e.ctx, "claims", key, minio.RemoveObjectOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.PutObject(e.ctx, "claims", key, strings.NewReader(data), int64(len(data)), minio.PutObjectOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	replay(1, "intact, by its metadata")
+	put(payload) // the same bytes without walbox's metadata: 2 uploads so far
+	replay(2, "intact, by its bytes")
+	put(strings.Repeat("x", len(payload))) // other bytes of the same size
+	replay(4, "corrupt")
+	if err := c.RemoveObject(e.ctx, "claims", key, minio.RemoveObjectOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	replay(5, "missing")
 }
 
 // TestKafkaLargeEventsGoThroughS3: with sink: kafka the payloads above
@@ -144,4 +320,37 @@ func TestKafkaLargeEventsGoThroughS3(t *testing.T) {
 	if again == nil || header(again, claim.Header) == "" || len(again.Value) != 0 {
 		t.Fatalf("replayed record %v, want a reference and an empty value", again)
 	}
+}
+
+// awsChunked reads the payload of an aws-chunked body: chunks of
+// "<hex size>[;extensions]\r\n<data>\r\n" up to one of size 0.
+func awsChunked(br *bufio.Reader) io.ReadCloser {
+	pr, pw := io.Pipe()
+	go func() {
+		for {
+			line, err := br.ReadString('\n')
+			if err != nil {
+				pw.CloseWithError(err)
+				return
+			}
+			size, err := strconv.ParseInt(strings.TrimSpace(strings.SplitN(line, ";", 2)[0]), 16, 64)
+			if err != nil {
+				pw.CloseWithError(fmt.Errorf("aws-chunked header %q: %w", line, err))
+				return
+			}
+			if size == 0 {
+				pw.Close()
+				return
+			}
+			if _, err := io.CopyN(pw, br, size); err != nil {
+				pw.CloseWithError(err)
+				return
+			}
+			if _, err := br.Discard(2); err != nil { // \r\n
+				pw.CloseWithError(err)
+				return
+			}
+		}
+	}()
+	return pr
 }

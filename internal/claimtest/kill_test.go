@@ -26,8 +26,9 @@ import (
 
 // relayEnv names the config file with which the test binary, started again
 // by a test, runs as the relay (runRelay): a real process to kill -9,
-// without building the walbox binary.
-const relayEnv = "WALBOX_CLAIMTEST_RELAY_CONFIG"
+// without building the walbox binary. Not WALBOX_*: the relay refuses
+// WALBOX_ variables it does not know.
+const relayEnv = "CLAIMTEST_RELAY_CONFIG"
 
 // runRelay runs the relay with the JSON config at path until SIGTERM.
 func runRelay(path string) int {

@@ -66,8 +66,10 @@ func busUnreachable(cfg config.Config, err error, report busops.Report) {
 
 // claimWrap is the claim check the commands publish through when
 // claim_check is on (nil when off): replay and dlq retry publish a large
-// event as the relay does, its payload stored under the same key, then the
-// reference. js is the JetStream of the Object Store (nil with Kafka).
+// event as the relay does, under the same key, then the reference; when
+// the store holds its payload intact already, without uploading it again
+// (claim.Options.ReuseIntact). js is the JetStream of the Object Store
+// (nil with Kafka).
 func claimWrap(cfg config.Config, js jetstream.JetStream) (func(relay.Sink) (relay.Sink, int), error) {
 	cc := cfg.ClaimCheck
 	if !cc.Enabled {
@@ -85,7 +87,7 @@ func claimWrap(cfg config.Config, js jetstream.JetStream) (func(relay.Sink) (rel
 		store = claim.NewJetStreamStore(js, cfg.ClaimBucketSpec())
 	}
 	return func(inner relay.Sink) (relay.Sink, int) {
-		cs := claim.New(inner, store, claim.Options{Threshold: cc.Threshold, UploadTimeout: cc.UploadTimeout})
+		cs := claim.New(inner, store, claim.Options{Threshold: cc.Threshold, UploadTimeout: cc.UploadTimeout, ReuseIntact: true})
 		return cs.AsSink(), cs.Threshold()
 	}, nil
 }

@@ -20,7 +20,7 @@ import (
 )
 
 // HeaderReplayOf names the event a --force-new-id replay delivers again.
-const HeaderReplayOf = "Walbox-Replay-Of"
+const HeaderReplayOf = relay.HeaderReplayOf
 
 // replayWindow is how many publishes may wait for their acks.
 const replayWindow = 256

@@ -328,3 +328,7 @@ func TestAsSinkKeepsEveryOptionalInterface(t *testing.T) {
 		t.Error("relay.TxnSink lost")
 	}
 }
+
+func jetstreamConfig(name string) jetstream.StreamConfig {
+	return jetstream.StreamConfig{Name: name, Subjects: []string{strings.ToLower(name) + ".>"}, Storage: jetstream.MemoryStorage}
+}

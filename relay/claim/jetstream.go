@@ -3,6 +3,8 @@ package claim
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"strings"
@@ -26,11 +28,31 @@ type Store interface {
 	Put(ctx context.Context, key string, data []byte, meta map[string]string) error
 }
 
-// Object metadata walbox sets (ObjectMeta.Metadata).
+// Object metadata walbox sets (ObjectMeta.Metadata; S3 user metadata).
 const (
 	MetaStream  = "walbox-stream"
 	MetaEventID = "walbox-event-id"
+	// MetaSHA256 is the payload's SHA-256 in lower-case hex, as in a Ref.
+	MetaSHA256 = "walbox-sha256"
 )
+
+// Reuser is a Store that can tell whether it already holds a payload
+// intact, so that a replay publishes its reference again without
+// uploading it (Options.ReuseIntact).
+type Reuser interface {
+	// Reuse reports whether key's object is exactly size bytes with the
+	// SHA-256 sum and will be kept at least as long as a message
+	// published now to meta[MetaStream]. When it is, Reuse also renews
+	// the object's modification time (and sets meta) without sending its
+	// bytes, so that the retention sweep, which reads that time as the
+	// last attempt to publish the object's message (Sweeper), keeps it
+	// for the new message. false means: upload it.
+	Reuse(ctx context.Context, key string, size int64, sum [sha256.Size]byte, meta map[string]string) (bool, error)
+}
+
+// reuseMargin is how much longer than a message published now may live an
+// object must be kept to be reused: the ack timeout and the clocks.
+const reuseMargin = 10 * time.Minute
 
 // BucketSpec is the JetStream Object Store bucket walbox keeps payloads in.
 type BucketSpec struct {
@@ -209,4 +231,93 @@ func (s *JetStreamStore) PurgePartials(ctx context.Context, live map[string]bool
 		n++
 	}
 	return n, nil
+}
+
+// list implements sweepable: the bucket's objects, their stream from
+// their metadata.
+func (s *JetStreamStore) list(ctx context.Context) ([]storedObject, error) {
+	infos, err := s.Objects(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]storedObject, 0, len(infos))
+	for _, o := range infos {
+		if o.Deleted {
+			continue
+		}
+		out = append(out, storedObject{name: o.Name, size: int64(o.Size), modTime: o.ModTime,
+			stream: o.Metadata[MetaStream], streamKnown: true, nuid: o.NUID})
+	}
+	return out, nil
+}
+
+// streamOf implements sweepable (list knows every stream).
+func (s *JetStreamStore) streamOf(_ context.Context, o storedObject) (string, time.Time, error) {
+	return o.stream, o.modTime, nil
+}
+
+// remove implements sweepable.
+func (s *JetStreamStore) remove(ctx context.Context, name string) error { return s.Delete(ctx, name) }
+
+// resolution implements sweepable: a meta message's timestamp is exact.
+func (s *JetStreamStore) resolution() time.Duration { return 0 }
+
+// Reuse implements Reuser. The object is intact when its meta message
+// names size bytes with sum's digest (nats.go computed it from the bytes
+// it stored, and checks it on every read) and the bucket holds all of its
+// chunks. A bucket with a TTL drops the chunks by their own age, which a
+// new meta message does not renew: the object is reused only when its
+// first chunk, TTL later, outlives a message published now to its stream
+// (that stream's max_age, plus reuseMargin); else it is uploaded afresh.
+// The renewal is a new meta message (ObjectStore.UpdateMeta).
+func (s *JetStreamStore) Reuse(ctx context.Context, key string, size int64, sum [sha256.Size]byte, meta map[string]string) (bool, error) {
+	obs, err := s.handle(ctx)
+	if err != nil {
+		return false, err
+	}
+	info, err := obs.GetInfo(ctx, key)
+	if errors.Is(err, jetstream.ErrObjectNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read object %s's info in bucket %s: %w", key, s.spec.Name, err)
+	}
+	if int64(info.Size) != size || info.Digest != "SHA-256="+base64.URLEncoding.EncodeToString(sum[:]) {
+		return false, nil
+	}
+	st, err := s.js.Stream(ctx, "OBJ_"+s.spec.Name)
+	if err != nil {
+		return false, fmt.Errorf("claim-check bucket %s's stream: %w", s.spec.Name, err)
+	}
+	chunks := "$O." + s.spec.Name + ".C." + info.NUID
+	si, err := st.Info(ctx, jetstream.WithSubjectFilter(chunks))
+	if err != nil {
+		return false, fmt.Errorf("count the chunks of object %s in bucket %s: %w", key, s.spec.Name, err)
+	}
+	if n := si.State.Subjects[chunks]; n != uint64(info.Chunks) {
+		return false, nil
+	}
+	if ttl := si.Config.MaxAge; ttl > 0 && info.Chunks > 0 {
+		first, err := st.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(chunks))
+		if err != nil {
+			return false, fmt.Errorf("read object %s's first chunk in bucket %s: %w", key, s.spec.Name, err)
+		}
+		stream, err := s.js.Stream(ctx, meta[MetaStream])
+		if err != nil {
+			return false, fmt.Errorf("stream %s of object %s: %w", meta[MetaStream], key, err)
+		}
+		age := stream.CachedInfo().Config.MaxAge
+		if age == 0 || !first.Time.Add(ttl).After(time.Now().Add(age+reuseMargin)) {
+			return false, nil
+		}
+	}
+	if err := obs.UpdateMeta(ctx, key, jetstream.ObjectMeta{Name: key, Description: info.Description, Headers: info.Headers, Metadata: meta}); err != nil {
+		return false, fmt.Errorf("renew object %s in bucket %s: %w", key, s.spec.Name, err)
+	}
+	return true, nil
+}
+
+// purgePartials implements partialPurger.
+func (s *JetStreamStore) purgePartials(ctx context.Context, live map[string]bool, before time.Time) (int, error) {
+	return s.PurgePartials(ctx, live, before)
 }

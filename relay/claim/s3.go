@@ -3,8 +3,12 @@ package claim
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
+	"io"
 	"strings"
+	"time"
 
 	"github.com/minio/minio-go/v7"
 )
@@ -14,8 +18,8 @@ const StoreS3 = "s3"
 
 // S3Store is a Store in an S3-compatible bucket, through minio-go: the
 // Kafka sink's (Kafka has no object store of its own). The bucket must
-// exist; its lifecycle rules expire objects (walbox has no sweep for it
-// yet: README, Large events).
+// exist. The Sweeper (NewS3Sweeper) deletes the objects whose message
+// is gone.
 type S3Store struct {
 	c        *minio.Client
 	bucket   string
@@ -74,4 +78,138 @@ func (s *S3Store) Get(ctx context.Context, key string) ([]byte, error) {
 		return nil, fmt.Errorf("get s3://%s/%s: %w", s.bucket, s.ObjectKey(key), err)
 	}
 	return b.Bytes(), nil
+}
+
+// list implements sweepable: every object under the prefix. A listing
+// carries no user metadata: streamOf reads it for the objects old enough
+// to matter.
+func (s *S3Store) list(ctx context.Context) ([]storedObject, error) {
+	prefix := ""
+	if s.prefix != "" {
+		prefix = s.prefix + "/"
+	}
+	var out []storedObject
+	for o := range s.c.ListObjects(ctx, s.bucket, minio.ListObjectsOptions{Prefix: prefix, Recursive: true}) {
+		if o.Err != nil {
+			return nil, fmt.Errorf("list s3://%s/%s: %w", s.bucket, prefix, o.Err)
+		}
+		out = append(out, storedObject{name: o.Key, size: o.Size, modTime: o.LastModified})
+	}
+	return out, nil
+}
+
+// streamOf implements sweepable: the object's MetaStream metadata ("" for
+// an object walbox did not write, which is kept), and its Last-Modified as
+// of now: an upload (or a replay's renewal) since the listing counts, and
+// only the moment between this HEAD and the delete is left for one to
+// slip in. An object gone since the listing is kept (nothing to delete).
+func (s *S3Store) streamOf(ctx context.Context, o storedObject) (string, time.Time, error) {
+	info, err := s.c.StatObject(ctx, s.bucket, o.name, minio.StatObjectOptions{})
+	if minio.ToErrorResponse(err).Code == "NoSuchKey" {
+		return "", o.modTime, nil
+	}
+	if err != nil {
+		return "", time.Time{}, fmt.Errorf("stat s3://%s/%s: %w", s.bucket, o.name, err)
+	}
+	return userMeta(info, MetaStream), info.LastModified, nil
+}
+
+// userMeta is the user metadata key of info (minio-go canonicalizes the
+// keys' case).
+func userMeta(info minio.ObjectInfo, key string) string {
+	for k, v := range info.UserMetadata {
+		if strings.EqualFold(k, key) {
+			return v
+		}
+	}
+	return ""
+}
+
+// remove implements sweepable: name is the object's whole name.
+func (s *S3Store) remove(ctx context.Context, name string) error {
+	if err := s.c.RemoveObject(ctx, s.bucket, name, minio.RemoveObjectOptions{}); err != nil {
+		return fmt.Errorf("delete s3://%s/%s: %w", s.bucket, name, err)
+	}
+	return nil
+}
+
+// resolution implements sweepable: S3 lists Last-Modified to the second.
+func (s *S3Store) resolution() time.Duration { return time.Second }
+
+// Reuse implements Reuser. The object is intact when it has size bytes
+// and its MetaSHA256 metadata (written in the same PutObject as its
+// bytes) is sum, or, without that metadata, when its bytes hash to sum.
+// The renewal is a server-side copy of the object onto itself with its
+// metadata replaced: S3 gives the copy a new Last-Modified (and lifecycle
+// rules count from it) without the bytes passing through walbox.
+func (s *S3Store) Reuse(ctx context.Context, key string, size int64, sum [sha256.Size]byte, meta map[string]string) (bool, error) {
+	name := s.ObjectKey(key)
+	info, err := s.c.StatObject(ctx, s.bucket, name, minio.StatObjectOptions{})
+	if minio.ToErrorResponse(err).Code == "NoSuchKey" {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("stat s3://%s/%s: %w", s.bucket, name, err)
+	}
+	want := hex.EncodeToString(sum[:])
+	if info.Size != size {
+		return false, nil
+	}
+	if got := userMeta(info, MetaSHA256); got != "" && got != want {
+		return false, nil
+	} else if got == "" {
+		obj, err := s.c.GetObject(ctx, s.bucket, name, minio.GetObjectOptions{})
+		if err != nil {
+			return false, fmt.Errorf("read s3://%s/%s: %w", s.bucket, name, err)
+		}
+		h := sha256.New()
+		_, err = io.Copy(h, obj)
+		obj.Close()
+		if err != nil {
+			return false, fmt.Errorf("read s3://%s/%s: %w", s.bucket, name, err)
+		}
+		if hex.EncodeToString(h.Sum(nil)) != want {
+			return false, nil
+		}
+	}
+	_, err = s.c.CopyObject(ctx, minio.CopyDestOptions{Bucket: s.bucket, Object: name, ReplaceMetadata: true, UserMetadata: meta, ContentType: "application/json"},
+		minio.CopySrcOptions{Bucket: s.bucket, Object: name})
+	if err != nil {
+		return false, fmt.Errorf("renew s3://%s/%s (copy onto itself): %w", s.bucket, name, err)
+	}
+	return true, nil
+}
+
+// purgePartials implements partialPurger: it aborts the multipart uploads
+// under the prefix begun before before. Such an upload never became an
+// object (S3 shows an object only once its upload completes), but its
+// parts are stored, and billed, until it is aborted; an upload in
+// progress is younger than the upload timeout, which before must lie in
+// the past. minio-go aborts a failed upload's parts itself when it still
+// can; a relay killed mid-upload leaves them.
+func (s *S3Store) purgePartials(ctx context.Context, _ map[string]bool, before time.Time) (int, error) {
+	prefix := ""
+	if s.prefix != "" {
+		prefix = s.prefix + "/"
+	}
+	core := minio.Core{Client: s.c}
+	n := 0
+	for u := range s.c.ListIncompleteUploads(ctx, s.bucket, prefix, true) {
+		if minio.ToErrorResponse(u.Err).Code == "NoSuchUpload" {
+			// Some S3-compatible servers answer a listing so when the
+			// bucket never had a multipart upload: none to abort.
+			break
+		}
+		if u.Err != nil {
+			return n, fmt.Errorf("list the unfinished uploads of s3://%s/%s: %w", s.bucket, prefix, u.Err)
+		}
+		if !u.Initiated.Add(s.resolution()).Before(before) {
+			continue
+		}
+		if err := core.AbortMultipartUpload(ctx, s.bucket, u.Key, u.UploadID); err != nil {
+			return n, fmt.Errorf("abort the unfinished upload %s of s3://%s/%s: %w", u.UploadID, s.bucket, u.Key, err)
+		}
+		n++
+	}
+	return n, nil
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -40,6 +41,12 @@ type Options struct {
 	Logger        zerolog.Logger
 	// Registerer takes the upload metrics (nil: unregistered).
 	Registerer prometheus.Registerer
+	// ReuseIntact: when the store already holds the payload intact under
+	// the event's key (Reuser), publish its reference without uploading
+	// it again. For walbox replay and dlq retry, whose events were
+	// uploaded before; the relay uploads on every attempt. A replay under
+	// a new id (relay.HeaderReplayOf) then also uses the event's own key.
+	ReuseIntact bool
 }
 
 // Sink is a relay.Sink that moves large payloads to a Store before it hands
@@ -153,12 +160,29 @@ func (s *Sink) Publish(m *relay.Msg) (relay.Future, error) {
 		return s.inner.Publish(m)
 	}
 	id := relay.IdentityID(m.Header)
+	if of := m.Header.Get(relay.HeaderReplayOf); s.opts.ReuseIntact && of != "" && strings.HasPrefix(id, of+".replay.") {
+		// A replay under a new id carries the event's payload again: the
+		// event's own object serves it.
+		id = of
+	}
 	key := Key(m.Header.Get(relay.HeaderSource), m.Header.Get(relay.HeaderTable), id)
 	sum := sha256.Sum256(m.Data)
 	ref := Ref{Store: s.store.Kind(), Bucket: s.store.Bucket(), Key: s.store.ObjectKey(key), Size: int64(len(m.Data)), SHA256: hex.EncodeToString(sum[:])}
+	meta := map[string]string{MetaStream: m.Stream, MetaEventID: id, MetaSHA256: ref.SHA256}
 	ctx, cancel := context.WithTimeout(context.Background(), s.opts.UploadTimeout)
+	defer cancel()
+	if r, ok := s.store.(Reuser); ok && s.opts.ReuseIntact {
+		reused, err := r.Reuse(ctx, key, int64(len(m.Data)), sum, meta)
+		if err != nil {
+			s.log.Warn().Err(err).Str("id", id).Str("key", key).Msg("cannot tell whether the claim-check store holds the payload intact; uploading it")
+		}
+		if reused {
+			s.log.Info().Str("id", id).Str("key", key).Int("bytes", len(m.Data)).Msg("the claim-check store holds the payload intact: its reference is published without an upload")
+			return s.inner.Publish(m.Replaced(nil, Header, ref.String()))
+		}
+	}
 	start := time.Now()
-	err := s.store.Put(ctx, key, m.Data, map[string]string{MetaStream: m.Stream, MetaEventID: id})
+	err := s.store.Put(ctx, key, m.Data, meta)
 	cancel()
 	took := time.Since(start)
 	if err != nil {
