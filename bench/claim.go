@@ -80,9 +80,24 @@ func (p params) claimEvents() int {
 	return 4_000
 }
 
-// claimRounds: at least three (also with -quick), so that each side goes
-// first at least once and the median is of more than two.
-func (p params) claimRounds() int { return max(3, p.Rounds) }
+// claimRounds is an even count, so that each side goes first as often as
+// the other: 4 with -quick, else 6 (or -rounds, rounded up to even).
+func (p params) claimRounds() int {
+	if p.Quick {
+		return 4
+	}
+	n := max(6, p.Rounds)
+	return n + n%2
+}
+
+// claimHugeRuns is how many fresh relays each relay one 64 MiB payload:
+// 2 with -quick, else 3.
+func (p params) claimHugeRuns() int {
+	if p.Quick {
+		return 2
+	}
+	return 3
+}
 
 // claimSide is one configuration: its nats-server, slot and relay
 // environment (real walbox config keys only).
@@ -125,7 +140,7 @@ type claimResult struct {
 	Events, Small int
 	On, Raised    []claimRun // round by round
 	LoadTook      []time.Duration
-	Huge          claimHugeResult
+	Huge          []claimHugeResult
 	Took          time.Duration
 }
 
@@ -241,8 +256,12 @@ func (b *bench) claimCheck(ctx context.Context) error {
 			}
 		}
 	}
-	if res.Huge, err = b.claimHugeRun(ctx, sides[0], pad); err != nil {
-		return fmt.Errorf("one %d MiB payload: %w", claimHuge>>20, err)
+	for i := range b.p.claimHugeRuns() {
+		h, err := b.claimHugeRun(ctx, sides[0], pad, i)
+		if err != nil {
+			return fmt.Errorf("one %d MiB payload, run %d: %w", claimHuge>>20, i+1, err)
+		}
+		res.Huge = append(res.Huge, h)
 	}
 	res.Took = time.Since(t0)
 	b.logf("claim check: done in %s", res.Took.Round(time.Second))
@@ -600,15 +619,16 @@ func procStatusBytes(pid int, field string) (int64, error) {
 // streams idle (the baseline), commits small events, one 64 MiB payload and
 // small events again, each a transaction, and reads its peak RSS once all
 // are stored.
-func (b *bench) claimHugeRun(ctx context.Context, s *claimSide, pad claimPad) (claimHugeResult, error) {
+func (b *bench) claimHugeRun(ctx context.Context, s *claimSide, pad claimPad, run int) (claimHugeResult, error) {
 	res := claimHugeResult{Payload: claimHuge}
 	cfg, err := config.Load(b.env.cfgFile, s.env)
 	if err != nil {
 		return res, fmt.Errorf("read the relay's config for nats.window_bytes: %w", err)
 	}
 	res.WindowBytes = cfg.NATS.WindowBytes
-	b.logf("claim check: one %d MiB payload: a fresh relay with the claim check on (nats.window_bytes %d MiB)", claimHuge>>20, res.WindowBytes>>20)
-	r, err := b.startRelay("claim-64mib", s.env...)
+	b.logf("claim check: one %d MiB payload, run %d of %d: a fresh relay with the claim check on (nats.window_bytes %d MiB)",
+		claimHuge>>20, run+1, b.p.claimHugeRuns(), res.WindowBytes>>20)
+	r, err := b.startRelay(fmt.Sprintf("claim-64mib-%d", run+1), s.env...)
 	if err != nil {
 		return res, err
 	}
@@ -630,7 +650,7 @@ func (b *bench) claimHugeRun(ctx context.Context, s *claimSide, pad claimPad) (c
 	if err != nil {
 		return res, err
 	}
-	topic := claimTopic + ".huge"
+	topic := fmt.Sprintf("%s.huge%d", claimTopic, run+1)
 	small := make([]string, claimHugeSmall)
 	for i := range small {
 		small[i] = payloadFor(i, b.p.PayloadBytes, 0)
@@ -667,6 +687,9 @@ func (b *bench) claimHugeRun(ctx context.Context, s *claimSide, pad claimPad) (c
 		return res, fmt.Errorf("the 64 MiB event's %s: %w", relay.HeaderCommitTime, err)
 	}
 	res.Took = m.Time.Sub(commit)
+	if err := b.claimSettle(ctx, r, s.slot); err != nil {
+		return res, err
+	}
 	if err := b.stopRelay(r); err != nil {
 		return res, err
 	}
@@ -703,7 +726,7 @@ func (r *results) claimReport(head func(string), add func(what, value, target, v
 		}
 		return strings.Join(vs, ", ")
 	}
-	add("events/s, relay spawn → last message stored: claim check on (limit raised)",
+	add("events/s, relay spawn → last message stored, median of the rounds (the lower middle one): claim check on (limit raised)",
 		fmt.Sprintf("%.0f (limit raised: %.0f); payload %.0f MB/s (%.0f); rounds, * = went first: on %s / raised %s",
 			evs(on), evs(raised), payloadMB(on), payloadMB(raised),
 			rounds(c.On, func(x claimRun) string { return fmt.Sprintf("%.0f", evs(x)) }),
@@ -715,7 +738,7 @@ func (r *results) claimReport(head func(string), add func(what, value, target, v
 	add("  claim check on ÷ limit raised, events/s", fmt.Sprintf("%.2f (medians); round by round %s", ratioOf(evs(on), evs(raised)), strings.Join(ratios, " ")), "", "")
 	hwm := func(x claimRun) float64 { return float64(x.HWM) }
 	hOn, hRaised := medianRun(c.On, hwm), medianRun(c.Raised, hwm)
-	add("relay peak RSS (VmHWM): claim check on (limit raised)",
+	add("relay peak RSS (VmHWM), median of the rounds: claim check on (limit raised)",
 		fmt.Sprintf("%.1f MB (limit raised: %.1f MB); rounds: on %s / raised %s", mb(hOn.HWM), mb(hRaised.HWM),
 			rounds(c.On, func(x claimRun) string { return fmt.Sprintf("%.1f", mb(x.HWM)) }),
 			rounds(c.Raised, func(x claimRun) string { return fmt.Sprintf("%.1f", mb(x.HWM)) })), "none set", "")
@@ -727,17 +750,25 @@ func (r *results) claimReport(head func(string), add func(what, value, target, v
 			us(perEvent(medianRun(c.Raised, func(x claimRun) float64 { return float64(x.DriverCPU) }).DriverCPU, c.Events))), "", "")
 	add("  stored per round: claim check on, uploads / stream / bucket; limit raised, stream",
 		fmt.Sprintf("%.0f uploads for %d large events / %.1f MB / %.1f MB; %.1f MB", on.Uploads, on.Large, mb(int64(on.StreamBytes)), mb(int64(on.ObjectBytes)), mb(int64(raised.StreamBytes))), "", "")
-	h := c.Huge
-	if h.Payload == 0 {
+	if len(c.Huge) == 0 {
 		return
 	}
-	add(fmt.Sprintf("one %d MiB payload, claim check on: relay VmHWM streaming idle before it (baseline; VmRSS then) → VmHWM once it and %d small events are stored; commit → stored",
-		h.Payload>>20, 2*claimHugeSmall),
-		fmt.Sprintf("%.1f MB (%.1f MB) → %.1f MB: +%.1f MB = %.2f × the payload; %.2f s", mb(h.BaseHWM), mb(h.BaseRSS), mb(h.Peak),
-			mb(h.Peak-h.BaseHWM), float64(h.Peak-h.BaseHWM)/float64(h.Payload), h.Took.Seconds()), "", "")
-	add("target: that VmHWM ≤ baseline VmHWM + nats.window_bytes + the payload",
-		fmt.Sprintf("%.1f MB against %.1f + %.1f + %.1f = %.1f MB", mb(h.Peak), mb(h.BaseHWM), mb(h.WindowBytes), mb(int64(h.Payload)), mb(h.bound())),
-		fmt.Sprintf("≤ window_bytes (%d MiB) + %d MiB over the baseline", h.WindowBytes>>20, h.Payload>>20), verdict(h.Peak <= h.bound()))
+	// The target holds for every run: the verdict is the worst one's.
+	worst := c.Huge[0]
+	runs := make([]string, len(c.Huge))
+	for i, h := range c.Huge {
+		runs[i] = fmt.Sprintf("%.1f (%.1f) → %.1f MB, +%.1f MB = %.2f × the payload, %.2f s",
+			mb(h.BaseHWM), mb(h.BaseRSS), mb(h.Peak), mb(h.Peak-h.BaseHWM), float64(h.Peak-h.BaseHWM)/float64(h.Payload), h.Took.Seconds())
+		if h.Peak-h.bound() > worst.Peak-worst.bound() {
+			worst = h
+		}
+	}
+	add(fmt.Sprintf("one %d MiB payload, claim check on, %d fresh relays: VmHWM streaming idle before it (baseline; VmRSS then) → VmHWM once it and %d small events are stored; commit → stored",
+		worst.Payload>>20, len(c.Huge), 2*claimHugeSmall), strings.Join(runs, "; "), "", "")
+	add("target: that VmHWM ≤ baseline VmHWM + nats.window_bytes + the payload (the run closest to its bound)",
+		fmt.Sprintf("%.1f MB against %.1f + %.1f + %.1f = %.1f MB (%+.1f MB)", mb(worst.Peak), mb(worst.BaseHWM), mb(worst.WindowBytes), mb(int64(worst.Payload)),
+			mb(worst.bound()), mb(worst.Peak-worst.bound())),
+		fmt.Sprintf("≤ window_bytes (%d MiB) + %d MiB over the baseline", worst.WindowBytes>>20, worst.Payload>>20), verdict(worst.Peak <= worst.bound()))
 }
 
 // runClaim is `go run . claim`: the phase alone, into
@@ -820,8 +851,9 @@ How it is measured:
   relay's VmHWM at that moment; CPU from /proc/<pid>/stat. Each run checks that the large events
   went as its side says (uploads and a reference, or the whole payload in the message) and
   lets the relay settle (rows marked, slot confirmed past a checkpoint) before it stops.
-- One 64 MiB payload: a fresh claim-check relay streams idle for 3 s; its VmHWM then is the
-  baseline. Ten small events, the 64 MiB one and ten small events are committed, each group one
-  transaction; once all 21 are stored the relay's VmHWM is the peak. The target (issue 39)
-  holds the peak to the baseline plus nats.window_bytes plus the one payload.
+- One 64 MiB payload, three times (-quick: twice), each with a fresh claim-check relay: it streams idle for
+  3 s; its VmHWM then is the baseline. Ten small events, the 64 MiB one and ten small events are
+  committed, each group one transaction; once all 21 are stored the relay's VmHWM is the peak.
+  The target (issue 39) holds the peak to the baseline plus nats.window_bytes plus the one
+  payload, in every run: the verdict is the run closest to (or furthest over) its bound.
 `
