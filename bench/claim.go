@@ -122,6 +122,8 @@ type claimRun struct {
 	ObjectBytes   uint64        // bytes the claim bucket grew by (its stream's)
 	Uploads       float64       // the relay's walbox_claim_uploads_total
 	First         bool          // this side went first in its round
+	Where         []cpuShare    // CPU by process group, spawn -> last message stored
+	Span          time.Duration // the time Where covers
 }
 
 // claimHugeResult is the 64 MiB run.
@@ -445,14 +447,16 @@ func (b *bench) claimDrain(ctx context.Context, s *claimSide, phase string, n in
 		return run, err
 	}
 	target := base + uint64(n)
-	self0 := selfCPU()
+	meter, self0 := b.startPhase(0), selfCPU()
 	r, err := b.startRelay(phase, s.env...)
 	if err != nil {
 		return run, err
 	}
+	meter.relay = r.pid()
 	if err := b.claimWait(ctx, s, r, phase, base, target); err != nil {
 		return run, err
 	}
+	_, run.Where, run.Span = meter.stop()
 	if run.CPU, err = r.cpu(); err != nil {
 		return run, fmt.Errorf("relay CPU: %w", err)
 	}
@@ -748,6 +752,9 @@ func (r *results) claimReport(head func(string), add func(what, value, target, v
 			us(perEvent(medianRun(c.On, func(x claimRun) float64 { return float64(x.DriverCPU) }).DriverCPU, c.Events)),
 			us(perEvent(medianRun(c.Raised, func(x claimRun) float64 { return float64(x.CPU) }).CPU, c.Events)),
 			us(perEvent(medianRun(c.Raised, func(x claimRun) float64 { return float64(x.DriverCPU) }).DriverCPU, c.Events))), "", "")
+	add("  foreign load (processes not part of the benchmark) while each run relayed, share of all CPUs: claim check on / limit raised",
+		rounds(c.On, func(x claimRun) string { return fmt.Sprintf("%.0f%%", r.foreign(x.Where, x.Span)*100) })+" / "+
+			rounds(c.Raised, func(x claimRun) string { return fmt.Sprintf("%.0f%%", r.foreign(x.Where, x.Span)*100) }), "", "")
 	add("  stored per round: claim check on, uploads / stream / bucket; limit raised, stream",
 		fmt.Sprintf("%.0f uploads for %d large events / %.1f MB / %.1f MB; %.1f MB", on.Uploads, on.Large, mb(int64(on.StreamBytes)), mb(int64(on.ObjectBytes)), mb(int64(raised.StreamBytes))), "", "")
 	if len(c.Huge) == 0 {
