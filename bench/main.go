@@ -4,6 +4,7 @@
 //
 //	cd bench && go run .          # make bench: the full run (~10 min)
 //	cd bench && go run . -quick   # make bench-quick: smaller figures (~3 min)
+//	cd bench && go run . claim    # only the claim check beside a raised limit (claim.go)
 //
 // It needs nothing but the PostgreSQL server binaries: it starts a throwaway
 // cluster (internal/pgtest, wal_level=logical), an in-process nats-server
@@ -153,7 +154,8 @@ func main() {
 	}
 	pgsideOnly := len(os.Args) >= 2 && os.Args[1] == pgsideArg
 	atomicOnly := len(os.Args) >= 2 && os.Args[1] == atomicArg
-	if pgsideOnly || atomicOnly {
+	claimOnly := len(os.Args) >= 2 && os.Args[1] == claimArg
+	if pgsideOnly || atomicOnly || claimOnly {
 		os.Args = append(os.Args[:1], os.Args[2:]...)
 	}
 	p, err := parseFlags()
@@ -168,6 +170,8 @@ func main() {
 		err = runPGSide(ctx, b)
 	case atomicOnly:
 		err = runAtomic(ctx, b)
+	case claimOnly:
+		err = runClaim(ctx, b)
 	default:
 		err = b.run(ctx)
 	}
@@ -271,6 +275,9 @@ func (b *bench) run(ctx context.Context) error {
 		if err := b.peers(ctx); err != nil {
 			return fmt.Errorf("peers: %w", err)
 		}
+	}
+	if err := b.claimCheck(ctx); err != nil { // after walbox's other phases and the peers: its slots and servers are its own
+		return fmt.Errorf("claim check: %w", err)
 	}
 	pgside, err := b.pgSide(ctx) // last: the other phases' figures stay comparable with earlier runs
 	if err != nil {

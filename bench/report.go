@@ -58,6 +58,7 @@ type results struct {
 	idleWhere []cpuShare
 
 	console consoleResult // issue 38: the web console's cost (console.go)
+	claim   claimResult   // issue 39: the claim check beside a raised limit (claim.go)
 
 	relayWarnings []string // what the relay logged, per run
 	chart         string   // the PNG's file name, next to the report
@@ -545,6 +546,7 @@ func (r *results) render() table {
 	r.tracingReport(head, add)
 	r.batchReport(head, add)
 	r.consoleReport(head, add)
+	r.claimReport(head, add)
 
 	name, f := r.worstForeign()
 	head("Machine")
