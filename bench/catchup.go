@@ -361,8 +361,10 @@ func (b *bench) endCatchup(ctx context.Context, res *catchupResult, meter *phase
 // advances by) until the slot has confirmed the WAL written so far and its
 // restart point has passed it.
 func (b *bench) settle(ctx context.Context, r *relayProc, res *catchupResult, marks bool) error {
-	deadline := time.Now().Add(b.p.Stall)
+	// Each wait has the stall limit of its own: a large backlog's UPDATE
+	// (flag off) comes before the slot's waits, and is not one of them.
 	poll := func(what string, done func(context.Context) (bool, error)) error {
+		deadline := time.Now().Add(b.p.Stall)
 		for {
 			qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			ok, err := done(qctx)
