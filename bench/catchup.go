@@ -327,7 +327,7 @@ func (b *bench) relayCatchup(ctx context.Context, phase string, res *catchupResu
 	if res.Batch, err = relayBatchCounts(ctx, b.env.metrics); err != nil {
 		return err
 	}
-	marks := !slices.Contains(env, "WALBOX_SWEEPER_MARK_PROCESSED=false") && !slices.Contains(b.p.Sets, "sweeper.mark_processed=false")
+	marks := !markOff(env, b.p.Sets)
 	if err := b.settle(ctx, r, res, marks); err != nil {
 		return err
 	}
@@ -361,35 +361,8 @@ func (b *bench) endCatchup(ctx context.Context, res *catchupResult, meter *phase
 // advances by) until the slot has confirmed the WAL written so far and its
 // restart point has passed it.
 func (b *bench) settle(ctx context.Context, r *relayProc, res *catchupResult, marks bool) error {
-	// Each wait has the stall limit of its own: a large backlog's UPDATE
-	// (flag off) comes before the slot's waits, and is not one of them.
-	poll := func(what string, done func(context.Context) (bool, error)) error {
-		deadline := time.Now().Add(b.p.Stall)
-		for {
-			qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			ok, err := done(qctx)
-			cancel()
-			if err != nil {
-				return fmt.Errorf("%s: %w", what, err)
-			}
-			if ok {
-				return nil
-			}
-			if r.exited() {
-				return fmt.Errorf("relay exited while %s (%s):\n%s", what, r.cmd.ProcessState, r.logs)
-			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("%s: not done within %s", what, b.p.Stall)
-			}
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(50 * time.Millisecond):
-			}
-		}
-	}
 	if marks {
-		err := poll("waiting for the sweeper to mark every row processed", func(ctx context.Context) (bool, error) {
+		err := b.pollRelay(ctx, r, "waiting for the sweeper to mark every row processed", func(ctx context.Context) (bool, error) {
 			var left int64
 			err := b.env.pool.QueryRow(ctx, "SELECT count(*) FROM outbox_events WHERE NOT processed").Scan(&left)
 			return left == 0, err
@@ -409,21 +382,56 @@ func (b *bench) settle(ctx context.Context, r *relayProc, res *catchupResult, ma
 			return fmt.Errorf("marking the flag-off run's rows: %w", err)
 		}
 	}
-	// The slot's restart point moves to the snapshot the walsender saved
-	// at the running-transactions record before the last one it decoded:
-	// one checkpoint leaves restart_lsn behind this phase's WAL, and the
-	// next relay start decodes all of it again (280 MB more than its own
-	// backlog, seen in the flag-on rounds that followed a flag-off one).
-	// Checkpoints until restart_lsn has passed the WAL written so far.
+	return b.settleSlot(ctx, r, slotName)
+}
+
+// pollRelay polls done every 50 ms until it holds, failing when the relay
+// exits or after the stall limit. Each wait has a stall limit of its own:
+// a large backlog's UPDATE (flag off) comes before the slot's waits, and
+// is not one of them.
+func (b *bench) pollRelay(ctx context.Context, r *relayProc, what string, done func(context.Context) (bool, error)) error {
+	deadline := time.Now().Add(b.p.Stall)
+	for {
+		qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		ok, err := done(qctx)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		if ok {
+			return nil
+		}
+		if r.exited() {
+			return fmt.Errorf("relay exited while %s (%s):\n%s", what, r.cmd.ProcessState, r.logs)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s: not done within %s", what, b.p.Stall)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// settleSlot checkpoints until slot has confirmed the WAL written so far
+// and its restart point has passed it (at most 5 checkpoints). The slot's
+// restart point moves to the snapshot the walsender saved at the
+// running-transactions record before the last one it decoded: one
+// checkpoint leaves restart_lsn behind a phase's WAL, and the next relay
+// start decodes all of it again (280 MB more than its own backlog, seen in
+// the flag-on rounds that followed a flag-off one).
+func (b *bench) settleSlot(ctx context.Context, r *relayProc, slot string) error {
 	// slotPast: the slot's col (confirmed_flush_lsn or restart_lsn) is at or past lsn.
 	slotPast := func(ctx context.Context, col, lsn string) (bool, error) {
 		var ok bool
 		err := b.env.pool.QueryRow(ctx, "SELECT coalesce(bool_and("+col+" >= $2::pg_lsn), false) FROM pg_replication_slots WHERE slot_name = $1",
-			slotName, lsn).Scan(&ok)
+			slot, lsn).Scan(&ok)
 		return ok, err
 	}
 	var first string
-	for i := 0; ; i++ {
+	for i := range 5 {
 		var lsn string
 		qctx, cancel := context.WithTimeout(ctx, time.Minute)
 		_, err := b.env.pool.Exec(qctx, "CHECKPOINT")
@@ -437,31 +445,30 @@ func (b *bench) settle(ctx context.Context, r *relayProc, res *catchupResult, ma
 		if first == "" {
 			first = lsn
 		}
-		err = poll("waiting for the slot to confirm the WAL written", func(ctx context.Context) (bool, error) {
+		if err := b.pollRelay(ctx, r, "waiting for slot "+slot+" to confirm the WAL written", func(ctx context.Context) (bool, error) {
 			return slotPast(ctx, "confirmed_flush_lsn", lsn)
-		})
-		if err != nil {
+		}); err != nil {
 			return err
 		}
 		qctx, cancel = context.WithTimeout(ctx, 10*time.Second)
 		restarted, err := slotPast(qctx, "restart_lsn", first)
 		cancel()
 		if err != nil {
-			return fmt.Errorf("slot restart_lsn: %w", err)
+			return fmt.Errorf("slot %s restart_lsn: %w", slot, err)
 		}
 		if restarted {
 			return nil
 		}
-		if i == 4 {
-			b.logf("  the slot's restart_lsn is still before %s after 5 checkpoints: the next start decodes that WAL again", first)
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(100 * time.Millisecond): // the walsender saves the restart point at the next status update
+		if i < 4 {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(100 * time.Millisecond): // the walsender saves the restart point at the next status update
+			}
 		}
 	}
+	b.logf("  slot %s: restart_lsn still before %s after 5 checkpoints: the next start decodes that WAL again", slot, first)
+	return nil
 }
 
 // loadBacklog commits n events in transactions of TxnRows rows over Loaders

@@ -503,33 +503,8 @@ func (b *bench) claimDrain(ctx context.Context, s *claimSide, phase string, n in
 // point moved past the WAL written so far, so that the next relay on the
 // slot does not decode this backlog again.
 func (b *bench) claimSettle(ctx context.Context, r *relayProc, slot string) error {
-	deadline := time.Now().Add(b.p.Stall)
-	poll := func(what string, done func(context.Context) (bool, error)) error {
-		for {
-			qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			ok, err := done(qctx)
-			cancel()
-			if err != nil {
-				return fmt.Errorf("%s: %w", what, err)
-			}
-			if ok {
-				return nil
-			}
-			if r.exited() {
-				return fmt.Errorf("relay exited while %s (%s):\n%s", what, r.cmd.ProcessState, r.logs)
-			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("%s: not done within %s", what, b.p.Stall)
-			}
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(50 * time.Millisecond):
-			}
-		}
-	}
 	if !markOff(r.cmd.Env, b.p.Sets) {
-		err := poll("waiting for the sweeper to mark the phase's rows processed", func(ctx context.Context) (bool, error) {
+		err := b.pollRelay(ctx, r, "waiting for the sweeper to mark the phase's rows processed", func(ctx context.Context) (bool, error) {
 			var left bool
 			err := b.env.pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM outbox_events WHERE topic LIKE $1 AND NOT processed)", claimTopic+".%").Scan(&left)
 			return !left, err
@@ -538,51 +513,7 @@ func (b *bench) claimSettle(ctx context.Context, r *relayProc, slot string) erro
 			return err
 		}
 	}
-	slotPast := func(ctx context.Context, col, lsn string) (bool, error) {
-		var ok bool
-		err := b.env.pool.QueryRow(ctx, "SELECT coalesce(bool_and("+col+" >= $2::pg_lsn), false) FROM pg_replication_slots WHERE slot_name = $1",
-			slot, lsn).Scan(&ok)
-		return ok, err
-	}
-	var first string
-	for i := range 5 {
-		var lsn string
-		qctx, cancel := context.WithTimeout(ctx, time.Minute)
-		_, err := b.env.pool.Exec(qctx, "CHECKPOINT")
-		if err == nil {
-			err = b.env.pool.QueryRow(qctx, "SELECT pg_current_wal_lsn()::text").Scan(&lsn)
-		}
-		cancel()
-		if err != nil {
-			return fmt.Errorf("checkpoint: %w", err)
-		}
-		if first == "" {
-			first = lsn
-		}
-		if err := poll("waiting for slot "+slot+" to confirm the WAL written", func(ctx context.Context) (bool, error) {
-			return slotPast(ctx, "confirmed_flush_lsn", lsn)
-		}); err != nil {
-			return err
-		}
-		qctx, cancel = context.WithTimeout(ctx, 10*time.Second)
-		restarted, err := slotPast(qctx, "restart_lsn", first)
-		cancel()
-		if err != nil {
-			return fmt.Errorf("slot %s restart_lsn: %w", slot, err)
-		}
-		if restarted {
-			return nil
-		}
-		if i < 4 {
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(100 * time.Millisecond):
-			}
-		}
-	}
-	b.logf("  slot %s: restart_lsn still before %s after 5 checkpoints: the next start decodes that WAL again", slot, first)
-	return nil
+	return b.settleSlot(ctx, r, slot)
 }
 
 // markOff says whether a relay runs with the processed flag off.
@@ -812,14 +743,7 @@ func runClaim(ctx context.Context, b *bench) error {
 	}
 	fmt.Fprintf(&sb, "- Backlog: %d events per round, %d per transaction over %d connections, committed once per round with both relays stopped (%s)\n\n",
 		c.Events, b.p.TxnRows, b.p.Loaders, strings.Join(loads, ", "))
-	sb.WriteString("| Measure | Result | Target | |\n|---|---|---|---|\n")
-	for _, row := range t {
-		if row.section {
-			fmt.Fprintf(&sb, "| **%s** | | | |\n", row.measure)
-			continue
-		}
-		fmt.Fprintf(&sb, "| %s | %s | %s | %s |\n", strings.TrimSpace(row.measure), row.result, row.target, row.verdict)
-	}
+	sb.WriteString(t.markdownTable())
 	if len(b.res.relayWarnings) > 0 {
 		sb.WriteString("\nThe relay logged (warn level and up):\n\n")
 		for _, w := range b.res.relayWarnings {

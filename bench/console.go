@@ -174,14 +174,14 @@ func (b *bench) consoleProfile(ctx context.Context, pool *pgxpool.Pool, window t
 	if err := b.vacuum(ctx, "before the console's profile"); err != nil {
 		return err
 	}
-	dir, err := os.MkdirTemp("", "walbox-bench-console-profile-")
+	dir, restore, err := b.profileDir()
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	saved, savedFor := b.p.CPUProfile, b.p.LiveFor
-	b.p.CPUProfile, b.p.LiveFor = dir, window
-	defer func() { b.p.CPUProfile, b.p.LiveFor = saved, savedFor }()
+	defer restore()
+	savedFor := b.p.LiveFor
+	b.p.LiveFor = window
+	defer func() { b.p.LiveFor = savedFor }()
 	r, wsPID, err := b.startStreaming(ctx, "console-profile", "WALBOX_CONSOLE_ENABLED=true")
 	if err != nil {
 		return err

@@ -375,20 +375,7 @@ func procWait(pid int) time.Duration {
 }
 
 // procHWM returns the peak resident set size (VmHWM) of pid in bytes.
-func procHWM(pid int) (int64, error) {
-	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
-	if err != nil {
-		return 0, err
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if strings.HasPrefix(line, "VmHWM:") {
-			f := strings.Fields(line)
-			kb, err := strconv.ParseInt(f[1], 10, 64)
-			return kb * 1024, err
-		}
-	}
-	return 0, fmt.Errorf("/proc/%d/status: no VmHWM", pid)
-}
+func procHWM(pid int) (int64, error) { return procStatusBytes(pid, "VmHWM:") }
 
 // procWakeups returns how often pid's threads blocked and were woken
 // again: their voluntary context switches, summed over

@@ -562,6 +562,20 @@ func (r *results) render() table {
 func msf(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 func us(d time.Duration) float64  { return float64(d) / float64(time.Microsecond) }
 
+// markdownTable renders the table as Markdown (the results files).
+func (t table) markdownTable() string {
+	var sb strings.Builder
+	sb.WriteString("| Measure | Result | Target | |\n|---|---|---|---|\n")
+	for _, row := range t {
+		if row.section {
+			fmt.Fprintf(&sb, "| **%s** | | | |\n", row.measure)
+			continue
+		}
+		fmt.Fprintf(&sb, "| %s | %s | %s | %s |\n", strings.TrimSpace(row.measure), row.result, row.target, row.verdict)
+	}
+	return sb.String()
+}
+
 // text renders the table for the terminal.
 func (t table) text() string {
 	var sb strings.Builder
@@ -638,14 +652,7 @@ func (r *results) markdown(t table) string {
 		fmt.Fprintf(&sb, "- Peers: the same PostgreSQL cluster, nats-server and producers; catch-up backlog %d events; live rates as walbox's\n", r.params.PeerEvents)
 	}
 	sb.WriteString("\n")
-	sb.WriteString("| Measure | Result | Target | |\n|---|---|---|---|\n")
-	for _, row := range t {
-		if row.section {
-			fmt.Fprintf(&sb, "| **%s** | | | |\n", row.measure)
-			continue
-		}
-		fmt.Fprintf(&sb, "| %s | %s | %s | %s |\n", strings.TrimSpace(row.measure), row.result, row.target, row.verdict)
-	}
+	sb.WriteString(t.markdownTable())
 	if r.chart != "" {
 		fmt.Fprintf(&sb, "\n![insert-to-stored latency CDF and catch-up throughput](%s)\n", r.chart)
 	}
