@@ -155,7 +155,8 @@ func main() {
 	pgsideOnly := len(os.Args) >= 2 && os.Args[1] == pgsideArg
 	atomicOnly := len(os.Args) >= 2 && os.Args[1] == atomicArg
 	claimOnly := len(os.Args) >= 2 && os.Args[1] == claimArg
-	if pgsideOnly || atomicOnly || claimOnly {
+	tracingOnly := len(os.Args) >= 2 && os.Args[1] == tracingArg
+	if pgsideOnly || atomicOnly || claimOnly || tracingOnly {
 		os.Args = append(os.Args[:1], os.Args[2:]...)
 	}
 	p, err := parseFlags()
@@ -172,6 +173,8 @@ func main() {
 		err = runAtomic(ctx, b)
 	case claimOnly:
 		err = runClaim(ctx, b)
+	case tracingOnly:
+		err = runTracing(ctx, b)
 	default:
 		err = b.run(ctx)
 	}
@@ -200,6 +203,9 @@ type bench struct {
 	env  *environment
 	res  results
 	otlp *otlpSink // where traced relays export (tracing.go)
+	// keepProfile, when set, is where the profiled traced catch-up's
+	// profile is copied (go run . tracing).
+	keepProfile string
 
 	seen      map[int]procSample // children of the postmaster and of this process, most CPU seen
 	accounted map[int]bool       // ... and those known to be gone

@@ -229,9 +229,15 @@ func (b *bench) catchUpTracedProfiled(ctx context.Context) error {
 	if err := b.relayCatchup(ctx, "catch-up-traced-profiled", &res, append(b.traceEnv("0.01"), "WALBOX_SWEEPER_MARK_PROCESSED=false")...); err != nil {
 		return err
 	}
-	share, err := readProfileShare(filepath.Join(dir, "relay-catch-up-traced-profiled.pprof"), res.CPU, tracingFrame)
+	prof := filepath.Join(dir, "relay-catch-up-traced-profiled.pprof")
+	share, err := readProfileShare(prof, res.CPU, tracingFrame)
 	if err != nil {
 		return err
+	}
+	if b.keepProfile != "" {
+		if err := copyFile(prof, b.keepProfile); err != nil {
+			return err
+		}
 	}
 	b.res.tracedProfiles.CatchUp = &share
 	return nil
@@ -364,4 +370,13 @@ func pctRatio(r string) string {
 		return "1"
 	}
 	return r
+}
+
+// copyFile copies src to dst.
+func copyFile(src, dst string) error {
+	data, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(dst, data, 0o644)
 }

@@ -237,7 +237,8 @@ type pending struct {
 	// how many times it was published again.
 	span     trace.Span
 	resends  int
-	untraced bool // the sampler said no: no span, whatever happens to it
+	untraced bool   // the sampler said no: no span, whatever happens to it
+	dest     string // the span's destination attribute so far (trace.go)
 	// txn is the transaction it was read in (loop.txns, 0: none);
 	// txnRefused: a sink refused that transaction's unit (ErrTxnRefused),
 	// so it is resent on its own.
