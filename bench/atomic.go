@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
+	"strings"
 	"time"
 )
 
@@ -34,7 +36,7 @@ func (b *bench) catchUpAtomic(ctx context.Context, res *catchupResult) error {
 		return err
 	}
 	b.logf("catch-up with atomic transactions: starting the relay with %s", atomicEnv)
-	if err := b.relayCatchup(ctx, "catch-up-atomic", res, atomicEnv); err != nil {
+	if err := b.serverProfiled("atomic", res, func() error { return b.relayCatchup(ctx, "catch-up-atomic", res, atomicEnv) }); err != nil {
 		return err
 	}
 	if res.Batch.Atomic != uint64(res.Events) {
@@ -52,7 +54,54 @@ func (b *bench) catchUpFast(ctx context.Context, res *catchupResult) error {
 	if res.LoadTook, err = b.loadBacklog(ctx, "bench.catchup.fast", b.p.Events); err != nil {
 		return err
 	}
-	return b.relayCatchup(ctx, "catch-up", res)
+	return b.serverProfiled("fast", res, func() error { return b.relayCatchup(ctx, "catch-up", res) })
+}
+
+// serverProfiled runs f, with -server-profile under a CPU profile of this
+// process (the embedded nats-server, and the bench's own polling), and
+// reads from it how busy the stream's loop was: nats-server takes every
+// message of a stream, staged or stored, in that one goroutine
+// ((*stream).internalLoop), so its busy share says whether the server is
+// what limits the catch-up.
+func (b *bench) serverProfiled(name string, res *catchupResult, f func() error) error {
+	if b.p.ServerProfile == "" {
+		return f()
+	}
+	if err := os.MkdirAll(b.p.ServerProfile, 0o755); err != nil {
+		return err
+	}
+	b.serverProfiles++
+	path := filepath.Join(b.p.ServerProfile, fmt.Sprintf("nats-server-%s-%d.pprof", name, b.serverProfiles))
+	out, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer out.Close()
+	if err := pprof.StartCPUProfile(out); err != nil {
+		return fmt.Errorf("profile nats-server: %w", err)
+	}
+	t0 := time.Now()
+	err = f()
+	pprof.StopCPUProfile()
+	wall := time.Since(t0)
+	if err != nil {
+		return err
+	}
+	if err := out.Close(); err != nil {
+		return err
+	}
+	loop, err := readProfileShare(path, 0, func(fn string) bool {
+		return strings.HasSuffix(fn, "server.(*stream).internalLoop")
+	})
+	if err != nil {
+		return err
+	}
+	// pprof samples at 100 Hz: a sample is 10 ms of one goroutine's CPU.
+	// The loop's work falls within the catch-up (relay spawn → last ack);
+	// the profile also spans the settling after it, where the loop idles.
+	res.ServerLoopBusy = float64(loop.Matched) * 10 * float64(time.Millisecond) / float64(res.Took)
+	b.logf("%s: the stream's loop in nats-server was busy %.0f %% of the catch-up's %v (%d samples in a profile of %v: %s)", name, res.ServerLoopBusy*100, res.Took.Round(time.Millisecond), loop.Matched, wall.Round(time.Millisecond), path)
+	return nil
 }
 
 // atomicLines are the report's lines for atomic transactions beside fast
@@ -76,6 +125,10 @@ func atomicLines(c, a catchupResult, fastRuns, runs []catchupResult, add func(wh
 		for i := range runs {
 			perRound += fmt.Sprintf(" %.2f", ratioOf(rate(runs[i].Events, runs[i].Took), rate(fastRuns[i].Events, fastRuns[i].Took)))
 		}
+	}
+	if a.ServerLoopBusy > 0 {
+		add("  nats-server's stream loop (one goroutine: stages and stores every message of the stream) busy, share of the catch-up: fast batches / atomic transactions",
+			fmt.Sprintf("%.0f %% / %.0f %%", c.ServerLoopBusy*100, a.ServerLoopBusy*100), "", "")
 	}
 	add("target: atomic transactions' catch-up events/s ÷ fast batches'", fmt.Sprintf("%.2f%s", x, perRound), fmt.Sprintf("≥ %.1f", targetAtomic), met(x >= targetAtomic))
 }

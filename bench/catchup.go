@@ -39,7 +39,10 @@ type catchupResult struct {
 	Span         time.Duration // time the CPU figures cover
 	MarkedAfter  time.Duration // last ack -> every row marked processed (flag on)
 	Batch        batchCounts   // the relay's fast-batch counters at the last ack
-	endLSN       string
+	// ServerLoopBusy: the share of the run nats-server's stream loop was
+	// busy (-server-profile, atomic.go).
+	ServerLoopBusy float64
+	endLSN         string
 }
 
 // ceilingResult is one of the two ceilings.

@@ -55,6 +55,9 @@ type params struct {
 	Profiles     bool          // -cpuprofile into bench/results/profiles
 	MaxConns     int           // closed-loop producers of the maximum-rate phase
 	ConsoleOnly  bool          // run only the web console's cost (console.go)
+	// ServerProfile: with `go run . atomic`, a CPU profile of this process
+	// (the embedded nats-server) during each catch-up, in this directory.
+	ServerProfile string
 }
 
 func parseFlags() (params, error) {
@@ -76,13 +79,14 @@ func parseFlags() (params, error) {
 	profiles := flag.Bool("profiles", false, "like -cpuprofile, into bench/results/profiles (see its README)")
 	consoleOnly := flag.Bool("console-only", false, "measure only the web console's cost: relay CPU at 1,000 events/s without the console and with one live-tail viewer, 3 rounds alternated (-live sets each run's length); results in bench/results/console.md")
 	var sets multiFlag
+	serverProf := flag.String("server-profile", "", "with `go run . atomic`: a CPU profile of the embedded nats-server during each catch-up, written to DIR, and the busy share of the stream's loop in the report")
 	flag.Var(&sets, "set", "override a key of the relay's config, e.g. -set sweeper.mark_processed=false (repeatable)")
 	flag.Parse()
 	p := params{
 		Quick: *quick, Events: 300_000, TxnRows: 10, Loaders: 4, PayloadBytes: 200,
 		Rates: []int{1000, 2000, 5000}, LiveFor: 20 * time.Second, BigRows: 1_000_000,
 		PeerEvents: 100_000, Rounds: 3, Window: 1024, Stall: *stall, SyncCommit: *sync, Out: *out, LatencyCSV: *latCSV, CPUProfile: *cpuprof, Sets: sets, Peers: *peers, RelayEnv: *relayEnv,
-		Profiles: *profiles, MaxConns: 40, ConsoleOnly: *consoleOnly,
+		Profiles: *profiles, MaxConns: 40, ConsoleOnly: *consoleOnly, ServerProfile: *serverProf,
 	}
 	switch *fsync {
 	case "on":
@@ -206,6 +210,8 @@ type bench struct {
 	// keepProfile, when set, is where the profiled traced catch-up's
 	// profile is copied (go run . tracing).
 	keepProfile string
+	// serverProfiles counts the nats-server profiles written (atomic.go).
+	serverProfiles int
 
 	seen      map[int]procSample // children of the postmaster and of this process, most CPU seen
 	accounted map[int]bool       // ... and those known to be gone

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -407,12 +409,16 @@ func BenchmarkPublishAtomicMemory(b *testing.B) { benchAtomic(b, "memory") }
 func benchAtomic(b *testing.B, storage string) {
 	sp := jssink.StreamSpec{Name: "BENCH", Subjects: []string{"bench.>"}, Storage: storage, Manage: true,
 		DuplicateWindow: 2 * time.Minute, Atomic: true}
-	s := startBatchSink(b, 10*time.Second, benchWindow, sp)
+	window := benchWindow
+	if w, err := strconv.Atoi(os.Getenv("ATOMIC_BENCH_WINDOW")); err == nil {
+		window = w
+	}
+	s := startBatchSink(b, 10*time.Second, window, sp)
 	if !s.paths[0].Atomic {
 		b.Fatalf("path %+v", s.paths[0])
 	}
 	expect := uint64(0)
-	windowed(b, func(i int) func() error {
+	windowedN(b, window, func(i int) func() error {
 		m := benchMsg(i)
 		m.Stream, m.Expect, m.ExpectSet, m.Txn = "BENCH", expect, true, uint64(i/10+1)
 		expect++

@@ -266,7 +266,12 @@ func benchMsg(i int) *relay.Msg {
 // windowed publishes b.N messages with at most benchWindow waiting for
 // their acks, and reports the process's CPU per message.
 func windowed(b *testing.B, publish func(i int) (wait func() error)) {
-	ring := make([]func() error, benchWindow)
+	windowedN(b, benchWindow, publish)
+}
+
+// windowedN is windowed with a window of n messages.
+func windowedN(b *testing.B, n int, publish func(i int) (wait func() error)) {
+	ring := make([]func() error, n)
 	waitSlot := func(slot int) {
 		if ring[slot] != nil {
 			if err := ring[slot](); err != nil {
@@ -279,8 +284,8 @@ func windowed(b *testing.B, publish func(i int) (wait func() error)) {
 	cpu0 := cpuNow()
 	b.ResetTimer()
 	for i := range b.N {
-		waitSlot(i % benchWindow)
-		ring[i%benchWindow] = publish(i)
+		waitSlot(i % n)
+		ring[i%n] = publish(i)
 	}
 	for slot := range ring {
 		waitSlot(slot)
