@@ -237,8 +237,7 @@ type pending struct {
 	// how many times it was published again.
 	span     trace.Span
 	resends  int
-	untraced bool   // the sampler said no: no span, whatever happens to it
-	dest     string // the span's destination attribute so far (trace.go)
+	untraced bool // the sampler said no: no span, whatever happens to it
 	// txn is the transaction it was read in (loop.txns, 0: none);
 	// txnRefused: a sink refused that transaction's unit (ErrTxnRefused),
 	// so it is resent on its own.
@@ -629,7 +628,7 @@ func (l *loop) publish(p *pending, alone bool) {
 	}
 	p.msg.Epoch = epoch
 	if l.r.tr != nil {
-		l.r.tr.published(p, l.r.router.TableName(p.ev.Table))
+		l.r.tr.published(p)
 	}
 	fut, err := l.r.sink.Publish(p.msg)
 	if err != nil {
@@ -997,8 +996,8 @@ func (l *loop) done(p *pending, ack *Ack) {
 			}
 		}
 	}
-	if l.r.tr != nil && ack != nil {
-		l.r.tr.acked(p, ack, now)
+	if l.r.tr != nil && ack != nil && p.span != nil {
+		l.r.tr.acked(p, ack, now, l.r.router.TableName(p.ev.Table))
 	}
 	if l.r.cfg.OnDelivered != nil {
 		d := Delivered{ID: p.ev.ID, CreatedAt: p.ev.CreatedAt, Pos: p.ev.Pos, Table: p.ev.Table, TableLess: p.ev.TableLess, AckedAt: now, SentAfter: p.ev.SentAfter, DeadLetter: p.dlq, Reason: p.reason,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -214,14 +215,65 @@ func TestTraceRatioIsDrawnOncePerEvent(t *testing.T) {
 	spans := 0
 	for i := range n {
 		p := &pending{ev: cdc.Event{ID: fmt.Sprint(i)}, msg: &Msg{Subject: "orders.created", Header: Header{"Nats-Msg-Id": {fmt.Sprint(i)}}}, sentAt: time.Now()}
-		tr.published(p, "public.outbox_events")
+		tr.published(p)
 		if p.span != nil {
 			spans++
+			tr.acked(p, &Ack{Stream: "ORDERS", Sequence: uint64(i + 1)}, time.Now(), "public.outbox_events")
 		}
-		tr.acked(p, &Ack{Stream: "ORDERS", Sequence: uint64(i + 1)}, time.Now())
 	}
 	if spans < 9500 || spans > 10500 {
 		t.Fatalf("%d of %d events got a span at ratio 0.5, want about 10,000", spans, n)
+	}
+}
+
+// TestTraceGapsAreBernoulli: the sampler draws the gap to the next sampled
+// event instead of a number per event; the events it samples must be what
+// a draw per event would give. At 1 % over 400,000 events: 4,000 sampled
+// (σ ≈ 63; allowed ± 5σ); the share of gaps of 0 (two sampled events in
+// a row) 1 % and of gaps of at least 100 (1 - 0.01)^100 = 36.6 %, each
+// within 5σ of its binomial; and the first event of a fresh relay is not
+// always sampled (1,000 relays: 10 expected, allowed 0 < n < 30).
+func TestTraceGapsAreBernoulli(t *testing.T) {
+	tr := &tracing{ratio: 0.01}
+	tr.skip = tr.gap()
+	const n = 400000
+	var sampled, zero, long int
+	last := -1
+	for i := range n {
+		if !tr.sampled(trace.SpanContext{}) {
+			continue
+		}
+		sampled++
+		if last >= 0 {
+			switch gap := i - last - 1; {
+			case gap == 0:
+				zero++
+			case gap >= 100:
+				long++
+			}
+		}
+		last = i
+	}
+	within := func(what string, got int, of int, p float64) {
+		t.Helper()
+		mean, sd := float64(of)*p, math.Sqrt(float64(of)*p*(1-p))
+		if math.Abs(float64(got)-mean) > 5*sd {
+			t.Errorf("%s: %d of %d, want %.0f ± %.0f", what, got, of, mean, 5*sd)
+		}
+	}
+	within("sampled events", sampled, n, 0.01)
+	within("gaps of 0", zero, sampled-1, 0.01)
+	within("gaps of 100 or more", long, sampled-1, math.Pow(0.99, 100))
+	first := 0
+	for range 1000 {
+		fresh := &tracing{ratio: 0.01}
+		fresh.skip = fresh.gap()
+		if fresh.sampled(trace.SpanContext{}) {
+			first++
+		}
+	}
+	if first == 0 || first >= 30 {
+		t.Errorf("the first event of 1,000 fresh relays was sampled %d times, want about 10", first)
 	}
 }
 
@@ -248,8 +300,8 @@ func BenchmarkTracingPerEvent(b *testing.B) {
 					HeaderTable: {"public.outbox_events"}, "Content-Type": {"application/json"},
 				}}, sentAt: now}
 				if tr != nil {
-					tr.published(p, "public.outbox_events")
-					tr.acked(p, ack, now)
+					tr.published(p)
+					tr.acked(p, ack, now, "public.outbox_events")
 				}
 			}
 		})
@@ -292,8 +344,8 @@ func BenchmarkSampledSpanCPU(b *testing.B) {
 			_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
 			for b.Loop() {
 				p := &pending{ev: ev, msg: &Msg{Subject: "orders.created", Header: Header{"Nats-Msg-Id": {ev.ID}}}, sentAt: time.Now()}
-				tr.published(p, "public.outbox_events")
-				tr.acked(p, ack, time.Now())
+				tr.published(p)
+				tr.acked(p, ack, time.Now(), "public.outbox_events")
 			}
 			_ = tp.Shutdown(context.Background())
 			_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru1)
