@@ -5,12 +5,14 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -32,6 +34,11 @@ type Store interface {
 const (
 	MetaStream  = "walbox-stream"
 	MetaEventID = "walbox-event-id"
+	// MetaWritten is when the S3 object was uploaded or renewed
+	// (RFC 3339, nanoseconds): the sweep tells a renewal from the upload
+	// it listed by it, where Last-Modified has only seconds and a copy
+	// onto itself keeps the ETag.
+	MetaWritten = "walbox-written"
 	// MetaSHA256 is the payload's SHA-256 in lower-case hex, as in a Ref.
 	MetaSHA256 = "walbox-sha256"
 )
@@ -75,6 +82,10 @@ type JetStreamStore struct {
 
 	mu  sync.Mutex
 	obs jetstream.ObjectStore
+
+	// beforeRenew, when set (tests), runs in Reuse between its read of
+	// the object's meta and its renewal.
+	beforeRenew func()
 }
 
 // NewJetStreamStore returns the store of spec; Ensure creates the bucket.
@@ -252,12 +263,107 @@ func (s *JetStreamStore) list(ctx context.Context) ([]storedObject, error) {
 }
 
 // streamOf implements sweepable (list knows every stream).
-func (s *JetStreamStore) streamOf(_ context.Context, o storedObject) (string, time.Time, error) {
-	return o.stream, o.modTime, nil
+func (s *JetStreamStore) streamOf(_ context.Context, o storedObject) (storedObject, error) {
+	return o, nil
 }
 
-// remove implements sweepable.
-func (s *JetStreamStore) remove(ctx context.Context, name string) error { return s.Delete(ctx, name) }
+// remove implements sweepable: it deletes o only while its meta message
+// is the one the listing read, which a replay's renewal (Reuse) or a new
+// upload (Put) replaces. The delete marker is published with
+// Nats-Expected-Last-Subject-Sequence on the meta subject, so the server
+// refuses it (10071) once the meta changed, and o's chunks are purged only
+// after the marker is stored: a renewal or an upload between the listing
+// and the delete keeps its object. (nats.go's ObjectStore.Delete reads the
+// meta and publishes the marker unconditionally: a renewal between the two
+// would lose its object's chunks.) Reuse renews under the same condition,
+// so of a renewal and a delete racing, exactly one is stored.
+// TestSweepKeepsAnObjectRenewedBeforeItsDelete.
+func (s *JetStreamStore) remove(ctx context.Context, o storedObject) (bool, error) {
+	m, err := s.meta(ctx, o.name)
+	if err != nil || m == nil {
+		return false, err
+	}
+	if m.info.Deleted || m.info.NUID != o.nuid || !m.at.Equal(o.modTime) {
+		return false, nil // deleted, replaced or renewed since the listing
+	}
+	marker := m.info
+	marker.Deleted = true
+	marker.Size, marker.Chunks, marker.Digest = 0, 0, ""
+	stored, err := s.publishMeta(ctx, &marker, m.seq)
+	if err != nil || !stored {
+		return false, err
+	}
+	chunks := "$O." + s.spec.Name + ".C." + o.nuid
+	st, err := s.js.Stream(ctx, "OBJ_"+s.spec.Name)
+	if err != nil {
+		return true, fmt.Errorf("claim-check bucket %s's stream: %w", s.spec.Name, err)
+	}
+	if err := st.Purge(ctx, jetstream.WithPurgeSubject(chunks)); err != nil {
+		// The object is deleted; its chunks are an upload no object names,
+		// which the next sweep purges (PurgePartials).
+		return true, fmt.Errorf("purge the chunks of deleted object %s in bucket %s: %w", o.name, s.spec.Name, err)
+	}
+	return true, nil
+}
+
+// objMeta is an object's meta message: its info, its stream sequence and
+// its time (the object's modification time).
+type objMeta struct {
+	info jetstream.ObjectInfo
+	seq  uint64
+	at   time.Time
+}
+
+// meta reads name's meta message, nil when there is none.
+func (s *JetStreamStore) meta(ctx context.Context, name string) (*objMeta, error) {
+	st, err := s.js.Stream(ctx, "OBJ_"+s.spec.Name)
+	if err != nil {
+		return nil, fmt.Errorf("claim-check bucket %s's stream: %w", s.spec.Name, err)
+	}
+	raw, err := st.GetLastMsgForSubject(ctx, s.metaSubject(name))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read object %s's meta in bucket %s: %w", name, s.spec.Name, err)
+	}
+	m := &objMeta{seq: raw.Sequence, at: raw.Time}
+	if err := json.Unmarshal(raw.Data, &m.info); err != nil {
+		return nil, fmt.Errorf("object %s's meta in bucket %s: %w", name, s.spec.Name, err)
+	}
+	m.info.ModTime = raw.Time
+	return m, nil
+}
+
+// metaSubject is the subject of name's meta message (nats.go's object
+// store layout: the name in URL-safe base64).
+func (s *JetStreamStore) metaSubject(name string) string {
+	return "$O." + s.spec.Name + ".M." + base64.URLEncoding.EncodeToString([]byte(name))
+}
+
+// publishMeta stores info as its object's meta message (a rollup of the
+// subject, as nats.go writes it) if the subject's last message is still
+// seq; stored is false when it is not (10071: another meta came between).
+func (s *JetStreamStore) publishMeta(ctx context.Context, info *jetstream.ObjectInfo, seq uint64) (stored bool, err error) {
+	c := *info
+	c.ModTime = time.Time{} // nats.go stores no time: the message's is the object's
+	data, err := json.Marshal(&c)
+	if err != nil {
+		return false, fmt.Errorf("encode object %s's meta: %w", info.Name, err)
+	}
+	msg := nats.NewMsg(s.metaSubject(info.Name))
+	msg.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupSubject)
+	msg.Data = data
+	_, err = s.js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(seq))
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("write object %s's meta in bucket %s: %w", info.Name, s.spec.Name, err)
+	}
+	return true, nil
+}
 
 // resolution implements sweepable: a meta message's timestamp is exact.
 func (s *JetStreamStore) resolution() time.Duration { return 0 }
@@ -271,17 +377,11 @@ func (s *JetStreamStore) resolution() time.Duration { return 0 }
 // (that stream's max_age, plus reuseMargin); else it is uploaded afresh.
 // The renewal is a new meta message (ObjectStore.UpdateMeta).
 func (s *JetStreamStore) Reuse(ctx context.Context, key string, size int64, sum [sha256.Size]byte, meta map[string]string) (bool, error) {
-	obs, err := s.handle(ctx)
-	if err != nil {
+	m, err := s.meta(ctx, key)
+	if err != nil || m == nil || m.info.Deleted {
 		return false, err
 	}
-	info, err := obs.GetInfo(ctx, key)
-	if errors.Is(err, jetstream.ErrObjectNotFound) {
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("read object %s's info in bucket %s: %w", key, s.spec.Name, err)
-	}
+	info := &m.info
 	if int64(info.Size) != size || info.Digest != "SHA-256="+base64.URLEncoding.EncodeToString(sum[:]) {
 		return false, nil
 	}
@@ -311,10 +411,15 @@ func (s *JetStreamStore) Reuse(ctx context.Context, key string, size int64, sum 
 			return false, nil
 		}
 	}
-	if err := obs.UpdateMeta(ctx, key, jetstream.ObjectMeta{Name: key, Description: info.Description, Headers: info.Headers, Metadata: meta}); err != nil {
-		return false, fmt.Errorf("renew object %s in bucket %s: %w", key, s.spec.Name, err)
+	// The renewal stands only on the meta message read above: a sweep's
+	// delete marker stored since then refuses it, and the payload is
+	// uploaded afresh (see remove).
+	renewed := *info
+	renewed.Metadata = meta
+	if s.beforeRenew != nil {
+		s.beforeRenew()
 	}
-	return true, nil
+	return s.publishMeta(ctx, &renewed, m.seq)
 }
 
 // purgePartials implements partialPurger.

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"maps"
 	"strings"
 	"time"
 
@@ -56,7 +57,7 @@ func (s *S3Store) Put(ctx context.Context, key string, data []byte, meta map[str
 		return fmt.Errorf("%w: the payload of %d bytes is larger than claim_check.max_bytes of %d", ErrRefused, len(data), s.maxBytes)
 	}
 	_, err := s.c.PutObject(ctx, s.bucket, s.ObjectKey(key), bytes.NewReader(data), int64(len(data)),
-		minio.PutObjectOptions{ContentType: "application/json", UserMetadata: meta})
+		minio.PutObjectOptions{ContentType: "application/json", UserMetadata: written(meta)})
 	if minio.ToErrorResponse(err).Code == "EntityTooLarge" {
 		return fmt.Errorf("%w: s3://%s/%s: %v", ErrRefused, s.bucket, s.ObjectKey(key), err)
 	}
@@ -103,15 +104,22 @@ func (s *S3Store) list(ctx context.Context) ([]storedObject, error) {
 // of now: an upload (or a replay's renewal) since the listing counts, and
 // only the moment between this HEAD and the delete is left for one to
 // slip in. An object gone since the listing is kept (nothing to delete).
-func (s *S3Store) streamOf(ctx context.Context, o storedObject) (string, time.Time, error) {
+func (s *S3Store) streamOf(ctx context.Context, o storedObject) (storedObject, error) {
 	info, err := s.c.StatObject(ctx, s.bucket, o.name, minio.StatObjectOptions{})
 	if minio.ToErrorResponse(err).Code == "NoSuchKey" {
-		return "", o.modTime, nil
+		o.stream = ""
+		return o, nil
 	}
 	if err != nil {
-		return "", time.Time{}, fmt.Errorf("stat s3://%s/%s: %w", s.bucket, o.name, err)
+		return o, fmt.Errorf("stat s3://%s/%s: %w", s.bucket, o.name, err)
 	}
-	return userMeta(info, MetaStream), info.LastModified, nil
+	o.stream, o.modTime, o.version = userMeta(info, MetaStream), info.LastModified, s3Version(info)
+	return o, nil
+}
+
+// s3Version tells one upload or renewal of an object from another.
+func s3Version(info minio.ObjectInfo) string {
+	return info.ETag + "/" + userMeta(info, MetaWritten) + "/" + info.LastModified.String()
 }
 
 // userMeta is the user metadata key of info (minio-go canonicalizes the
@@ -125,12 +133,36 @@ func userMeta(info minio.ObjectInfo, key string) string {
 	return ""
 }
 
-// remove implements sweepable: name is the object's whole name.
-func (s *S3Store) remove(ctx context.Context, name string) error {
-	if err := s.c.RemoveObject(ctx, s.bucket, name, minio.RemoveObjectOptions{}); err != nil {
-		return fmt.Errorf("delete s3://%s/%s: %w", s.bucket, name, err)
+// remove implements sweepable. S3 (and minio-go) has no delete on a
+// condition, so the object is read again right before its delete, and
+// kept when an upload or a replay's renewal (Reuse) replaced the version
+// streamOf read: that leaves one request's round trip, between this HEAD
+// and the DELETE, for a renewal to slip in and lose its object (the
+// JetStream store has no such window: its delete is conditional).
+// TestS3SweepKeepsAnObjectRenewedSinceItsListing.
+func (s *S3Store) remove(ctx context.Context, o storedObject) (bool, error) {
+	info, err := s.c.StatObject(ctx, s.bucket, o.name, minio.StatObjectOptions{})
+	if minio.ToErrorResponse(err).Code == "NoSuchKey" {
+		return false, nil
 	}
-	return nil
+	if err != nil {
+		return false, fmt.Errorf("stat s3://%s/%s: %w", s.bucket, o.name, err)
+	}
+	if s3Version(info) != o.version {
+		return false, nil
+	}
+	if err := s.c.RemoveObject(ctx, s.bucket, o.name, minio.RemoveObjectOptions{}); err != nil {
+		return false, fmt.Errorf("delete s3://%s/%s: %w", s.bucket, o.name, err)
+	}
+	return true, nil
+}
+
+// written is meta with MetaWritten set to now.
+func written(meta map[string]string) map[string]string {
+	out := make(map[string]string, len(meta)+1)
+	maps.Copy(out, meta)
+	out[MetaWritten] = time.Now().UTC().Format(time.RFC3339Nano)
+	return out
 }
 
 // resolution implements sweepable: S3 lists Last-Modified to the second.
@@ -172,7 +204,7 @@ func (s *S3Store) Reuse(ctx context.Context, key string, size int64, sum [sha256
 			return false, nil
 		}
 	}
-	_, err = s.c.CopyObject(ctx, minio.CopyDestOptions{Bucket: s.bucket, Object: name, ReplaceMetadata: true, UserMetadata: meta, ContentType: "application/json"},
+	_, err = s.c.CopyObject(ctx, minio.CopyDestOptions{Bucket: s.bucket, Object: name, ReplaceMetadata: true, UserMetadata: written(meta), ContentType: "application/json"},
 		minio.CopySrcOptions{Bucket: s.bucket, Object: name})
 	if err != nil {
 		return false, fmt.Errorf("renew s3://%s/%s (copy onto itself): %w", s.bucket, name, err)

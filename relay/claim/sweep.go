@@ -78,15 +78,20 @@ type storedObject struct {
 	stream      string
 	streamKnown bool
 	nuid        string // JetStream: names its chunks
+	// version tells one upload or renewal of the object from another
+	// (S3: its ETag and walbox-written metadata, from streamOf).
+	version string
 }
 
 // sweepable is a store the Sweeper can sweep.
 type sweepable interface {
 	list(ctx context.Context) ([]storedObject, error)
-	// streamOf reads the stream of o, and its modification time again
-	// (an upload since the listing renews it).
-	streamOf(ctx context.Context, o storedObject) (string, time.Time, error)
-	remove(ctx context.Context, name string) error
+	// streamOf reads the stream of o, and its modification time and
+	// version again (an upload since the listing renews them).
+	streamOf(ctx context.Context, o storedObject) (storedObject, error)
+	// remove deletes o unless it changed since the listing (an upload
+	// or a renewal): removed says whether it did.
+	remove(ctx context.Context, o storedObject) (removed bool, err error)
 	// resolution is how much earlier than the truth a listed
 	// modification time may be (S3 lists Last-Modified to the second).
 	resolution() time.Duration
@@ -155,16 +160,14 @@ func (s *Sweeper) Sweep(ctx context.Context) (SweepStats, error) {
 			keep()
 			continue
 		}
-		stream := o.stream
 		if !o.streamKnown {
-			var mod time.Time
-			if stream, mod, err = s.store.streamOf(ctx, o); err != nil {
+			if o, err = s.store.streamOf(ctx, o); err != nil {
 				firstErr = cmp(firstErr, err)
 				keep()
 				continue
 			}
-			o.modTime = mod
 		}
+		stream := o.stream
 		cutoff, ok := cutoffs[stream]
 		if !ok {
 			if stream != "" { // "": not walbox's, kept (zero cutoff)
@@ -176,12 +179,17 @@ func (s *Sweeper) Sweep(ctx context.Context) (SweepStats, error) {
 			cutoffs[stream] = cutoff
 		}
 		if o.modTime.Add(margin).Before(cutoff) {
-			if err := s.store.remove(ctx, o.name); err != nil {
+			removed, err := s.store.remove(ctx, o)
+			if removed {
+				s.deleted.Inc()
+				st.Deleted++
+			}
+			if err != nil {
 				return st, err
 			}
-			s.deleted.Inc()
-			st.Deleted++
-			continue
+			if removed {
+				continue
+			}
 		}
 		keep()
 	}

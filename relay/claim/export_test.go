@@ -1,0 +1,22 @@
+package claim
+
+import "context"
+
+// hooked runs before ahead of each remove: what another process does
+// between the sweep's listing and its delete.
+type hooked struct {
+	sweepable
+	before func(name string)
+}
+
+func (h hooked) remove(ctx context.Context, o storedObject) (bool, error) {
+	h.before(o.name)
+	return h.sweepable.remove(ctx, o)
+}
+
+// BeforeRemove makes sw call before(name) ahead of each delete it decides.
+func BeforeRemove(sw *Sweeper, before func(name string)) { sw.store = hooked{sw.store, before} }
+
+// BeforeRenew makes Reuse call f between its read of an object's meta and
+// its renewal.
+func (s *JetStreamStore) BeforeRenew(f func()) { s.beforeRenew = f }

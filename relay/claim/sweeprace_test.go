@@ -1,0 +1,155 @@
+package claim_test
+
+import (
+	"crypto/sha256"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/walbox/walbox/internal/natstest"
+	"github.com/walbox/walbox/internal/relaytest"
+	"github.com/walbox/walbox/relay/claim"
+)
+
+// sweepCandidate stores object "k" in a fresh bucket, then a message in
+// stream S after it, so that the sweep (slack 10 ms) finds "k"'s message
+// gone: the state a replay of an event whose message aged out meets.
+func sweepCandidate(t *testing.T) (*claim.JetStreamStore, *claim.Sweeper, jetstream.JetStream, []byte) {
+	t.Helper()
+	ctx, _, js := jsEnv(t)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}, Storage: jetstream.MemoryStorage}); err != nil {
+		t.Fatal(err)
+	}
+	st := claim.NewJetStreamStore(js, claim.BucketSpec{Name: "C", Storage: "memory"})
+	if err := st.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	data := []byte(`{"payload":"of the event being replayed"}`)
+	if err := st.Put(ctx, "k", data, map[string]string{claim.MetaStream: "S"}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if _, err := js.Publish(ctx, "s.x", nil); err != nil {
+		t.Fatal(err)
+	}
+	return st, claim.NewSweeper(st, js, 10*time.Millisecond, zerolog.Nop(), nil), js, data
+}
+
+// TestSweepKeepsAnObjectRenewedBeforeItsDelete: a replay renews object "k"
+// (Reuse) after the sweep listed it as deletable and before its delete. The
+// replayed message will name "k", so the sweep must keep it: its delete is
+// conditional on the meta message it listed. (Before, the sweep deleted by
+// name with nats.go's ObjectStore.Delete, which reads the meta again and
+// deletes whatever it finds: the renewed object and its chunks went, and
+// the replayed message named nothing.)
+func TestSweepKeepsAnObjectRenewedBeforeItsDelete(t *testing.T) {
+	ctx := relaytest.Ctx(t)
+	st, sw, _, data := sweepCandidate(t)
+	renewed := false
+	claim.BeforeRemove(sw, func(name string) {
+		ok, err := st.Reuse(ctx, name, int64(len(data)), sha256.Sum256(data), map[string]string{claim.MetaStream: "S"})
+		if err != nil {
+			t.Error(err)
+		}
+		renewed = ok
+	})
+	stats, err := sw.Sweep(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !renewed {
+		t.Fatal("the replay did not renew the intact object")
+	}
+	if stats.Deleted != 0 || stats.Objects != 1 {
+		t.Fatalf("sweep %+v, want the renewed object kept", stats)
+	}
+	got, err := st.Get(ctx, "k")
+	if err != nil || string(got) != string(data) {
+		t.Fatalf("the renewed object reads %q, %v", got, err)
+	}
+}
+
+// TestRenewalAfterTheSweepsDeleteIsRefused: the other order. The sweep's
+// delete lands between the replay's read of the object and its renewal;
+// the renewal must not bring back an object whose chunks the sweep
+// purges: Reuse reports false (the payload is uploaded afresh), and the
+// fresh upload stands.
+func TestRenewalAfterTheSweepsDeleteIsRefused(t *testing.T) {
+	ctx := relaytest.Ctx(t)
+	st, sw, _, data := sweepCandidate(t)
+	var stats claim.SweepStats
+	st.BeforeRenew(func() {
+		var err error
+		if stats, err = sw.Sweep(ctx); err != nil {
+			t.Error(err)
+		}
+	})
+	ok, err := st.Reuse(ctx, "k", int64(len(data)), sha256.Sum256(data), map[string]string{claim.MetaStream: "S"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stats.Deleted != 1 {
+		t.Fatalf("sweep %+v, want k deleted", stats)
+	}
+	if ok {
+		t.Fatal("Reuse renewed an object the sweep deleted: its message would name purged chunks")
+	}
+	if _, err := st.Get(ctx, "k"); !errors.Is(err, jetstream.ErrObjectNotFound) {
+		t.Fatalf("k after the refused renewal: %v, want not found", err)
+	}
+	st.BeforeRenew(nil)
+	if err := st.Put(ctx, "k", data, map[string]string{claim.MetaStream: "S"}); err != nil {
+		t.Fatal(err)
+	}
+	if stats, err = sw.Sweep(ctx); err != nil || stats.Deleted != 0 {
+		t.Fatalf("sweep after the fresh upload: %+v, %v", stats, err)
+	}
+	if got, err := st.Get(ctx, "k"); err != nil || string(got) != string(data) {
+		t.Fatalf("the fresh upload reads %q, %v", got, err)
+	}
+}
+
+// TestS3SweepKeepsAnObjectRenewedSinceItsListing: S3 has no conditional
+// delete; the sweep reads the object again right before its delete and
+// keeps it when a replay renewed it since the listing.
+func TestS3SweepKeepsAnObjectRenewedSinceItsListing(t *testing.T) {
+	ctx := relaytest.Ctx(t)
+	_, js := relaytest.JetStream(t, natstest.New(t).URL())
+	if _, err := js.CreateStream(ctx, jetstreamConfig("S")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, "s.x", nil); err != nil {
+		t.Fatal(err)
+	}
+	store, _, clock := s3Env(t)
+	data := []byte(`{"payload":"of the event being replayed"}`)
+	now := time.Now()
+	clock.set(now.Add(-2 * time.Minute)) // its message is gone from S
+	if err := store.Put(ctx, "k", data, map[string]string{claim.MetaStream: "S"}); err != nil {
+		t.Fatal(err)
+	}
+	clock.set(now)
+	sw := claim.NewS3Sweeper(store, claim.JetStreamHorizon{JS: js}, time.Minute, zerolog.Nop(), nil)
+	renewed := false
+	claim.BeforeRemove(sw, func(name string) {
+		clock.set(now.Add(2 * time.Second))
+		ok, err := store.Reuse(ctx, "k", int64(len(data)), sha256.Sum256(data), map[string]string{claim.MetaStream: "S"})
+		if err != nil {
+			t.Error(err)
+		}
+		renewed = ok
+	})
+	stats, err := sw.Sweep(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !renewed || stats.Deleted != 0 {
+		t.Fatalf("renewed %v, sweep %+v: want the renewed object kept", renewed, stats)
+	}
+	if got, err := store.Get(ctx, "k"); err != nil || string(got) != string(data) {
+		t.Fatalf("the renewed object reads %q, %v", got, err)
+	}
+}
