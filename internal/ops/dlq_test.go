@@ -14,11 +14,14 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/walbox/walbox/consumer"
 	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/outboxtest"
 	"github.com/walbox/walbox/internal/relaytest"
+	"github.com/walbox/walbox/relay"
 	"github.com/walbox/walbox/relay/kafkasink"
 )
 
@@ -216,6 +219,7 @@ func (e *kafkaEnv) waitDeadLetters(n int) []DeadLetter {
 	e.t.Cleanup(func() {
 		if e.t.Failed() {
 			e.t.Logf("the last dlq list: %d of %d, err %v: %+v", len(dls), total, err, dls)
+			e.t.Logf("%s as stored:\n%s", e.cfg.Kafka.DLQTopic, e.topicLayout(e.cfg.Kafka.DLQTopic))
 		}
 	})
 	relaytest.Eventually(e.t, 60*time.Second, fmt.Sprintf("walbox dlq list to show %d dead letters", n), func() bool {
@@ -225,6 +229,68 @@ func (e *kafkaEnv) waitDeadLetters(n int) []DeadLetter {
 		return err == nil && len(dls) == n && total == uint64(n)
 	})
 	return dls
+}
+
+// topicLayout describes, for a failure, every record of topic as the
+// brokers store it: each partition's start, last stable offset and high
+// watermark, the group GroupDLQ's offset, then each record read uncommitted
+// with the control records (offset, data or commit or abort marker,
+// producer id and epoch, transactional, event id, retried marker). It tells a relay that did not store a
+// dead letter (or left a transaction open) from a list that could not read
+// what was stored.
+func (e *kafkaEnv) topicLayout(topic string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var b strings.Builder
+	starts, serr := e.kafka.Admin.ListStartOffsets(ctx, topic)
+	lsos, lerr := e.kafka.Admin.ListCommittedOffsets(ctx, topic)
+	hwms, herr := e.kafka.Admin.ListEndOffsets(ctx, topic)
+	if err := errors.Join(serr, lerr, herr); err != nil {
+		fmt.Fprintf(&b, "list offsets: %v\n", err)
+	}
+	groups, gerr := e.kafka.Admin.FetchOffsets(ctx, kafkasink.GroupDLQ)
+	parts := map[int32]kgo.Offset{}
+	hwm := map[int32]int64{}
+	hwms.Each(func(o kadm.ListedOffset) {
+		s, _ := starts.Lookup(topic, o.Partition)
+		l, _ := lsos.Lookup(topic, o.Partition)
+		g, _ := groups.Lookup(topic, o.Partition)
+		fmt.Fprintf(&b, "partition %d: start %d, last stable offset %d, high watermark %d, group %s at %d (%v)\n",
+			o.Partition, s.Offset, l.Offset, o.Offset, kafkasink.GroupDLQ, g.At, gerr)
+		if o.Err == nil && o.Offset > 0 {
+			parts[o.Partition], hwm[o.Partition] = kgo.NewOffset().AtStart(), o.Offset
+		}
+	})
+	if len(parts) == 0 {
+		return b.String()
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(e.cfg.Kafka.Brokers...), kgo.FetchIsolationLevel(kgo.ReadUncommitted()),
+		kgo.KeepControlRecords(), kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: parts}))
+	if err != nil {
+		return b.String() + err.Error()
+	}
+	defer cl.Close()
+	for len(hwm) > 0 && ctx.Err() == nil {
+		fs := cl.PollFetches(ctx)
+		fs.EachError(func(_ string, p int32, err error) { fmt.Fprintf(&b, "fetch %d: %v\n", p, err) })
+		for it := fs.RecordIter(); !it.Done(); {
+			r := it.Next()
+			h := kafkasink.FromKafkaHeaders(r.Headers)
+			kind := "data"
+			if r.Attrs.IsControl() { // key: int16 version, int16 type (0 abort, 1 commit)
+				kind = "commit marker"
+				if len(r.Key) >= 4 && r.Key[2] == 0 && r.Key[3] == 0 {
+					kind = "abort marker"
+				}
+			}
+			fmt.Fprintf(&b, "  %d/%d: %s, producer %d epoch %d, transactional %t, event %q, retried %q\n", r.Partition, r.Offset, kind,
+				r.ProducerID, r.ProducerEpoch, r.Attrs.IsTransactional(), h.Get(relay.HeaderEventID), h.Get(kafkasink.HeaderDLQRetried))
+			if end, ok := hwm[r.Partition]; ok && r.Offset >= end-1 {
+				delete(hwm, r.Partition)
+			}
+		}
+	}
+	return b.String()
 }
 
 func (e *kafkaEnv) kcat(topic string) []outboxtest.KafkaRecord {
