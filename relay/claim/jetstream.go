@@ -192,18 +192,6 @@ func (s *JetStreamStore) Objects(ctx context.Context) ([]*jetstream.ObjectInfo, 
 	return list, nil
 }
 
-// Delete removes the object under key.
-func (s *JetStreamStore) Delete(ctx context.Context, key string) error {
-	obs, err := s.handle(ctx)
-	if err != nil {
-		return err
-	}
-	if err := obs.Delete(ctx, key); err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
-		return fmt.Errorf("delete object %s from bucket %s: %w", key, s.spec.Name, err)
-	}
-	return nil
-}
-
 // PurgePartials purges the chunks of uploads that never completed (the
 // relay killed mid-upload, or between an overwrite and its purge of the
 // old chunks): chunk subjects that no object in live (NUIDs of the
@@ -212,11 +200,11 @@ func (s *JetStreamStore) Delete(ctx context.Context, key string) error {
 // meta message at its end, so before must lie an upload's timeout in the
 // past. It returns how many uploads it purged.
 func (s *JetStreamStore) PurgePartials(ctx context.Context, live map[string]bool, before time.Time) (int, error) {
-	st, err := s.js.Stream(ctx, "OBJ_"+s.spec.Name)
+	st, err := s.bucketStream(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("claim-check bucket %s's stream: %w", s.spec.Name, err)
+		return 0, err
 	}
-	prefix := "$O." + s.spec.Name + ".C."
+	prefix := s.chunkSubject("")
 	info, err := st.Info(ctx, jetstream.WithSubjectFilter(prefix+">"))
 	if err != nil {
 		return 0, fmt.Errorf("list the chunks of claim-check bucket %s: %w", s.spec.Name, err)
@@ -279,7 +267,11 @@ func (s *JetStreamStore) streamOf(_ context.Context, o storedObject) (storedObje
 // so of a renewal and a delete racing, exactly one is stored.
 // TestSweepKeepsAnObjectRenewedBeforeItsDelete.
 func (s *JetStreamStore) remove(ctx context.Context, o storedObject) (bool, error) {
-	m, err := s.meta(ctx, o.name)
+	st, err := s.bucketStream(ctx)
+	if err != nil {
+		return false, err
+	}
+	m, err := s.meta(ctx, st, o.name)
 	if err != nil || m == nil {
 		return false, err
 	}
@@ -293,12 +285,7 @@ func (s *JetStreamStore) remove(ctx context.Context, o storedObject) (bool, erro
 	if err != nil || !stored {
 		return false, err
 	}
-	chunks := "$O." + s.spec.Name + ".C." + o.nuid
-	st, err := s.js.Stream(ctx, "OBJ_"+s.spec.Name)
-	if err != nil {
-		return true, fmt.Errorf("claim-check bucket %s's stream: %w", s.spec.Name, err)
-	}
-	if err := st.Purge(ctx, jetstream.WithPurgeSubject(chunks)); err != nil {
+	if err := st.Purge(ctx, jetstream.WithPurgeSubject(s.chunkSubject(o.nuid))); err != nil {
 		// The object is deleted; its chunks are an upload no object names,
 		// which the next sweep purges (PurgePartials).
 		return true, fmt.Errorf("purge the chunks of deleted object %s in bucket %s: %w", o.name, s.spec.Name, err)
@@ -314,12 +301,9 @@ type objMeta struct {
 	at   time.Time
 }
 
-// meta reads name's meta message, nil when there is none.
-func (s *JetStreamStore) meta(ctx context.Context, name string) (*objMeta, error) {
-	st, err := s.js.Stream(ctx, "OBJ_"+s.spec.Name)
-	if err != nil {
-		return nil, fmt.Errorf("claim-check bucket %s's stream: %w", s.spec.Name, err)
-	}
+// meta reads name's meta message from the bucket's stream st, nil when
+// there is none.
+func (s *JetStreamStore) meta(ctx context.Context, st jetstream.Stream, name string) (*objMeta, error) {
 	raw, err := st.GetLastMsgForSubject(ctx, s.metaSubject(name))
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil, nil
@@ -334,6 +318,19 @@ func (s *JetStreamStore) meta(ctx context.Context, name string) (*objMeta, error
 	m.info.ModTime = raw.Time
 	return m, nil
 }
+
+// bucketStream is the stream holding the bucket's chunks and meta messages.
+func (s *JetStreamStore) bucketStream(ctx context.Context) (jetstream.Stream, error) {
+	st, err := s.js.Stream(ctx, "OBJ_"+s.spec.Name)
+	if err != nil {
+		return nil, fmt.Errorf("claim-check bucket %s's stream: %w", s.spec.Name, err)
+	}
+	return st, nil
+}
+
+// chunkSubject is the subject of the chunks of the upload nuid ("" for all:
+// the prefix).
+func (s *JetStreamStore) chunkSubject(nuid string) string { return "$O." + s.spec.Name + ".C." + nuid }
 
 // metaSubject is the subject of name's meta message (nats.go's object
 // store layout: the name in URL-safe base64).
@@ -375,9 +372,14 @@ func (s *JetStreamStore) resolution() time.Duration { return 0 }
 // new meta message does not renew: the object is reused only when its
 // first chunk, TTL later, outlives a message published now to its stream
 // (that stream's max_age, plus reuseMargin); else it is uploaded afresh.
-// The renewal is a new meta message (ObjectStore.UpdateMeta).
+// The renewal is a new meta message, stored only while the one read is
+// the last (publishMeta; see remove).
 func (s *JetStreamStore) Reuse(ctx context.Context, key string, size int64, sum [sha256.Size]byte, meta map[string]string) (bool, error) {
-	m, err := s.meta(ctx, key)
+	st, err := s.bucketStream(ctx)
+	if err != nil {
+		return false, err
+	}
+	m, err := s.meta(ctx, st, key)
 	if err != nil || m == nil || m.info.Deleted {
 		return false, err
 	}
@@ -385,11 +387,7 @@ func (s *JetStreamStore) Reuse(ctx context.Context, key string, size int64, sum 
 	if int64(info.Size) != size || info.Digest != "SHA-256="+base64.URLEncoding.EncodeToString(sum[:]) {
 		return false, nil
 	}
-	st, err := s.js.Stream(ctx, "OBJ_"+s.spec.Name)
-	if err != nil {
-		return false, fmt.Errorf("claim-check bucket %s's stream: %w", s.spec.Name, err)
-	}
-	chunks := "$O." + s.spec.Name + ".C." + info.NUID
+	chunks := s.chunkSubject(info.NUID)
 	si, err := st.Info(ctx, jetstream.WithSubjectFilter(chunks))
 	if err != nil {
 		return false, fmt.Errorf("count the chunks of object %s in bucket %s: %w", key, s.spec.Name, err)
