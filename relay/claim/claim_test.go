@@ -199,10 +199,10 @@ func TestJetStreamStoreRefusesAnObjectLargerThanTheBucket(t *testing.T) {
 	}
 }
 
-// The sweep deletes an orphan older than the stream's first message and the
-// objects of a stream that is gone, and keeps an object whose message the
-// stream holds.
-func TestSweepDeletesObjectsWhoseMessageIsGone(t *testing.T) {
+// streamAndBucket is a server with memory stream S (subjects s.>) and
+// claim-check bucket C.
+func streamAndBucket(t *testing.T) (context.Context, jetstream.JetStream, *claim.JetStreamStore) {
+	t.Helper()
 	ctx, _, js := jsEnv(t)
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}, Storage: jetstream.MemoryStorage}); err != nil {
 		t.Fatal(err)
@@ -211,6 +211,14 @@ func TestSweepDeletesObjectsWhoseMessageIsGone(t *testing.T) {
 	if err := st.Ensure(ctx); err != nil {
 		t.Fatal(err)
 	}
+	return ctx, js, st
+}
+
+// The sweep deletes an orphan older than the stream's first message and the
+// objects of a stream that is gone, and keeps an object whose message the
+// stream holds.
+func TestSweepDeletesObjectsWhoseMessageIsGone(t *testing.T) {
+	ctx, js, st := streamAndBucket(t)
 	put := func(key, stream string) {
 		if err := st.Put(ctx, key, []byte(key), map[string]string{claim.MetaStream: stream}); err != nil {
 			t.Fatal(err)

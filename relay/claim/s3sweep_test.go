@@ -11,6 +11,7 @@ import (
 	"github.com/johannesboyne/gofakes3"
 	"github.com/johannesboyne/gofakes3/backend/s3mem"
 	"github.com/minio/minio-go/v7"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -149,9 +150,10 @@ func TestS3SweepDeletesOnlyObjectsWhoseKafkaRecordIsGone(t *testing.T) {
 	}
 }
 
-// TestS3SweepWithNATSUsesTheStreamsCutoff: S3 beside NATS sweeps by the
-// JetStream streams' cutoff, as the Object Store's sweep does.
-func TestS3SweepWithNATSUsesTheStreamsCutoff(t *testing.T) {
+// streamWithAMessage is a server with stream S holding one message,
+// stored now: S's cutoff for the sweep.
+func streamWithAMessage(t *testing.T) (context.Context, jetstream.JetStream) {
+	t.Helper()
 	ctx := relaytest.Ctx(t)
 	_, js := relaytest.JetStream(t, natstest.New(t).URL())
 	if _, err := js.CreateStream(ctx, jetstreamConfig("S")); err != nil {
@@ -160,6 +162,13 @@ func TestS3SweepWithNATSUsesTheStreamsCutoff(t *testing.T) {
 	if _, err := js.Publish(ctx, "s.x", nil); err != nil {
 		t.Fatal(err)
 	}
+	return ctx, js
+}
+
+// TestS3SweepWithNATSUsesTheStreamsCutoff: S3 beside NATS sweeps by the
+// JetStream streams' cutoff, as the Object Store's sweep does.
+func TestS3SweepWithNATSUsesTheStreamsCutoff(t *testing.T) {
+	ctx, js := streamWithAMessage(t)
 	first := time.Now()
 	store, _, clock := s3Env(t)
 	for key, at := range map[string]time.Time{

@@ -1,6 +1,7 @@
 package claim_test
 
 import (
+	"context"
 	"crypto/sha256"
 	"errors"
 	"testing"
@@ -9,25 +10,25 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
-	"github.com/walbox/walbox/internal/natstest"
 	"github.com/walbox/walbox/internal/relaytest"
 	"github.com/walbox/walbox/relay/claim"
 )
 
+// replayed is the payload of the event the tests replay.
+const replayed = `{"payload":"of the event being replayed"}`
+
+// reuse is a replay's Reuse of "k" holding data, for stream S.
+func reuse(ctx context.Context, r claim.Reuser, data []byte) (bool, error) {
+	return r.Reuse(ctx, "k", int64(len(data)), sha256.Sum256(data), map[string]string{claim.MetaStream: "S"})
+}
+
 // sweepCandidate stores object "k" in a fresh bucket, then a message in
 // stream S after it, so that the sweep (slack 10 ms) finds "k"'s message
 // gone: the state a replay of an event whose message aged out meets.
-func sweepCandidate(t *testing.T) (*claim.JetStreamStore, *claim.Sweeper, jetstream.JetStream, []byte) {
+func sweepCandidate(t *testing.T) (*claim.JetStreamStore, *claim.Sweeper, []byte) {
 	t.Helper()
-	ctx, _, js := jsEnv(t)
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}, Storage: jetstream.MemoryStorage}); err != nil {
-		t.Fatal(err)
-	}
-	st := claim.NewJetStreamStore(js, claim.BucketSpec{Name: "C", Storage: "memory"})
-	if err := st.Ensure(ctx); err != nil {
-		t.Fatal(err)
-	}
-	data := []byte(`{"payload":"of the event being replayed"}`)
+	ctx, js, st := streamAndBucket(t)
+	data := []byte(replayed)
 	if err := st.Put(ctx, "k", data, map[string]string{claim.MetaStream: "S"}); err != nil {
 		t.Fatal(err)
 	}
@@ -35,7 +36,7 @@ func sweepCandidate(t *testing.T) (*claim.JetStreamStore, *claim.Sweeper, jetstr
 	if _, err := js.Publish(ctx, "s.x", nil); err != nil {
 		t.Fatal(err)
 	}
-	return st, claim.NewSweeper(st, js, 10*time.Millisecond, zerolog.Nop(), nil), js, data
+	return st, claim.NewSweeper(st, js, 10*time.Millisecond, zerolog.Nop(), nil), data
 }
 
 // TestSweepKeepsAnObjectRenewedBeforeItsDelete: a replay renews object "k"
@@ -47,10 +48,10 @@ func sweepCandidate(t *testing.T) (*claim.JetStreamStore, *claim.Sweeper, jetstr
 // the replayed message named nothing.)
 func TestSweepKeepsAnObjectRenewedBeforeItsDelete(t *testing.T) {
 	ctx := relaytest.Ctx(t)
-	st, sw, _, data := sweepCandidate(t)
+	st, sw, data := sweepCandidate(t)
 	renewed := false
-	claim.BeforeRemove(sw, func(name string) {
-		ok, err := st.Reuse(ctx, name, int64(len(data)), sha256.Sum256(data), map[string]string{claim.MetaStream: "S"})
+	claim.BeforeRemove(sw, func(string) {
+		ok, err := reuse(ctx, st, data)
 		if err != nil {
 			t.Error(err)
 		}
@@ -79,7 +80,7 @@ func TestSweepKeepsAnObjectRenewedBeforeItsDelete(t *testing.T) {
 // fresh upload stands.
 func TestRenewalAfterTheSweepsDeleteIsRefused(t *testing.T) {
 	ctx := relaytest.Ctx(t)
-	st, sw, _, data := sweepCandidate(t)
+	st, sw, data := sweepCandidate(t)
 	var stats claim.SweepStats
 	st.BeforeRenew(func() {
 		var err error
@@ -87,7 +88,7 @@ func TestRenewalAfterTheSweepsDeleteIsRefused(t *testing.T) {
 			t.Error(err)
 		}
 	})
-	ok, err := st.Reuse(ctx, "k", int64(len(data)), sha256.Sum256(data), map[string]string{claim.MetaStream: "S"})
+	ok, err := reuse(ctx, st, data)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,16 +117,9 @@ func TestRenewalAfterTheSweepsDeleteIsRefused(t *testing.T) {
 // delete; the sweep reads the object again right before its delete and
 // keeps it when a replay renewed it since the listing.
 func TestS3SweepKeepsAnObjectRenewedSinceItsListing(t *testing.T) {
-	ctx := relaytest.Ctx(t)
-	_, js := relaytest.JetStream(t, natstest.New(t).URL())
-	if _, err := js.CreateStream(ctx, jetstreamConfig("S")); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := js.Publish(ctx, "s.x", nil); err != nil {
-		t.Fatal(err)
-	}
+	ctx, js := streamWithAMessage(t)
 	store, _, clock := s3Env(t)
-	data := []byte(`{"payload":"of the event being replayed"}`)
+	data := []byte(replayed)
 	now := time.Now()
 	clock.set(now.Add(-2 * time.Minute)) // its message is gone from S
 	if err := store.Put(ctx, "k", data, map[string]string{claim.MetaStream: "S"}); err != nil {
@@ -134,9 +128,9 @@ func TestS3SweepKeepsAnObjectRenewedSinceItsListing(t *testing.T) {
 	clock.set(now)
 	sw := claim.NewS3Sweeper(store, claim.JetStreamHorizon{JS: js}, time.Minute, zerolog.Nop(), nil)
 	renewed := false
-	claim.BeforeRemove(sw, func(name string) {
+	claim.BeforeRemove(sw, func(string) {
 		clock.set(now.Add(2 * time.Second))
-		ok, err := store.Reuse(ctx, "k", int64(len(data)), sha256.Sum256(data), map[string]string{claim.MetaStream: "S"})
+		ok, err := reuse(ctx, store, data)
 		if err != nil {
 			t.Error(err)
 		}
