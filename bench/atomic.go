@@ -159,14 +159,8 @@ func runAtomic(ctx context.Context, b *bench) error {
 	med := func(rs []catchupResult) catchupResult {
 		return medianRun(rs, func(c catchupResult) float64 { return rate(c.Events, c.Took) })
 	}
-	var lines []string
-	atomicLines(med(fastRuns), med(atomicRuns), fastRuns, atomicRuns, func(what, value, target, verdict string) {
-		l := "- " + what + ": " + value
-		if target != "" {
-			l += " (target " + target + ": " + verdict + ")"
-		}
-		lines = append(lines, l)
-	})
+	var lines bulletLines
+	atomicLines(med(fastRuns), med(atomicRuns), fastRuns, atomicRuns, lines.add)
 	e := env.info
 	text := fmt.Sprintf("# walbox benchmark: atomic transactions beside fast batches (`go run . atomic`)\n\n"+
 		"- Date: %s (run took %s)\n- Machine: %d CPUs (%s), %s memory, Linux %s\n"+

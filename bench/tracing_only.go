@@ -28,17 +28,23 @@ func runTracing(ctx context.Context, b *bench) error {
 	if err := b.catchUpTracedProfiled(ctx); err != nil {
 		return err
 	}
-	var lines []string
-	b.res.tracedProfileLines(func(what, value, target, verdict string) {
-		l := "- " + what + ": " + value
-		if target != "" {
-			l += " (target " + target + ": " + verdict + ")"
-		}
-		lines = append(lines, l)
-	})
+	var lines bulletLines
+	b.res.tracedProfileLines(lines.add)
 	for _, l := range lines {
 		fmt.Println(l)
 	}
 	fmt.Fprintln(os.Stderr, "profile kept in", b.keepProfile)
 	return nil
+}
+
+// bulletLines collects a phase's report lines as a Markdown list, for the
+// runs of one phase alone (go run . atomic, go run . tracing).
+type bulletLines []string
+
+func (ls *bulletLines) add(what, value, target, verdict string) {
+	l := "- " + what + ": " + value
+	if target != "" {
+		l += " (target " + target + ": " + verdict + ")"
+	}
+	*ls = append(*ls, l)
 }
