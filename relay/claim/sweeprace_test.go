@@ -22,6 +22,27 @@ func reuse(ctx context.Context, r claim.Reuser, data []byte) (bool, error) {
 	return r.Reuse(ctx, "k", int64(len(data)), sha256.Sum256(data), map[string]string{claim.MetaStream: "S"})
 }
 
+// sweepRenewing sweeps with sw while a replay renews "k" (after first)
+// between the sweep's decision to delete it and its delete, and says
+// whether the renewal went through.
+func sweepRenewing(ctx context.Context, t *testing.T, sw *claim.Sweeper, r claim.Reuser, data []byte, first func()) (bool, claim.SweepStats) {
+	t.Helper()
+	renewed := false
+	claim.BeforeRemove(sw, func(string) {
+		first()
+		ok, err := reuse(ctx, r, data)
+		if err != nil {
+			t.Error(err)
+		}
+		renewed = ok
+	})
+	stats, err := sw.Sweep(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return renewed, stats
+}
+
 // sweepCandidate stores object "k" in a fresh bucket, then a message in
 // stream S after it, so that the sweep (slack 10 ms) finds "k"'s message
 // gone: the state a replay of an event whose message aged out meets.
@@ -49,18 +70,7 @@ func sweepCandidate(t *testing.T) (*claim.JetStreamStore, *claim.Sweeper, []byte
 func TestSweepKeepsAnObjectRenewedBeforeItsDelete(t *testing.T) {
 	ctx := relaytest.Ctx(t)
 	st, sw, data := sweepCandidate(t)
-	renewed := false
-	claim.BeforeRemove(sw, func(string) {
-		ok, err := reuse(ctx, st, data)
-		if err != nil {
-			t.Error(err)
-		}
-		renewed = ok
-	})
-	stats, err := sw.Sweep(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	renewed, stats := sweepRenewing(ctx, t, sw, st, data, func() {})
 	if !renewed {
 		t.Fatal("the replay did not renew the intact object")
 	}
@@ -127,19 +137,7 @@ func TestS3SweepKeepsAnObjectRenewedSinceItsListing(t *testing.T) {
 	}
 	clock.set(now)
 	sw := claim.NewS3Sweeper(store, claim.JetStreamHorizon{JS: js}, time.Minute, zerolog.Nop(), nil)
-	renewed := false
-	claim.BeforeRemove(sw, func(string) {
-		clock.set(now.Add(2 * time.Second))
-		ok, err := reuse(ctx, store, data)
-		if err != nil {
-			t.Error(err)
-		}
-		renewed = ok
-	})
-	stats, err := sw.Sweep(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	renewed, stats := sweepRenewing(ctx, t, sw, store, data, func() { clock.set(now.Add(2 * time.Second)) })
 	if !renewed || stats.Deleted != 0 {
 		t.Fatalf("renewed %v, sweep %+v: want the renewed object kept", renewed, stats)
 	}
