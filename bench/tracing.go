@@ -168,11 +168,14 @@ func (r *results) tracePairLines(add func(what, value, target, verdict string)) 
 }
 
 // tracingFrame: a function of tracing's in a relay's profile: the
-// OpenTelemetry SDK and exporter, walbox's span code (relay/trace.go), and
-// the HTTP client's connection goroutines (the OTLP exporter is the only
-// HTTP client of a relay configured as the bench's).
+// OpenTelemetry API, SDK and exporter, walbox's tracer (internal/leantrace)
+// and span code (relay/trace.go), and the HTTP client's connection
+// goroutines (the OTLP exporter is the only HTTP client of a relay
+// configured as the bench's). A sample counts when any frame of its
+// stack is one: the protobuf and allocation work under them count too.
 func tracingFrame(fn string) bool {
 	return strings.HasPrefix(fn, "go.opentelemetry.io/") ||
+		strings.HasPrefix(fn, "github.com/walbox/walbox/internal/leantrace.") ||
 		strings.HasPrefix(fn, "github.com/walbox/walbox/relay.(*tracing).") ||
 		strings.HasPrefix(fn, "github.com/walbox/walbox/relay.headerCarrier.") ||
 		strings.HasPrefix(fn, "net/http.(*persistConn).")

@@ -50,8 +50,12 @@ type tracing struct {
 	ratio  float64 // share of events without a parent that get a span
 	// skip: events without a parent to leave out before the next one
 	// sampled at ratio (a geometric draw: see sampled). Only the relay's
-	// loop goroutine touches it.
+	// loop goroutine touches it, and attrs.
 	skip int64
+	// attrs is acked's scratch: a span copies the attributes it is given,
+	// and a slice handed through the Span interface escapes (1 KB a span
+	// on the heap when it was a fresh array each time).
+	attrs []attribute.KeyValue
 }
 
 func newTracing(t trace.Tracer, system string, ratio float64) *tracing {
@@ -225,8 +229,7 @@ func (tr *tracing) acked(p *pending, ack *Ack, now time.Time, table string) {
 	}
 	// The destination is where it went last: a dead letter's is the
 	// dead-letter subject or topic.
-	var buf [16]attribute.KeyValue
-	attrs := append(buf[:0], tr.system, semconv.MessagingOperationTypeSend, semconv.MessagingOperationName("publish"),
+	attrs := append(tr.attrs[:0], tr.system, semconv.MessagingOperationTypeSend, semconv.MessagingOperationName("publish"),
 		semconv.MessagingMessageID(p.ev.ID), semconv.MessagingDestinationName(p.msg.Subject),
 		AttrCommitLSN.String(p.ev.Pos.CommitLSN.String()), AttrResends.Int(p.resends),
 		AttrCommitToAck.Float64(float64(now.Sub(p.ev.CommitTime).Microseconds())/1000))
@@ -249,5 +252,7 @@ func (tr *tracing) acked(p *pending, ack *Ack, now time.Time, table string) {
 		s.SetStatus(codes.Error, "dead-lettered: "+p.reason)
 	}
 	s.SetAttributes(attrs...)
+	clear(attrs) // no strings kept alive by the scratch
+	tr.attrs = attrs[:0]
 	s.End(trace.WithTimestamp(now))
 }

@@ -20,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/walbox/walbox/cdc"
+	"github.com/walbox/walbox/internal/leantrace"
 )
 
 // TestPublishSpans: each published event gets one "walbox publish" span, a
@@ -314,28 +315,46 @@ func (discardExporter) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) err
 func (discardExporter) Shutdown(context.Context) error                             { return nil }
 
 // BenchmarkSampledSpanCPU is the process's CPU per sampled span
-// (cpu-ns/op, from getrusage: the batch processor's and the exporter's
-// goroutines included, which ns/op misses), with a discarding exporter and
-// with the OTLP/HTTP exporter walbox configures, to a local server.
+// (cpu-ns/op, from getrusage: the export goroutines and the local OTLP
+// server included, which ns/op misses): the SDK's provider with a
+// discarding exporter and with the OTLP/HTTP exporter, and
+// internal/leantrace (what walbox runs) with the OTLP/HTTP client. The
+// SDK's batch processor blocks when its queue is full rather than drop,
+// so every span is exported and the queue stays at its default size.
 func BenchmarkSampledSpanCPU(b *testing.B) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		w.WriteHeader(http.StatusOK)
 	}))
 	defer srv.Close()
-	for _, name := range []string{"discard", "otlphttp"} {
+	for _, name := range []string{"sdk-discard", "sdk-otlphttp", "lean-otlphttp"} {
 		b.Run(name, func(b *testing.B) {
-			var sp sdktrace.SpanProcessor
-			if name == "discard" {
-				sp = sdktrace.NewBatchSpanProcessor(discardExporter{}, sdktrace.WithMaxQueueSize(1<<21))
-			} else {
+			var tp interface {
+				trace.TracerProvider
+				Shutdown(context.Context) error
+			}
+			switch name {
+			case "sdk-discard":
+				tp = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sdktrace.NewBatchSpanProcessor(discardExporter{}, sdktrace.WithBlocking())))
+			case "sdk-otlphttp":
 				exp, err := otlptracehttp.New(context.Background(), otlptracehttp.WithEndpointURL(srv.URL), otlptracehttp.WithInsecure())
 				if err != nil {
 					b.Fatal(err)
 				}
-				sp = sdktrace.NewBatchSpanProcessor(exp, sdktrace.WithMaxQueueSize(1<<21))
+				tp = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sdktrace.NewBatchSpanProcessor(exp, sdktrace.WithBlocking())))
+			default:
+				lp, err := leantrace.New(context.Background(), leantrace.Options{
+					Client: otlptracehttp.NewClient(otlptracehttp.WithEndpointURL(srv.URL), otlptracehttp.WithInsecure()), MaxQueueSize: 1 << 16})
+				if err != nil {
+					b.Fatal(err)
+				}
+				tp = lp
+				defer func() {
+					if d := lp.Dropped(); d > 0 {
+						b.Fatalf("%d spans dropped", d)
+					}
+				}()
 			}
-			tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sp))
 			tr := newTracing(tp.Tracer("bench"), "nats", 1)
 			ev := cdc.Event{ID: "0190a0b0-0000-7000-8000-000000000001", CommitTime: time.Now()}
 			ack := &Ack{Stream: "ORDERS", Sequence: 1}

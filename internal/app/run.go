@@ -57,16 +57,16 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger, opts Option
 	if err != nil {
 		return &config.Error{Key: "postgres.url", Msg: err.Error()}
 	}
-	tracer, traceRatio, stopTracing, err := startTracing(ctx, cfg.OTel, log)
-	if err != nil {
-		return err
-	}
-	defer stopTracing()
 	reg := opts.Registry
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
+	tracer, traceRatio, stopTracing, err := startTracing(ctx, cfg.OTel, log, reg)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	// The relay's metrics keep their names on both buses, with a sink label.
 	sinkReg := prometheus.WrapRegistererWith(prometheus.Labels{"sink": cfg.Sink}, reg)
 	metrics := relay.NewMetrics(sinkReg)

@@ -9,14 +9,15 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/sdk/resource"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/walbox/walbox/internal/config"
+	"github.com/walbox/walbox/internal/leantrace"
 )
 
 // tracerName is the instrumentation scope of the relay's spans.
@@ -25,17 +26,13 @@ const tracerName = "github.com/walbox/walbox/relay"
 // startTracing builds the OTLP/HTTP trace pipeline of cfg.OTel and returns
 // the relay's tracer, its sampling ratio (relay.Config.TraceRatio) and a
 // stop that flushes what is buffered; a nil tracer when tracing is off. The exporter connects when it first sends.
-func startTracing(ctx context.Context, cfg config.OTel, log zerolog.Logger) (trace.Tracer, float64, func(), error) {
+func startTracing(ctx context.Context, cfg config.OTel, log zerolog.Logger, reg prometheus.Registerer) (trace.Tracer, float64, func(), error) {
 	if !cfg.TracingOn() {
 		return nil, 0, func() {}, nil
 	}
 	var opts []otlptracehttp.Option
 	if cfg.Endpoint != "" {
 		opts = append(opts, otlptracehttp.WithEndpointURL(strings.TrimSuffix(cfg.Endpoint, "/")+"/v1/traces"))
-	}
-	exp, err := otlptracehttp.New(ctx, opts...)
-	if err != nil {
-		return nil, 0, nil, &config.Error{Key: "otel.endpoint", Msg: fmt.Sprintf("OTLP trace exporter: %v", err)}
 	}
 	version := "devel"
 	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
@@ -49,12 +46,16 @@ func startTracing(ctx context.Context, cfg config.OTel, log zerolog.Logger) (tra
 		res = resource.Environment()
 	}
 	// The relay samples before it starts a span (relay.Config.TraceRatio):
-	// parent-based, and the ratio for events without a parent. The SDK
-	// then records what it is given.
+	// parent-based, and the ratio for events without a parent. The
+	// provider then records what it is given (ParentBased(AlwaysSample)),
+	// and writes each span straight into its OTLP message: see
+	// internal/leantrace for why not the SDK's provider.
 	ratio := sampleRatio(cfg.SampleRatio)
-	tpOpts := []sdktrace.TracerProviderOption{sdktrace.WithBatcher(exp), sdktrace.WithResource(res),
-		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.AlwaysSample()))}
-	tp := sdktrace.NewTracerProvider(tpOpts...)
+	tp, err := leantrace.New(ctx, leantrace.Options{Client: otlptracehttp.NewClient(opts...), Resource: res,
+		Logger: log, Registerer: reg}.BatchFromEnv())
+	if err != nil {
+		return nil, 0, nil, &config.Error{Key: "otel.endpoint", Msg: fmt.Sprintf("OTLP trace exporter: %v", err)}
+	}
 	log.Info().Str("endpoint", cfg.Endpoint).Float64("sample_ratio", ratio).Msg("tracing: a span per published event, exported with OTLP/HTTP")
 	stop := func() {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
@@ -63,7 +64,7 @@ func startTracing(ctx context.Context, cfg config.OTel, log zerolog.Logger) (tra
 			log.Warn().Err(err).Msg("tracing: spans not flushed at shutdown")
 		}
 	}
-	return tp.Tracer(tracerName), ratio, stop, nil
+	return tp.Tracer(tracerName, trace.WithInstrumentationVersion(version)), ratio, stop, nil
 }
 
 // sampleRatio is the share of events without a producer's context that
