@@ -21,13 +21,13 @@ type Store interface {
 	// Kind and Bucket are the store's names in a Ref.
 	Kind() string
 	Bucket() string
-	// ObjectKey is where key's object is in the bucket (a Ref's key).
-	ObjectKey(key string) string
-	// Put stores data under key, replacing what the key held, and returns
-	// once the store has confirmed it. meta travels with the object (the
-	// stream its message goes to, for the retention sweep). An error
-	// wrapping ErrRefused means the store will never take it.
-	Put(ctx context.Context, key string, data []byte, meta map[string]string) error
+	// Put stores data as an object of key (an event's identity, Key),
+	// replacing what it held, and returns, once the store has confirmed
+	// it, the object's name in the bucket: the Ref's key, which the store
+	// chooses. meta travels with the object (the stream its message goes
+	// to, for the retention sweep). An error wrapping ErrRefused means the
+	// store will never take it.
+	Put(ctx context.Context, key string, data []byte, meta map[string]string) (string, error)
 }
 
 // Object metadata walbox sets (ObjectMeta.Metadata; S3 user metadata).
@@ -44,8 +44,8 @@ const (
 )
 
 // Reuser is a Store that can tell whether it already holds a payload
-// intact, so that a replay publishes its reference again without
-// uploading it (Options.ReuseIntact).
+// intact, so that a replay publishes a reference to it without uploading
+// it (Options.ReuseIntact).
 type Reuser interface {
 	// Reuse reports whether key's object is exactly size bytes with the
 	// SHA-256 sum and will be kept at least as long as a message
@@ -53,8 +53,9 @@ type Reuser interface {
 	// the object's modification time (and sets meta) without sending its
 	// bytes, so that the retention sweep, which reads that time as the
 	// last attempt to publish the object's message (Sweeper), keeps it
-	// for the new message. false means: upload it.
-	Reuse(ctx context.Context, key string, size int64, sum [sha256.Size]byte, meta map[string]string) (bool, error)
+	// for the new message, and returns the object's name for the Ref.
+	// false means: upload it.
+	Reuse(ctx context.Context, key string, size int64, sum [sha256.Size]byte, meta map[string]string) (name string, reused bool, err error)
 }
 
 // reuseMargin is how much longer than a message published now may live an
@@ -99,9 +100,6 @@ func (s *JetStreamStore) Kind() string { return StoreJetStream }
 // Bucket implements Store.
 func (s *JetStreamStore) Bucket() string { return s.spec.Name }
 
-// ObjectKey implements Store: the key itself.
-func (s *JetStreamStore) ObjectKey(key string) string { return key }
-
 // Ensure creates the bucket, or updates it to spec.
 func (s *JetStreamStore) Ensure(ctx context.Context) error {
 	c := jetstream.ObjectStoreConfig{
@@ -140,26 +138,27 @@ func (s *JetStreamStore) handle(ctx context.Context) (jetstream.ObjectStore, err
 	return obs, nil
 }
 
-// Put implements Store. nats.go's ObjectStore.Put publishes the chunks and
-// the object's meta message and returns only when JetStream has acked every
-// one of them (or fails): that is the confirmation.
-func (s *JetStreamStore) Put(ctx context.Context, key string, data []byte, meta map[string]string) error {
+// Put implements Store: the object's name is key itself. nats.go's
+// ObjectStore.Put publishes the chunks and the object's meta message and
+// returns only when JetStream has acked every one of them (or fails): that
+// is the confirmation.
+func (s *JetStreamStore) Put(ctx context.Context, key string, data []byte, meta map[string]string) (string, error) {
 	if s.spec.MaxBytes > 0 && int64(len(data)) > s.spec.MaxBytes {
-		return fmt.Errorf("%w: the payload of %d bytes is larger than bucket %s's max_bytes of %d (claim_check.max_bytes)",
+		return "", fmt.Errorf("%w: the payload of %d bytes is larger than bucket %s's max_bytes of %d (claim_check.max_bytes)",
 			ErrRefused, len(data), s.spec.Name, s.spec.MaxBytes)
 	}
 	obs, err := s.handle(ctx)
 	if err != nil {
-		return err
+		return "", err
 	}
 	info, err := obs.Put(ctx, jetstream.ObjectMeta{Name: key, Metadata: meta}, bytes.NewReader(data))
 	if err != nil {
-		return fmt.Errorf("put object %s in bucket %s: %w", key, s.spec.Name, err)
+		return "", fmt.Errorf("put object %s in bucket %s: %w", key, s.spec.Name, err)
 	}
 	if info.Size != uint64(len(data)) {
-		return fmt.Errorf("put object %s in bucket %s: stored %d bytes of %d", key, s.spec.Name, info.Size, len(data))
+		return "", fmt.Errorf("put object %s in bucket %s: stored %d bytes of %d", key, s.spec.Name, info.Size, len(data))
 	}
-	return nil
+	return key, nil
 }
 
 // Get reads the object under key (for tests and tools; consumers use the
@@ -373,8 +372,17 @@ func (s *JetStreamStore) resolution() time.Duration { return 0 }
 // first chunk, TTL later, outlives a message published now to its stream
 // (that stream's max_age, plus reuseMargin); else it is uploaded afresh.
 // The renewal is a new meta message, stored only while the one read is
-// the last (publishMeta; see remove).
-func (s *JetStreamStore) Reuse(ctx context.Context, key string, size int64, sum [sha256.Size]byte, meta map[string]string) (bool, error) {
+// the last (publishMeta; see remove). The object keeps its name, key.
+func (s *JetStreamStore) Reuse(ctx context.Context, key string, size int64, sum [sha256.Size]byte, meta map[string]string) (string, bool, error) {
+	ok, err := s.renew(ctx, key, size, sum, meta)
+	if err != nil || !ok {
+		return "", false, err
+	}
+	return key, true, nil
+}
+
+// renew is Reuse's check and renewal of key's object.
+func (s *JetStreamStore) renew(ctx context.Context, key string, size int64, sum [sha256.Size]byte, meta map[string]string) (bool, error) {
 	st, err := s.bucketStream(ctx)
 	if err != nil {
 		return false, err

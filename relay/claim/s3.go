@@ -42,7 +42,7 @@ func (s *S3Store) Kind() string { return StoreS3 }
 // Bucket implements Store.
 func (s *S3Store) Bucket() string { return s.bucket }
 
-// ObjectKey implements Store: the key under the prefix.
+// ObjectKey is where key's object is in the bucket: under the prefix.
 func (s *S3Store) ObjectKey(key string) string {
 	if s.prefix == "" {
 		return key
@@ -50,21 +50,22 @@ func (s *S3Store) ObjectKey(key string) string {
 	return s.prefix + "/" + key
 }
 
-// Put implements Store. S3 refuses an object above its own limit (5 TiB)
-// with EntityTooLarge: refused for itself too.
-func (s *S3Store) Put(ctx context.Context, key string, data []byte, meta map[string]string) error {
+// Put implements Store: the object's name is ObjectKey(key). S3 refuses
+// an object above its own limit (5 TiB) with EntityTooLarge: refused for
+// itself too.
+func (s *S3Store) Put(ctx context.Context, key string, data []byte, meta map[string]string) (string, error) {
 	if s.maxBytes > 0 && int64(len(data)) > s.maxBytes {
-		return fmt.Errorf("%w: the payload of %d bytes is larger than claim_check.max_bytes of %d", ErrRefused, len(data), s.maxBytes)
+		return "", fmt.Errorf("%w: the payload of %d bytes is larger than claim_check.max_bytes of %d", ErrRefused, len(data), s.maxBytes)
 	}
 	_, err := s.c.PutObject(ctx, s.bucket, s.ObjectKey(key), bytes.NewReader(data), int64(len(data)),
 		minio.PutObjectOptions{ContentType: "application/json", UserMetadata: written(meta)})
 	if minio.ToErrorResponse(err).Code == "EntityTooLarge" {
-		return fmt.Errorf("%w: s3://%s/%s: %v", ErrRefused, s.bucket, s.ObjectKey(key), err)
+		return "", fmt.Errorf("%w: s3://%s/%s: %v", ErrRefused, s.bucket, s.ObjectKey(key), err)
 	}
 	if err != nil {
-		return fmt.Errorf("put s3://%s/%s: %w", s.bucket, s.ObjectKey(key), err)
+		return "", fmt.Errorf("put s3://%s/%s: %w", s.bucket, s.ObjectKey(key), err)
 	}
-	return nil
+	return s.ObjectKey(key), nil
 }
 
 // Get reads the object under key (tests and tools).
@@ -174,7 +175,16 @@ func (s *S3Store) resolution() time.Duration { return time.Second }
 // The renewal is a server-side copy of the object onto itself with its
 // metadata replaced: S3 gives the copy a new Last-Modified (and lifecycle
 // rules count from it) without the bytes passing through walbox.
-func (s *S3Store) Reuse(ctx context.Context, key string, size int64, sum [sha256.Size]byte, meta map[string]string) (bool, error) {
+func (s *S3Store) Reuse(ctx context.Context, key string, size int64, sum [sha256.Size]byte, meta map[string]string) (string, bool, error) {
+	ok, err := s.renew(ctx, key, size, sum, meta)
+	if err != nil || !ok {
+		return "", false, err
+	}
+	return s.ObjectKey(key), true, nil
+}
+
+// renew is Reuse's check and renewal of key's object.
+func (s *S3Store) renew(ctx context.Context, key string, size int64, sum [sha256.Size]byte, meta map[string]string) (bool, error) {
 	name := s.ObjectKey(key)
 	info, err := s.c.StatObject(ctx, s.bucket, name, minio.StatObjectOptions{})
 	if minio.ToErrorResponse(err).Code == "NoSuchKey" {

@@ -103,7 +103,7 @@ func TestS3SweepDeletesOnlyObjectsWhoseKafkaRecordIsGone(t *testing.T) {
 		if stream != "" {
 			meta[claim.MetaStream] = stream
 		}
-		if err := store.Put(ctx, key, []byte(key), meta); err != nil {
+		if _, err := store.Put(ctx, key, []byte(key), meta); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -176,7 +176,7 @@ func TestS3SweepWithNATSUsesTheStreamsCutoff(t *testing.T) {
 		"held": first.Add(-30 * time.Second), // within the slack: its message may be the first
 	} {
 		clock.set(at)
-		if err := store.Put(ctx, key, []byte(key), map[string]string{claim.MetaStream: "S"}); err != nil {
+		if _, err := store.Put(ctx, key, []byte(key), map[string]string{claim.MetaStream: "S"}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -17,9 +17,12 @@ import (
 // replayed is the payload of the event the tests replay.
 const replayed = `{"payload":"of the event being replayed"}`
 
-// reuse is a replay's Reuse of "k" holding data, for stream S.
+// reuse is a replay's Reuse of "k" holding data, for stream S: whether
+// it renewed the object (named "k" in both stores' buckets, under the S3
+// store's prefix).
 func reuse(ctx context.Context, r claim.Reuser, data []byte) (bool, error) {
-	return r.Reuse(ctx, "k", int64(len(data)), sha256.Sum256(data), map[string]string{claim.MetaStream: "S"})
+	_, ok, err := r.Reuse(ctx, "k", int64(len(data)), sha256.Sum256(data), map[string]string{claim.MetaStream: "S"})
+	return ok, err
 }
 
 // sweepRenewing sweeps with sw while a replay renews "k" (after first)
@@ -50,7 +53,7 @@ func sweepCandidate(t *testing.T) (*claim.JetStreamStore, *claim.Sweeper, []byte
 	t.Helper()
 	ctx, js, st := streamAndBucket(t)
 	data := []byte(replayed)
-	if err := st.Put(ctx, "k", data, map[string]string{claim.MetaStream: "S"}); err != nil {
+	if _, err := st.Put(ctx, "k", data, map[string]string{claim.MetaStream: "S"}); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(100 * time.Millisecond)
@@ -112,7 +115,7 @@ func TestRenewalAfterTheSweepsDeleteIsRefused(t *testing.T) {
 		t.Fatalf("k after the refused renewal: %v, want not found", err)
 	}
 	st.BeforeRenew(nil)
-	if err := st.Put(ctx, "k", data, map[string]string{claim.MetaStream: "S"}); err != nil {
+	if _, err := st.Put(ctx, "k", data, map[string]string{claim.MetaStream: "S"}); err != nil {
 		t.Fatal(err)
 	}
 	if stats, err = sw.Sweep(ctx); err != nil || stats.Deleted != 0 {
@@ -132,7 +135,7 @@ func TestS3SweepKeepsAnObjectRenewedSinceItsListing(t *testing.T) {
 	data := []byte(replayed)
 	now := time.Now()
 	clock.set(now.Add(-2 * time.Minute)) // its message is gone from S
-	if err := store.Put(ctx, "k", data, map[string]string{claim.MetaStream: "S"}); err != nil {
+	if _, err := store.Put(ctx, "k", data, map[string]string{claim.MetaStream: "S"}); err != nil {
 		t.Fatal(err)
 	}
 	clock.set(now)
