@@ -21,12 +21,13 @@ type Store interface {
 	// Kind and Bucket are the store's names in a Ref.
 	Kind() string
 	Bucket() string
-	// Put stores data as an object of key (an event's identity, Key),
-	// replacing what it held, and returns, once the store has confirmed
-	// it, the object's name in the bucket: the Ref's key, which the store
-	// chooses. meta travels with the object (the stream its message goes
-	// to, for the retention sweep). An error wrapping ErrRefused means the
-	// store will never take it.
+	// Put stores data as an object of key (an event's identity, Key) and
+	// returns, once the store has confirmed it, the object's name in the
+	// bucket: the Ref's key, which the store chooses (JetStream: key
+	// itself, replacing what it held; S3: a name of the upload's own).
+	// meta travels with the object (the stream its message goes to, for
+	// the retention sweep). An error wrapping ErrRefused means the store
+	// will never take it.
 	Put(ctx context.Context, key string, data []byte, meta map[string]string) (string, error)
 }
 
@@ -34,10 +35,13 @@ type Store interface {
 const (
 	MetaStream  = "walbox-stream"
 	MetaEventID = "walbox-event-id"
-	// MetaWritten is when the S3 object was uploaded or renewed
-	// (RFC 3339, nanoseconds): the sweep tells a renewal from the upload
-	// it listed by it, where Last-Modified has only seconds and a copy
-	// onto itself keeps the ETag.
+	// MetaWritten is when an older walbox uploaded or renewed an S3
+	// object under its event's bare key (RFC 3339, nanoseconds). This
+	// version writes none (each of its objects has a name of its own and
+	// is never written twice); the sweep reads it to tell an older
+	// relay's renewal of a bare-key object from the upload it listed
+	// (s3Version), where Last-Modified has only seconds and a copy onto
+	// itself keeps the ETag.
 	MetaWritten = "walbox-written"
 	// MetaSHA256 is the payload's SHA-256 in lower-case hex, as in a Ref.
 	MetaSHA256 = "walbox-sha256"
@@ -47,14 +51,16 @@ const (
 // intact, so that a replay publishes a reference to it without uploading
 // it (Options.ReuseIntact).
 type Reuser interface {
-	// Reuse reports whether key's object is exactly size bytes with the
-	// SHA-256 sum and will be kept at least as long as a message
-	// published now to meta[MetaStream]. When it is, Reuse also renews
-	// the object's modification time (and sets meta) without sending its
-	// bytes, so that the retention sweep, which reads that time as the
-	// last attempt to publish the object's message (Sweeper), keeps it
-	// for the new message, and returns the object's name for the Ref.
-	// false means: upload it.
+	// Reuse reports whether the store holds an object of key that is
+	// exactly size bytes with the SHA-256 sum and, renewed, will be kept
+	// at least as long as a message published now to meta[MetaStream].
+	// When it does, Reuse renews it without sending its bytes, with meta
+	// (JetStream: the object itself, with a new modification time; S3: a
+	// server-side copy under a name of its own), so that the retention
+	// sweep, which reads the modification time as the last attempt to
+	// publish the object's message (Sweeper), keeps it for the new
+	// message, and returns the renewed object's name for the Ref. false
+	// means: upload it.
 	Reuse(ctx context.Context, key string, size int64, sum [sha256.Size]byte, meta map[string]string) (name string, reused bool, err error)
 }
 
@@ -138,7 +144,10 @@ func (s *JetStreamStore) handle(ctx context.Context) (jetstream.ObjectStore, err
 	return obs, nil
 }
 
-// Put implements Store: the object's name is key itself. nats.go's
+// Put implements Store: the object's name is key itself (the event's
+// identity), and a resend replaces it. That is safe here where it is not
+// in S3: the sweep's delete is conditional on the meta message it listed
+// (remove), so an upload since then keeps its object. nats.go's
 // ObjectStore.Put publishes the chunks and the object's meta message and
 // returns only when JetStream has acked every one of them (or fails): that
 // is the confirmation.
