@@ -18,6 +18,10 @@ import (
 // header's value, a URL query, says where the payload is:
 //
 //	store=jetstream&bucket=ORDERS_CLAIMS&key=<source>%2F<table>%2F<id>&size=8388608&sha256=<hex>
+//
+// Read the object the key names: in S3 (store=s3) each upload has a name
+// of its own, <prefix>/<source>/<table>/<id>/<UUIDv7>, which only the
+// reference tells.
 const HeaderClaimCheck = "Walbox-Claim-Check"
 
 // ClaimCheck is a claim-check reference: the payload is the object Key in

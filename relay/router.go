@@ -298,7 +298,8 @@ func (r *Router) SetMaxPayload(n int) { r.maxBytes = n }
 
 // ClaimRefAllowance is what the size check counts for the claim-check
 // header that takes a moved payload's place (its value names a store, a
-// bucket, a key made of the event's identity, a size and a SHA-256).
+// bucket, a key made of the event's identity and, in S3, a UUIDv7, a size
+// and a SHA-256).
 const ClaimRefAllowance = 1024
 
 // SetClaimThreshold says that payloads larger than n bytes are moved to

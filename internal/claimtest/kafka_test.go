@@ -35,10 +35,12 @@ func fakeS3(t *testing.T) string {
 	return endpoint
 }
 
-// countingS3 is fakeS3 that also counts the uploads to each object path
-// (/claims/<key>): the requests that send an object's bytes (PUT or POST
-// without X-Amz-Copy-Source; a server-side copy sends none). hook, when
-// set, sees every request before the server does.
+// countingS3 is fakeS3 that also counts the uploads of each event: the
+// requests that send an object's bytes (PUT or POST without
+// X-Amz-Copy-Source; a server-side copy sends none) to the event's bare
+// key (/claims/<key>, as older walbox versions named its object) or to a
+// name under it (/claims/<key>/..., as walbox names each upload). hook,
+// when set, sees every request before the server does.
 func countingS3(t *testing.T, hook func(*http.Request)) (endpoint string, uploads func(key string) int) {
 	t.Helper()
 	backend := s3mem.New()
@@ -77,7 +79,13 @@ func countingS3(t *testing.T, hook func(*http.Request)) (endpoint string, upload
 	return strings.TrimPrefix(srv.URL, "http://"), func(key string) int {
 		mu.Lock()
 		defer mu.Unlock()
-		return count["/claims/"+key]
+		n := 0
+		for path, c := range count {
+			if path == "/claims/"+key || strings.HasPrefix(path, "/claims/"+key+"/") {
+				n += c
+			}
+		}
+		return n
 	}
 }
 
@@ -151,10 +159,12 @@ func verifyClaim(t *testing.T, ctx context.Context, store *claim.S3Store, r *kgo
 
 // TestKafkaReplayReusesAnIntactS3Object: walbox replay of a large event
 // whose S3 object is intact (by its walbox-sha256 metadata, or without it
-// by its bytes) publishes the reference without uploading the payload
-// (a server-side copy renews the object for the retention sweep); an
-// object overwritten with other bytes, or deleted, is uploaded again.
-// Each replayed record's object matches its reference and its row.
+// by its bytes, as under the bare key an older walbox wrote) publishes a
+// reference without uploading the payload: a server-side copy of the
+// intact object to a name of its own, which the retention sweep counts
+// from the replay; an object overwritten with other bytes, or deleted, is
+// uploaded again. Each replayed record names an object no record named
+// before, which matches its reference and its row.
 func TestKafkaReplayReusesAnIntactS3Object(t *testing.T) {
 	k := kafkatest.NewCluster(t)
 	endpoint, uploads := countingS3(t, nil)
@@ -170,31 +180,49 @@ func TestKafkaReplayReusesAnIntactS3Object(t *testing.T) {
 		t.Fatal(err)
 	}
 	store := claim.NewS3Store(c, "claims", "", 0)
-	key := verifyClaim(t, e.ctx, store, rd.next(1, 60*time.Second)[0], payload).Key
-	if n := uploads(key); n != 1 {
-		t.Fatalf("%d uploads of %s, want 1", n, key)
+	first := verifyClaim(t, e.ctx, store, rd.next(1, 60*time.Second)[0], payload).Key
+	// The event's bare key: the folder of its objects' names.
+	event := first[:strings.LastIndexByte(first, '/')]
+	if n := uploads(event); n != 1 {
+		t.Fatalf("%d uploads of %s, want 1", n, event)
 	}
+	named := map[string]bool{first: true}
 	replay := func(wantUploads int, what string) {
 		t.Helper()
 		res, err := ops.Replay(e.ctx, e.cfg, ops.ReplayOptions{IDs: []string{id}, ForceNewID: true})
 		if err != nil || res.Published != 1 {
 			t.Fatalf("replay: %+v, %v; want 1 published", res, err)
 		}
-		if n := uploads(key); n != wantUploads {
-			t.Fatalf("%s: %d uploads of %s, want %d", what, n, key, wantUploads)
+		if n := uploads(event); n != wantUploads {
+			t.Fatalf("%s: %d uploads of %s, want %d", what, n, event, wantUploads)
 		}
-		if got := verifyClaim(t, e.ctx, store, rd.next(1, 30*time.Second)[0], payload).Key; got != key {
-			t.Fatalf("%s: the replayed record names %s, want the event's object %s", what, got, key)
+		got := verifyClaim(t, e.ctx, store, rd.next(1, 30*time.Second)[0], payload).Key
+		if !strings.HasPrefix(got, event+"/") || named[got] {
+			t.Fatalf("%s: the replayed record names %s, want a new object under the event's key %s", what, got, event)
 		}
+		named[got] = true
 	}
-	// Written afresh, without walbox's metadata (this server, unlike S3,
-	// would keep an overwritten object's metadata).
-	put := func(data string) {
+	// removeAll deletes every object of the event.
+	removeAll := func() {
 		t.Helper()
-		if err := c.RemoveObject(e.ctx, "claims", key, minio.RemoveObjectOptions{}); err != nil {
+		for o := range c.ListObjects(e.ctx, "claims", minio.ListObjectsOptions{Prefix: event + "/", Recursive: true}) {
+			if o.Err != nil {
+				t.Fatal(o.Err)
+			}
+			if err := c.RemoveObject(e.ctx, "claims", o.Key, minio.RemoveObjectOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := c.RemoveObject(e.ctx, "claims", event, minio.RemoveObjectOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := c.PutObject(e.ctx, "claims", key, strings.NewReader(data), int64(len(data)), minio.PutObjectOptions{}); err != nil {
+	}
+	// put leaves data as the event's only object, under its bare key and
+	// without walbox's metadata.
+	put := func(data string) {
+		t.Helper()
+		removeAll()
+		if _, err := c.PutObject(e.ctx, "claims", event, strings.NewReader(data), int64(len(data)), minio.PutObjectOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -204,9 +232,7 @@ func TestKafkaReplayReusesAnIntactS3Object(t *testing.T) {
 	replay(2, "intact, by its bytes")
 	put(strings.Repeat("x", len(payload))) // other bytes of the same size
 	replay(4, "corrupt")
-	if err := c.RemoveObject(e.ctx, "claims", key, minio.RemoveObjectOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	removeAll()
 	replay(5, "missing")
 }
 

@@ -66,9 +66,9 @@ func busUnreachable(cfg config.Config, err error, report busops.Report) {
 
 // claimWrap is the claim check the commands publish through when
 // claim_check is on (nil when off): replay and dlq retry publish a large
-// event as the relay does, under the same key, then the reference; when
-// the store holds its payload intact already, without uploading it again
-// (claim.Options.ReuseIntact). js is the JetStream of the Object Store
+// event as the relay does, an object of the event's key, then the
+// reference naming it; when the store holds its payload intact already,
+// without uploading it again (claim.Options.ReuseIntact). js is the JetStream of the Object Store
 // (nil with Kafka).
 func claimWrap(cfg config.Config, js jetstream.JetStream) (func(relay.Sink) (relay.Sink, int), error) {
 	cc := cfg.ClaimCheck

@@ -48,16 +48,19 @@ type fakeStore struct {
 	err  error
 }
 
-func (s *fakeStore) Kind() string                { return "fake" }
-func (s *fakeStore) Bucket() string              { return "B" }
-func (s *fakeStore) ObjectKey(key string) string { return key }
-func (s *fakeStore) Put(_ context.Context, key string, data []byte, meta map[string]string) error {
+func (s *fakeStore) Kind() string   { return "fake" }
+func (s *fakeStore) Bucket() string { return "B" }
+
+// Put stores data under key/<n>, n counting the puts: a store that names
+// each object (as S3Store does).
+func (s *fakeStore) Put(_ context.Context, key string, data []byte, meta map[string]string) (string, error) {
 	*s.log = append(*s.log, "put "+key+" "+meta[claim.MetaStream])
 	if s.err != nil {
-		return s.err
+		return "", s.err
 	}
-	s.objs[key] = bytes.Clone(data)
-	return nil
+	name := fmt.Sprintf("%s/%d", key, len(*s.log))
+	s.objs[name] = bytes.Clone(data)
+	return name, nil
 }
 
 func newMsg(id string, size int) *relay.Msg {
@@ -84,6 +87,7 @@ func TestLargePayloadIsStoredAndConfirmedBeforeItsMessageIsPublished(t *testing.
 		}
 	}
 	key := "app/walbox/public.outbox_events/large"
+	name := key + "/2" // the store's name for it, which the reference must carry
 	if got, want := strings.Join(*log, "; "), "publish small; put "+key+" ORDERS; publish large"; got != want {
 		t.Fatalf("calls %q, want %q", got, want)
 	}
@@ -99,10 +103,10 @@ func TestLargePayloadIsStoredAndConfirmedBeforeItsMessageIsPublished(t *testing.
 		t.Fatal(err)
 	}
 	sum := sha256.Sum256(large.Data)
-	if ref != (claim.Ref{Store: "fake", Bucket: "B", Key: key, Size: 101, SHA256: hex.EncodeToString(sum[:])}) {
+	if ref != (claim.Ref{Store: "fake", Bucket: "B", Key: name, Size: 101, SHA256: hex.EncodeToString(sum[:])}) {
 		t.Fatalf("reference %+v", ref)
 	}
-	if !bytes.Equal(store.objs[key], large.Data) {
+	if !bytes.Equal(store.objs[name], large.Data) {
 		t.Fatal("the store does not hold the payload")
 	}
 	// The relay's message is untouched: a resend starts from the payload.
@@ -111,16 +115,29 @@ func TestLargePayloadIsStoredAndConfirmedBeforeItsMessageIsPublished(t *testing.
 	}
 }
 
-func TestResendUploadsTheSameKeyAgain(t *testing.T) {
-	s, _, store, log := newFakes(10)
+// TestResendUploadsAgain: every publish attempt uploads the payload of
+// the event's key, and each message names the object its own upload
+// stored.
+func TestResendUploadsAgain(t *testing.T) {
+	s, inner, store, log := newFakes(10)
 	m := newMsg("e1", 50)
 	for range 2 {
 		if _, err := s.Publish(m); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if len(store.objs) != 1 || len(*log) != 4 {
-		t.Fatalf("objects %d, calls %q: want one object written twice", len(store.objs), *log)
+	key := "app/walbox/public.outbox_events/e1"
+	if got, want := strings.Join(*log, "; "), "put "+key+" ORDERS; publish e1; put "+key+" ORDERS; publish e1"; got != want {
+		t.Fatalf("calls %q, want %q", got, want)
+	}
+	for i, sent := range inner.msgs {
+		ref, err := claim.ParseRef(sent.Header.Get(claim.Header))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := fmt.Sprintf("%s/%d", key, 2*i+1); ref.Key != want || !bytes.Equal(store.objs[ref.Key], m.Data) {
+			t.Fatalf("attempt %d names %s, want %s, the object its upload stored", i+1, ref.Key, want)
+		}
 	}
 }
 
@@ -186,12 +203,12 @@ func TestJetStreamStoreRefusesAnObjectLargerThanTheBucket(t *testing.T) {
 	if err := st.Ensure(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := st.Put(ctx, "k", make([]byte, 2<<20), nil); !errors.Is(err, claim.ErrRefused) || !strings.Contains(err.Error(), "max_bytes") {
+	if _, err := st.Put(ctx, "k", make([]byte, 2<<20), nil); !errors.Is(err, claim.ErrRefused) || !strings.Contains(err.Error(), "max_bytes") {
 		t.Fatalf("put of 2 MiB in a 1 MiB bucket: %v, want ErrRefused naming max_bytes", err)
 	}
 	data := bytes.Repeat([]byte("y"), 300<<10)
-	if err := st.Put(ctx, "k", data, nil); err != nil {
-		t.Fatal(err)
+	if name, err := st.Put(ctx, "k", data, nil); err != nil || name != "k" {
+		t.Fatalf("put: %q, %v; want the object named by its key", name, err)
 	}
 	got, err := st.Get(ctx, "k")
 	if err != nil || !bytes.Equal(got, data) {
@@ -220,7 +237,7 @@ func streamAndBucket(t *testing.T) (context.Context, jetstream.JetStream, *claim
 func TestSweepDeletesObjectsWhoseMessageIsGone(t *testing.T) {
 	ctx, js, st := streamAndBucket(t)
 	put := func(key, stream string) {
-		if err := st.Put(ctx, key, []byte(key), map[string]string{claim.MetaStream: stream}); err != nil {
+		if _, err := st.Put(ctx, key, []byte(key), map[string]string{claim.MetaStream: stream}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -256,7 +273,7 @@ func TestSweepPurgesTheChunksOfAnUploadThatNeverCompleted(t *testing.T) {
 	if err := st.Ensure(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := st.Put(ctx, "whole", []byte("whole"), map[string]string{claim.MetaStream: "S"}); err != nil {
+	if _, err := st.Put(ctx, "whole", []byte("whole"), map[string]string{claim.MetaStream: "S"}); err != nil {
 		t.Fatal(err)
 	}
 	// What Put leaves when it dies after two chunks: chunks, no meta.

@@ -21,40 +21,47 @@ type Store interface {
 	// Kind and Bucket are the store's names in a Ref.
 	Kind() string
 	Bucket() string
-	// ObjectKey is where key's object is in the bucket (a Ref's key).
-	ObjectKey(key string) string
-	// Put stores data under key, replacing what the key held, and returns
-	// once the store has confirmed it. meta travels with the object (the
-	// stream its message goes to, for the retention sweep). An error
-	// wrapping ErrRefused means the store will never take it.
-	Put(ctx context.Context, key string, data []byte, meta map[string]string) error
+	// Put stores data as an object of key (an event's identity, Key) and
+	// returns, once the store has confirmed it, the object's name in the
+	// bucket: the Ref's key, which the store chooses (JetStream: key
+	// itself, replacing what it held; S3: a name of the upload's own).
+	// meta travels with the object (the stream its message goes to, for
+	// the retention sweep). An error wrapping ErrRefused means the store
+	// will never take it.
+	Put(ctx context.Context, key string, data []byte, meta map[string]string) (string, error)
 }
 
 // Object metadata walbox sets (ObjectMeta.Metadata; S3 user metadata).
 const (
 	MetaStream  = "walbox-stream"
 	MetaEventID = "walbox-event-id"
-	// MetaWritten is when the S3 object was uploaded or renewed
-	// (RFC 3339, nanoseconds): the sweep tells a renewal from the upload
-	// it listed by it, where Last-Modified has only seconds and a copy
-	// onto itself keeps the ETag.
+	// MetaWritten is when an older walbox uploaded or renewed an S3
+	// object under its event's bare key (RFC 3339, nanoseconds). This
+	// version writes none (each of its objects has a name of its own and
+	// is never written twice); the sweep reads it to tell an older
+	// relay's renewal of a bare-key object from the upload it listed
+	// (s3Version), where Last-Modified has only seconds and a copy onto
+	// itself keeps the ETag.
 	MetaWritten = "walbox-written"
 	// MetaSHA256 is the payload's SHA-256 in lower-case hex, as in a Ref.
 	MetaSHA256 = "walbox-sha256"
 )
 
 // Reuser is a Store that can tell whether it already holds a payload
-// intact, so that a replay publishes its reference again without
-// uploading it (Options.ReuseIntact).
+// intact, so that a replay publishes a reference to it without uploading
+// it (Options.ReuseIntact).
 type Reuser interface {
-	// Reuse reports whether key's object is exactly size bytes with the
-	// SHA-256 sum and will be kept at least as long as a message
-	// published now to meta[MetaStream]. When it is, Reuse also renews
-	// the object's modification time (and sets meta) without sending its
-	// bytes, so that the retention sweep, which reads that time as the
-	// last attempt to publish the object's message (Sweeper), keeps it
-	// for the new message. false means: upload it.
-	Reuse(ctx context.Context, key string, size int64, sum [sha256.Size]byte, meta map[string]string) (bool, error)
+	// Reuse reports whether the store holds an object of key that is
+	// exactly size bytes with the SHA-256 sum and, renewed, will be kept
+	// at least as long as a message published now to meta[MetaStream].
+	// When it does, Reuse renews it without sending its bytes, with meta
+	// (JetStream: the object itself, with a new modification time; S3: a
+	// server-side copy under a name of its own), so that the retention
+	// sweep, which reads the modification time as the last attempt to
+	// publish the object's message (Sweeper), keeps it for the new
+	// message, and returns the renewed object's name for the Ref. false
+	// means: upload it.
+	Reuse(ctx context.Context, key string, size int64, sum [sha256.Size]byte, meta map[string]string) (name string, reused bool, err error)
 }
 
 // reuseMargin is how much longer than a message published now may live an
@@ -99,9 +106,6 @@ func (s *JetStreamStore) Kind() string { return StoreJetStream }
 // Bucket implements Store.
 func (s *JetStreamStore) Bucket() string { return s.spec.Name }
 
-// ObjectKey implements Store: the key itself.
-func (s *JetStreamStore) ObjectKey(key string) string { return key }
-
 // Ensure creates the bucket, or updates it to spec.
 func (s *JetStreamStore) Ensure(ctx context.Context) error {
 	c := jetstream.ObjectStoreConfig{
@@ -140,26 +144,30 @@ func (s *JetStreamStore) handle(ctx context.Context) (jetstream.ObjectStore, err
 	return obs, nil
 }
 
-// Put implements Store. nats.go's ObjectStore.Put publishes the chunks and
-// the object's meta message and returns only when JetStream has acked every
-// one of them (or fails): that is the confirmation.
-func (s *JetStreamStore) Put(ctx context.Context, key string, data []byte, meta map[string]string) error {
+// Put implements Store: the object's name is key itself (the event's
+// identity), and a resend replaces it. That is safe here where it is not
+// in S3: the sweep's delete is conditional on the meta message it listed
+// (remove), so an upload since then keeps its object. nats.go's
+// ObjectStore.Put publishes the chunks and the object's meta message and
+// returns only when JetStream has acked every one of them (or fails): that
+// is the confirmation.
+func (s *JetStreamStore) Put(ctx context.Context, key string, data []byte, meta map[string]string) (string, error) {
 	if s.spec.MaxBytes > 0 && int64(len(data)) > s.spec.MaxBytes {
-		return fmt.Errorf("%w: the payload of %d bytes is larger than bucket %s's max_bytes of %d (claim_check.max_bytes)",
+		return "", fmt.Errorf("%w: the payload of %d bytes is larger than bucket %s's max_bytes of %d (claim_check.max_bytes)",
 			ErrRefused, len(data), s.spec.Name, s.spec.MaxBytes)
 	}
 	obs, err := s.handle(ctx)
 	if err != nil {
-		return err
+		return "", err
 	}
 	info, err := obs.Put(ctx, jetstream.ObjectMeta{Name: key, Metadata: meta}, bytes.NewReader(data))
 	if err != nil {
-		return fmt.Errorf("put object %s in bucket %s: %w", key, s.spec.Name, err)
+		return "", fmt.Errorf("put object %s in bucket %s: %w", key, s.spec.Name, err)
 	}
 	if info.Size != uint64(len(data)) {
-		return fmt.Errorf("put object %s in bucket %s: stored %d bytes of %d", key, s.spec.Name, info.Size, len(data))
+		return "", fmt.Errorf("put object %s in bucket %s: stored %d bytes of %d", key, s.spec.Name, info.Size, len(data))
 	}
-	return nil
+	return key, nil
 }
 
 // Get reads the object under key (for tests and tools; consumers use the
@@ -373,8 +381,17 @@ func (s *JetStreamStore) resolution() time.Duration { return 0 }
 // first chunk, TTL later, outlives a message published now to its stream
 // (that stream's max_age, plus reuseMargin); else it is uploaded afresh.
 // The renewal is a new meta message, stored only while the one read is
-// the last (publishMeta; see remove).
-func (s *JetStreamStore) Reuse(ctx context.Context, key string, size int64, sum [sha256.Size]byte, meta map[string]string) (bool, error) {
+// the last (publishMeta; see remove). The object keeps its name, key.
+func (s *JetStreamStore) Reuse(ctx context.Context, key string, size int64, sum [sha256.Size]byte, meta map[string]string) (string, bool, error) {
+	ok, err := s.renew(ctx, key, size, sum, meta)
+	if err != nil || !ok {
+		return "", false, err
+	}
+	return key, true, nil
+}
+
+// renew is Reuse's check and renewal of key's object.
+func (s *JetStreamStore) renew(ctx context.Context, key string, size int64, sum [sha256.Size]byte, meta map[string]string) (bool, error) {
 	st, err := s.bucketStream(ctx)
 	if err != nil {
 		return false, err

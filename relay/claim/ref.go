@@ -1,19 +1,28 @@
 // Package claim is walbox's claim check: an event whose payload is larger
 // than the broker takes in one message is stored in an object store first,
-// under a key made of the event's identity, and its message carries a
-// reference (the Walbox-Claim-Check header) with an empty body.
+// as an object of the event's identity (Key), and its message carries a
+// reference (the Walbox-Claim-Check header) with an empty body, naming the
+// object the store wrote.
 //
 // Invariants:
 //   - The object is written and confirmed by the store before the message is
 //     published (Sink.Publish uploads, then hands the message on), so a
 //     message never names an object that was not stored; the relay confirms
 //     the event's LSN only on the message's ack, so after both.
-//   - The key is the event's identity (source, table, id): a resend after a
-//     crash or a failure overwrites the same object with the same bytes.
-//   - Every publish attempt uploads again, so an object is never older than
-//     the last attempt to publish its message: the retention sweep (Sweeper)
-//     relies on it to delete only objects whose message the stream no longer
-//     holds, or never got.
+//   - The store chooses the object's name, and the Ref carries it: readers
+//     use Ref.Key, never a key rebuilt from the event's identity. In the
+//     JetStream Object Store the name is the identity (source/table/id), and
+//     a resend after a crash or a failure overwrites the same object with
+//     the same bytes (its sweep's delete and a renewal are conditional, so
+//     they cannot both win). In S3 every upload and every renewal writes a
+//     name of its own, the identity, "/" and a UUIDv7, that nothing writes
+//     again (S3 has no conditional delete; see S3Store); a resend leaves the
+//     earlier attempt's object to the sweep.
+//   - Every publish attempt uploads again (or, for a replay, renews an
+//     intact object: Reuser), so an object is never older than the last
+//     attempt to publish a message naming it: the retention sweep (Sweeper)
+//     relies on it to delete only objects whose message the stream no
+//     longer holds, or never got.
 package claim
 
 import (
@@ -38,9 +47,9 @@ const StoreJetStream = "jetstream"
 //
 // (keys in this order; a reader ignores keys it does not know).
 type Ref struct {
-	Store  string // StoreJetStream
+	Store  string // StoreJetStream or StoreS3
 	Bucket string
-	Key    string
+	Key    string // the object's name in the bucket, as the store wrote it
 	Size   int64
 	SHA256 string // lower-case hex
 }
@@ -67,8 +76,8 @@ func ParseRef(v string) (Ref, error) {
 	return r, nil
 }
 
-// Key is the object key of an event: its identity (source, table, id) as
-// walbox's headers carry it, source/table/id.
+// Key is an event's identity (source, table, id) as walbox's headers carry
+// it, source/table/id: what a store names the event's objects by (Store.Put).
 func Key(source, table, id string) string { return source + "/" + table + "/" + id }
 
 // ErrRefused marks a store's refusal of an object for itself (larger than

@@ -96,16 +96,19 @@ func TestS3SweepDeletesOnlyObjectsWhoseKafkaRecordIsGone(t *testing.T) {
 	}
 
 	store, c, clock := s3Env(t)
+	keyOf := map[string]string{} // the object's name: the key it was put as
 	put := func(key, stream string, modified time.Time) {
 		t.Helper()
 		clock.set(modified)
-		meta := map[string]string{}
+		meta := map[string]string{claim.MetaEventID: key}
 		if stream != "" {
 			meta[claim.MetaStream] = stream
 		}
-		if err := store.Put(ctx, key, []byte(key), meta); err != nil {
+		name, err := store.Put(ctx, key, []byte(key), meta)
+		if err != nil {
 			t.Fatal(err)
 		}
+		keyOf[name] = key
 	}
 	put("gone", "orders", now.Add(-3*time.Hour-2*time.Minute)) // its record was offset 0
 	put("held", "orders", now.Add(-time.Hour-30*time.Second))  // its record is partition 0's first
@@ -128,7 +131,7 @@ func TestS3SweepDeletesOnlyObjectsWhoseKafkaRecordIsGone(t *testing.T) {
 		if o.Err != nil {
 			t.Fatal(o.Err)
 		}
-		left = append(left, strings.TrimPrefix(o.Key, "walbox/"))
+		left = append(left, keyOf[o.Key])
 	}
 	if len(left) != len(want) {
 		t.Errorf("bucket holds %v after the sweep, want %v", left, want)
@@ -171,14 +174,17 @@ func TestS3SweepWithNATSUsesTheStreamsCutoff(t *testing.T) {
 	ctx, js := streamWithAMessage(t)
 	first := time.Now()
 	store, _, clock := s3Env(t)
+	names := map[string]string{}
 	for key, at := range map[string]time.Time{
 		"gone": first.Add(-2 * time.Minute),  // before the first message held, by more than the slack
 		"held": first.Add(-30 * time.Second), // within the slack: its message may be the first
 	} {
 		clock.set(at)
-		if err := store.Put(ctx, key, []byte(key), map[string]string{claim.MetaStream: "S"}); err != nil {
+		name, err := store.Put(ctx, key, []byte(key), map[string]string{claim.MetaStream: "S", claim.MetaEventID: key})
+		if err != nil {
 			t.Fatal(err)
 		}
+		names[key] = name
 	}
 	clock.set(time.Now())
 	stats, err := claim.NewS3Sweeper(store, claim.JetStreamHorizon{JS: js}, time.Minute, zerolog.Nop(), nil).Sweep(ctx)
@@ -188,7 +194,10 @@ func TestS3SweepWithNATSUsesTheStreamsCutoff(t *testing.T) {
 	if stats.Deleted != 1 || stats.Objects != 1 {
 		t.Fatalf("sweep %+v, want gone deleted and held kept", stats)
 	}
-	if _, err := store.Get(ctx, "held"); err != nil {
+	if _, err := store.Get(ctx, names["held"]); err != nil {
 		t.Fatal(err)
+	}
+	if _, err := store.Get(ctx, names["gone"]); !isNoSuchKey(err) {
+		t.Fatalf("gone: %v, want NoSuchKey", err)
 	}
 }

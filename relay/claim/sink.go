@@ -41,11 +41,12 @@ type Options struct {
 	Logger        zerolog.Logger
 	// Registerer takes the upload metrics (nil: unregistered).
 	Registerer prometheus.Registerer
-	// ReuseIntact: when the store already holds the payload intact under
-	// the event's key (Reuser), publish its reference without uploading
-	// it again. For walbox replay and dlq retry, whose events were
-	// uploaded before; the relay uploads on every attempt. A replay under
-	// a new id (relay.HeaderReplayOf) then also uses the event's own key.
+	// ReuseIntact: when the store already holds the payload intact as an
+	// object of the event (Reuser), publish a reference to it, renewed,
+	// without uploading it again. For walbox replay and dlq retry, whose
+	// events were uploaded before; the relay uploads on every attempt. A
+	// replay under a new id (relay.HeaderReplayOf) then also looks among
+	// the objects of the event's own key.
 	ReuseIntact bool
 }
 
@@ -167,22 +168,24 @@ func (s *Sink) Publish(m *relay.Msg) (relay.Future, error) {
 	}
 	key := Key(m.Header.Get(relay.HeaderSource), m.Header.Get(relay.HeaderTable), id)
 	sum := sha256.Sum256(m.Data)
-	ref := Ref{Store: s.store.Kind(), Bucket: s.store.Bucket(), Key: s.store.ObjectKey(key), Size: int64(len(m.Data)), SHA256: hex.EncodeToString(sum[:])}
+	// The store names the object (Put, Reuse): the Ref carries that name.
+	ref := Ref{Store: s.store.Kind(), Bucket: s.store.Bucket(), Size: int64(len(m.Data)), SHA256: hex.EncodeToString(sum[:])}
 	meta := map[string]string{MetaStream: m.Stream, MetaEventID: id, MetaSHA256: ref.SHA256}
 	ctx, cancel := context.WithTimeout(context.Background(), s.opts.UploadTimeout)
 	defer cancel()
 	if r, ok := s.store.(Reuser); ok && s.opts.ReuseIntact {
-		reused, err := r.Reuse(ctx, key, int64(len(m.Data)), sum, meta)
+		name, reused, err := r.Reuse(ctx, key, int64(len(m.Data)), sum, meta)
 		if err != nil {
 			s.log.Warn().Err(err).Str("id", id).Str("key", key).Msg("cannot tell whether the claim-check store holds the payload intact; uploading it")
 		}
 		if reused {
-			s.log.Info().Str("id", id).Str("key", key).Int("bytes", len(m.Data)).Msg("the claim-check store holds the payload intact: its reference is published without an upload")
+			s.log.Info().Str("id", id).Str("key", key).Str("object", name).Int("bytes", len(m.Data)).Msg("the claim-check store holds the payload intact: its reference is published without an upload")
+			ref.Key = name
 			return s.inner.Publish(m.Replaced(nil, Header, ref.String()))
 		}
 	}
 	start := time.Now()
-	err := s.store.Put(ctx, key, m.Data, meta)
+	name, err := s.store.Put(ctx, key, m.Data, meta)
 	cancel()
 	took := time.Since(start)
 	if err != nil {
@@ -202,7 +205,8 @@ func (s *Sink) Publish(m *relay.Msg) (relay.Future, error) {
 	if took > slowUpload {
 		ev = s.log.Info() // the publisher waited this long
 	}
-	ev.Str("id", id).Str("key", key).Int("bytes", len(m.Data)).Dur("took", took).Msg("payload stored in the claim-check store")
+	ev.Str("id", id).Str("key", key).Str("object", name).Int("bytes", len(m.Data)).Dur("took", took).Msg("payload stored in the claim-check store")
+	ref.Key = name
 	return s.inner.Publish(m.Replaced(nil, Header, ref.String()))
 }
 

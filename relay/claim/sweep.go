@@ -21,18 +21,20 @@ import (
 //
 // Proof of the rule. Sink.Publish hands a message to the broker right after
 // its upload is confirmed, and every attempt uploads again (a replay that
-// finds the object intact refreshes its modification time instead:
-// Reuser); so the message of an object, if it was ever stored, was stored
-// within Slack after the object's modification time (JetStream: the
-// server's timestamp of its meta message; S3: the object's Last-Modified,
-// which is when the upload began for a multipart upload, so Slack must
-// also cover an upload's timeout, and which a listing gives to the second,
+// finds the object intact renews it instead, Reuser: JetStream refreshes
+// its modification time, S3 copies it to a new object); so the message of
+// an object, if it was ever stored, was stored within Slack after the
+// object's modification time (JetStream: the server's timestamp of its
+// meta message; S3: the object's Last-Modified, which is when the upload
+// began for a multipart upload, so Slack must also cover an upload's
+// timeout, and which a listing gives to the second,
 // so the store's resolution is added). A stream (topic) drops messages
 // from its front only, so a Horizon's cutoff is a time such that every
 // message it still holds was stored at or after it (less the clock
 // margin in Slack); an object modified more than Slack before its
 // stream's cutoff has no message left to read, and never will (a later
-// attempt would have uploaded it again). Cutoffs: JetStream, the stream's
+// attempt would have uploaded it again, or, in S3, written an object of
+// its own and named that one). Cutoffs: JetStream, the stream's
 // first held message's time, or now less its max_age, or now when it is
 // empty or gone (JetStreamHorizon); Kafka, the oldest record any partition
 // of the topic still holds (kafkasink.Horizon, whose proof is beside it).
@@ -79,7 +81,9 @@ type storedObject struct {
 	streamKnown bool
 	nuid        string // JetStream: names its chunks
 	// version tells one upload or renewal of the object from another
-	// (S3: its ETag and walbox-written metadata, from streamOf).
+	// (S3, for an object under an event's bare key, which an older walbox
+	// may write again: its ETag, walbox-written metadata and
+	// Last-Modified, from streamOf; "" for a name written once).
 	version string
 }
 
@@ -90,7 +94,8 @@ type sweepable interface {
 	// version again (an upload since the listing renews them).
 	streamOf(ctx context.Context, o storedObject) (storedObject, error)
 	// remove deletes o unless it changed since the listing (an upload
-	// or a renewal): removed says whether it did.
+	// or a renewal under its name; S3 writes a name once, but for an
+	// older walbox's bare keys): removed says whether it did.
 	remove(ctx context.Context, o storedObject) (removed bool, err error)
 	// resolution is how much earlier than the truth a listed
 	// modification time may be (S3 lists Last-Modified to the second).
