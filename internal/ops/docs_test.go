@@ -28,7 +28,7 @@ var (
 func definedMetrics(t *testing.T) map[string]bool {
 	t.Helper()
 	names := map[string]bool{}
-	for _, dir := range []string{"relay", "internal/app", "cdc", "internal/console"} {
+	for _, dir := range []string{"relay", "internal/app", "cdc", "internal/console", "internal/leantrace"} {
 		err := filepath.WalkDir(filepath.Join(repoRoot, dir), func(p string, d fs.DirEntry, err error) error {
 			if err != nil || d.IsDir() || !strings.HasSuffix(p, ".go") || strings.HasSuffix(p, "_test.go") {
 				return err
