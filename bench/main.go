@@ -58,6 +58,9 @@ type params struct {
 	// ServerProfile: with `go run . atomic`, a CPU profile of this process
 	// (the embedded nats-server) during each catch-up, in this directory.
 	ServerProfile string
+	// TracePairs: with `go run . tracing`, that many pairs of fresh
+	// relays' catch-ups, tracing off and at 1 %, alternated.
+	TracePairs int
 }
 
 func parseFlags() (params, error) {
@@ -79,6 +82,7 @@ func parseFlags() (params, error) {
 	profiles := flag.Bool("profiles", false, "like -cpuprofile, into bench/results/profiles (see its README)")
 	consoleOnly := flag.Bool("console-only", false, "measure only the web console's cost: relay CPU at 1,000 events/s without the console and with one live-tail viewer, 3 rounds alternated (-live sets each run's length); results in bench/results/console.md")
 	var sets multiFlag
+	tracePairs := flag.Int("pairs", 0, "with `go run . tracing`: also that many pairs of catch-ups by fresh relays, tracing off and at 1 %, the order flipped each pair, compared by relay CPU per event")
 	serverProf := flag.String("server-profile", "", "with `go run . atomic`: a CPU profile of the embedded nats-server during each catch-up, written to DIR, and the busy share of the stream's loop in the report")
 	flag.Var(&sets, "set", "override a key of the relay's config, e.g. -set sweeper.mark_processed=false (repeatable)")
 	flag.Parse()
@@ -86,7 +90,7 @@ func parseFlags() (params, error) {
 		Quick: *quick, Events: 300_000, TxnRows: 10, Loaders: 4, PayloadBytes: 200,
 		Rates: []int{1000, 2000, 5000}, LiveFor: 20 * time.Second, BigRows: 1_000_000,
 		PeerEvents: 100_000, Rounds: 3, Window: 1024, Stall: *stall, SyncCommit: *sync, Out: *out, LatencyCSV: *latCSV, CPUProfile: *cpuprof, Sets: sets, Peers: *peers, RelayEnv: *relayEnv,
-		Profiles: *profiles, MaxConns: 40, ConsoleOnly: *consoleOnly, ServerProfile: *serverProf,
+		Profiles: *profiles, MaxConns: 40, ConsoleOnly: *consoleOnly, ServerProfile: *serverProf, TracePairs: *tracePairs,
 	}
 	switch *fsync {
 	case "on":

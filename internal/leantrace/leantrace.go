@@ -139,6 +139,9 @@ type Provider struct {
 	stop    sync.Once
 	closed  atomic.Bool
 
+	clientStop sync.Once
+	stopErr    error
+
 	tracersMu sync.Mutex
 	tracers   map[string]*tracer
 
@@ -207,7 +210,9 @@ func (p *Provider) ForceFlush(ctx context.Context) error {
 }
 
 // Shutdown uploads what is queued and stops the client; spans that end
-// after it are dropped.
+// after it are dropped and counted. (A span ending while Shutdown runs may
+// be lost uncounted: walbox shuts its tracer down after the relay has
+// stopped.)
 func (p *Provider) Shutdown(ctx context.Context) error {
 	p.stop.Do(func() {
 		p.closed.Store(true)
@@ -218,8 +223,9 @@ func (p *Provider) Shutdown(ctx context.Context) error {
 	case <-ctx.Done():
 		return fmt.Errorf("flush spans at shutdown: %w", ctx.Err())
 	}
-	if err := p.opts.Client.Stop(ctx); err != nil {
-		return fmt.Errorf("stop the OTLP trace client: %w", err)
+	p.clientStop.Do(func() { p.stopErr = p.opts.Client.Stop(ctx) })
+	if p.stopErr != nil {
+		return fmt.Errorf("stop the OTLP trace client: %w", p.stopErr)
 	}
 	return nil
 }

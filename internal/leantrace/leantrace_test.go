@@ -260,22 +260,47 @@ func TestUnsampledParentIsNotRecorded(t *testing.T) {
 	}
 }
 
-// TestBatchesBySizeAndDelay: a full batch goes at once; the rest after the
-// schedule delay, without a flush.
-func TestBatchesBySizeAndDelay(t *testing.T) {
+// TestBatchesBySize: a full batch goes at once, the rest waits for the
+// schedule delay (an hour here) or a flush.
+func TestBatchesBySize(t *testing.T) {
 	rcv := newReceiver(t)
-	p := newProvider(t, Options{Client: rcv.client(), MaxExportBatchSize: 3, ScheduleDelay: 200 * time.Millisecond})
+	p := newProvider(t, Options{Client: rcv.client(), MaxExportBatchSize: 3, ScheduleDelay: time.Hour})
 	tr := p.Tracer("t")
 	for range 7 {
 		_, s := tr.Start(context.Background(), "s")
 		s.End()
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for len(rcv.spans()) < 7 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
+	waitSpans(t, rcv, 6)
+	if got := rcv.batchSizes(); !slices.Equal(got, []int{3, 3}) {
+		t.Fatalf("batches %v before the flush, want [3 3]", got)
+	}
+	if err := p.ForceFlush(context.Background()); err != nil {
+		t.Fatal(err)
 	}
 	if got := rcv.batchSizes(); !slices.Equal(got, []int{3, 3, 1}) {
-		t.Fatalf("batches %v, want [3 3 1]", got)
+		t.Fatalf("batches %v after the flush, want [3 3 1]", got)
+	}
+}
+
+// TestBatchGoesAfterTheDelay: a batch that never fills goes once the
+// schedule delay has passed since its first span, without a flush.
+func TestBatchGoesAfterTheDelay(t *testing.T) {
+	rcv := newReceiver(t)
+	p := newProvider(t, Options{Client: rcv.client(), ScheduleDelay: 50 * time.Millisecond})
+	_, s := p.Tracer("t").Start(context.Background(), "s")
+	s.End()
+	waitSpans(t, rcv, 1)
+}
+
+// waitSpans waits until rcv holds n spans.
+func waitSpans(t *testing.T, rcv *receiver, n int) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for len(rcv.spans()) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d spans received after 30 s, want %d", len(rcv.spans()), n)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 
