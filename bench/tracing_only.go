@@ -56,7 +56,7 @@ func (b *bench) tracePairs(ctx context.Context) error {
 			env := []string{"WALBOX_SWEEPER_MARK_PROCESSED=false"}
 			name := "off"
 			if traced {
-				env, name = append(env, b.traceEnv("0.01")...), "traced"
+				env, name = append(env, b.traceEnv(pairRatio())...), "traced"
 			}
 			var res catchupResult
 			res.Events = b.p.Events
@@ -93,4 +93,13 @@ func (ls *bulletLines) add(what, value, target, verdict string) {
 		l += " (target " + target + ": " + verdict + ")"
 	}
 	*ls = append(*ls, l)
+}
+
+// pairRatio is the traced side's sampling ratio in tracePairs: 0.01, or
+// BENCH_PAIR_RATIO (to tell the spans' cost from tracing being on).
+func pairRatio() string {
+	if r := os.Getenv("BENCH_PAIR_RATIO"); r != "" {
+		return r
+	}
+	return "0.01"
 }

@@ -132,12 +132,22 @@ type Provider struct {
 	schema   string
 	log      zerolog.Logger
 
-	queue   chan *span
-	flushes chan chan struct{}
-	stopped chan struct{} // closed by Shutdown
-	done    chan struct{} // closed when the export loop ends
-	stop    sync.Once
-	closed  atomic.Bool
+	// Finished spans wait in pending for the export loop, which wakes
+	// when a batch fills (full), at each ScheduleDelay tick, on a flush
+	// and at shutdown: not at every span. A channel of spans, as the SDK's
+	// batch processor has, woke the loop's goroutine for each sampled
+	// span, and those wake-ups cost a catch-up more relay CPU than the
+	// spans' own code (go run . tracing -pairs).
+	mu       sync.Mutex
+	pending  []*span
+	spare    []*span // the loop's last batch slice, for pending's next
+	inflight int     // spans the loop took from pending and has not exported
+	closed   bool
+	full     chan struct{} // capacity 1
+	flushes  chan chan struct{}
+	stopped  chan struct{} // closed by Shutdown
+	done     chan struct{} // closed when the export loop ends
+	stop     sync.Once
 
 	clientStop sync.Once
 	stopErr    error
@@ -161,7 +171,7 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 		return nil, fmt.Errorf("start the OTLP trace client: %w", err)
 	}
 	p := &Provider{opts: opts, log: opts.Logger.With().Str("component", "tracing").Logger(),
-		queue: make(chan *span, opts.MaxQueueSize), flushes: make(chan chan struct{}),
+		full: make(chan struct{}, 1), flushes: make(chan chan struct{}),
 		stopped: make(chan struct{}), done: make(chan struct{}), tracers: map[string]*tracer{},
 		dropped: metrics.On(opts.Registerer).Counter("walbox_trace_spans_dropped_total",
 			"Finished spans not exported: the export queue was full (OTEL_BSP_MAX_QUEUE_SIZE) or their upload failed."),
@@ -210,12 +220,12 @@ func (p *Provider) ForceFlush(ctx context.Context) error {
 }
 
 // Shutdown uploads what is queued and stops the client; spans that end
-// after it are dropped and counted. (A span ending while Shutdown runs may
-// be lost uncounted: walbox shuts its tracer down after the relay has
-// stopped.)
+// after it are dropped and counted.
 func (p *Provider) Shutdown(ctx context.Context) error {
 	p.stop.Do(func() {
-		p.closed.Store(true)
+		p.mu.Lock()
+		p.closed = true
+		p.mu.Unlock()
 		close(p.stopped)
 	})
 	select {
@@ -232,14 +242,25 @@ func (p *Provider) Shutdown(ctx context.Context) error {
 
 // enqueue hands a finished span to the export loop, or drops it.
 func (p *Provider) enqueue(f *span) {
-	if p.closed.Load() {
+	p.mu.Lock()
+	if p.closed || len(p.pending)+p.inflight >= p.opts.MaxQueueSize {
+		p.mu.Unlock()
 		p.drop(1)
 		return
 	}
+	p.pending = append(p.pending, f)
+	n := len(p.pending)
+	p.mu.Unlock()
+	if n >= p.opts.MaxExportBatchSize {
+		p.wake()
+	}
+}
+
+// wake tells the export loop a batch is full.
+func (p *Provider) wake() {
 	select {
-	case p.queue <- f:
-	default:
-		p.drop(1)
+	case p.full <- struct{}{}:
+	default: // the loop has a wake-up coming
 	}
 }
 
@@ -248,60 +269,60 @@ func (p *Provider) drop(n int) {
 	p.dropped.Add(float64(n))
 }
 
-// run is the export loop: a batch goes when it is full, when the oldest
-// span in it has waited ScheduleDelay, on a flush, and at shutdown.
+// run is the export loop: the full batches go when one fills; what is
+// left of a batch at the next ScheduleDelay tick, so a span waits at most
+// about that long; everything on a flush and at shutdown.
 func (p *Provider) run() {
 	defer close(p.done)
-	batch := make([]*span, 0, p.opts.MaxExportBatchSize)
 	var enc encoder
-	timer := time.NewTimer(p.opts.ScheduleDelay)
-	timer.Stop()
-	armed := false
-	send := func() {
-		if armed {
-			timer.Stop()
-			armed = false
+	tick := time.NewTicker(p.opts.ScheduleDelay)
+	defer tick.Stop()
+	// send exports what is pending in batches of MaxExportBatchSize: all
+	// of it, or only the full batches (the rest goes back, to wait for
+	// the next tick). It takes the whole slice at once, so that spans
+	// ending meanwhile go to a fresh one without waiting for the upload.
+	send := func(all bool) {
+		size := p.opts.MaxExportBatchSize
+		p.mu.Lock()
+		taken := p.pending
+		if !all && len(taken) < size {
+			p.mu.Unlock()
+			return
 		}
-		p.export(&enc, batch)
-		clear(batch)
-		batch = batch[:0]
-	}
-	add := func(s *span) {
-		batch = append(batch, s)
-		if len(batch) >= p.opts.MaxExportBatchSize {
-			send()
-		} else if !armed {
-			timer.Reset(p.opts.ScheduleDelay)
-			armed = true
+		p.pending, p.spare = p.spare[:0], nil
+		p.inflight = len(taken)
+		p.mu.Unlock()
+		i := 0
+		for len(taken)-i >= size || (all && i < len(taken)) {
+			n := min(size, len(taken)-i)
+			p.export(&enc, taken[i:i+n])
+			i += n
+			p.mu.Lock()
+			p.inflight -= n
+			p.mu.Unlock()
 		}
-	}
-	drain := func() {
-		for {
-			select {
-			case s := <-p.queue:
-				add(s)
-			default:
-				if len(batch) > 0 {
-					send()
-				}
-				return
-			}
+		p.mu.Lock()
+		p.pending = append(p.pending, taken[i:]...)
+		p.inflight = 0
+		clear(taken)
+		p.spare = taken[:0]
+		full := len(p.pending) >= size
+		p.mu.Unlock()
+		if full { // the spans put back and those ended meanwhile
+			p.wake()
 		}
 	}
 	for {
 		select {
-		case s := <-p.queue:
-			add(s)
-		case <-timer.C:
-			armed = false
-			if len(batch) > 0 {
-				send()
-			}
+		case <-p.full:
+			send(false)
+		case <-tick.C:
+			send(true)
 		case ch := <-p.flushes:
-			drain()
+			send(true)
 			close(ch)
 		case <-p.stopped:
-			drain()
+			send(true)
 			return
 		}
 	}
