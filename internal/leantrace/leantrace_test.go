@@ -4,10 +4,6 @@ import (
 	"context"
 	"encoding/hex"
 	"errors"
-	"fmt"
-	"io"
-	"net/http"
-	"net/http/httptest"
 	"slices"
 	"sort"
 	"strings"
@@ -20,74 +16,32 @@ import (
 	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
-	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/walbox/walbox/internal/otlptest"
 	"github.com/walbox/walbox/internal/syncbuf"
 )
 
-// receiver is an OTLP/HTTP trace receiver in the test process. gate, when
-// set, holds every request until it is closed; fail makes it answer 400.
-type receiver struct {
-	*httptest.Server
-	mu       sync.Mutex
-	requests []*coltracepb.ExportTraceServiceRequest
-	gate     chan struct{}
-	fail     bool
-}
+// receiver is an OTLP/HTTP receiver of the test's.
+type receiver struct{ *otlptest.Receiver }
 
-func newReceiver(t *testing.T) *receiver {
-	t.Helper()
-	r := &receiver{}
-	r.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		r.mu.Lock()
-		gate, fail := r.gate, r.fail
-		r.mu.Unlock()
-		if gate != nil {
-			<-gate
-		}
-		body, err := io.ReadAll(req.Body)
-		var msg coltracepb.ExportTraceServiceRequest
-		if err == nil {
-			err = proto.Unmarshal(body, &msg)
-		}
-		if err != nil || fail {
-			http.Error(w, fmt.Sprint("refused: ", err), http.StatusBadRequest)
-			return
-		}
-		r.mu.Lock()
-		r.requests = append(r.requests, &msg)
-		r.mu.Unlock()
-		out, _ := proto.Marshal(&coltracepb.ExportTraceServiceResponse{})
-		w.Header().Set("Content-Type", "application/x-protobuf")
-		_, _ = w.Write(out)
-	}))
-	t.Cleanup(r.Close)
-	return r
-}
+func newReceiver(t *testing.T) receiver { return receiver{otlptest.New(t)} }
 
-func (r *receiver) client() otlpClient {
+func (r receiver) client() otlptrace.Client {
 	return otlptracehttp.NewClient(otlptracehttp.WithEndpointURL(r.URL+"/v1/traces"), otlptracehttp.WithRetry(otlptracehttp.RetryConfig{Enabled: false}))
 }
 
-type otlpClient = interface {
-	Start(context.Context) error
-	Stop(context.Context) error
-	UploadTraces(context.Context, []*tracepb.ResourceSpans) error
-}
-
 // spans is every span received, in order, with its resource and scope.
-func (r *receiver) spans() []received {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+func (r receiver) spans() []received {
 	var out []received
-	for _, req := range r.requests {
+	for _, req := range r.Requests() {
 		for _, rs := range req.ResourceSpans {
 			for _, ss := range rs.ScopeSpans {
 				for _, s := range ss.Spans {
@@ -99,11 +53,9 @@ func (r *receiver) spans() []received {
 	return out
 }
 
-func (r *receiver) batchSizes() []int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+func (r receiver) batchSizes() []int {
 	var out []int
-	for _, req := range r.requests {
+	for _, req := range r.Requests() {
 		n := 0
 		for _, rs := range req.ResourceSpans {
 			for _, ss := range rs.ScopeSpans {
@@ -293,7 +245,7 @@ func TestBatchGoesAfterTheDelay(t *testing.T) {
 }
 
 // waitSpans waits until rcv holds n spans.
-func waitSpans(t *testing.T, rcv *receiver, n int) {
+func waitSpans(t *testing.T, rcv receiver, n int) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for len(rcv.spans()) < n {
@@ -310,7 +262,7 @@ func waitSpans(t *testing.T, rcv *receiver, n int) {
 func TestFullQueueDropsWithoutBlocking(t *testing.T) {
 	rcv := newReceiver(t)
 	gate := make(chan struct{})
-	rcv.gate = gate
+	rcv.Hold(gate)
 	reg := prometheus.NewRegistry()
 	p := newProvider(t, Options{Client: rcv.client(), MaxQueueSize: 4, MaxExportBatchSize: 1, Registerer: reg})
 	tr := p.Tracer("t")
@@ -347,7 +299,7 @@ func TestFullQueueDropsWithoutBlocking(t *testing.T) {
 // dropped, counted and logged once.
 func TestFailedUploadIsCountedAndLogged(t *testing.T) {
 	rcv := newReceiver(t)
-	rcv.fail = true
+	rcv.Refuse()
 	var logs syncbuf.Buffer
 	p := newProvider(t, Options{Client: rcv.client(), Logger: zerolog.New(&logs)})
 	tr := p.Tracer("t")

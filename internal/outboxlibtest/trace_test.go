@@ -4,72 +4,26 @@ import (
 	"context"
 	"encoding/hex"
 	"encoding/json"
-	"io"
-	"net/http"
-	"net/http/httptest"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
-	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/walbox/walbox/consumer"
 	"github.com/walbox/walbox/internal/config"
 	"github.com/walbox/walbox/internal/natstest"
+	"github.com/walbox/walbox/internal/otlptest"
 	"github.com/walbox/walbox/internal/relaytest"
 	"github.com/walbox/walbox/outbox"
 )
 
-// otlpReceiver is an OTLP/HTTP trace receiver in the test process: it
-// takes what the relay's exporter sends to /v1/traces.
-type otlpReceiver struct {
-	*httptest.Server
-	mu    sync.Mutex
-	spans []*tracepb.Span
-}
-
-func newOTLPReceiver(t *testing.T) *otlpReceiver {
-	r := &otlpReceiver{}
-	r.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		if req.URL.Path != "/v1/traces" || req.Header.Get("Content-Type") != "application/x-protobuf" {
-			http.Error(w, "OTLP/HTTP protobuf traces only", http.StatusNotFound)
-			return
-		}
-		body, err := io.ReadAll(req.Body)
-		var msg coltracepb.ExportTraceServiceRequest
-		if err == nil {
-			err = proto.Unmarshal(body, &msg)
-		}
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		r.mu.Lock()
-		for _, rs := range msg.ResourceSpans {
-			for _, ss := range rs.ScopeSpans {
-				r.spans = append(r.spans, ss.Spans...)
-			}
-		}
-		r.mu.Unlock()
-		out, _ := proto.Marshal(&coltracepb.ExportTraceServiceResponse{})
-		w.Header().Set("Content-Type", "application/x-protobuf")
-		_, _ = w.Write(out)
-	}))
-	t.Cleanup(r.Close)
-	return r
-}
-
 // publishSpan is the relay's span of the event with id, once received.
-func (r *otlpReceiver) publishSpan(id string) *tracepb.Span {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, s := range r.spans {
+func publishSpan(rcv *otlptest.Receiver, id string) *tracepb.Span {
+	for _, s := range rcv.Spans() {
 		if s.Name == "walbox publish" && spanAttr(s, "messaging.message.id") == id {
 			return s
 		}
@@ -98,7 +52,7 @@ func spanAttr(s *tracepb.Span, key string) string {
 // event no stream captures is dead-lettered in a span that says why.
 func TestOneTraceFromProducerThroughRelayToConsumer(t *testing.T) {
 	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "100") // the relay's batch exporter: every 100 ms
-	rcv := newOTLPReceiver(t)
+	rcv := otlptest.New(t)
 	e := newEnv(t)
 	srv := natstest.New(t)
 	_, js := relaytest.JetStream(t, srv.URL())
@@ -146,7 +100,7 @@ func TestOneTraceFromProducerThroughRelayToConsumer(t *testing.T) {
 	}
 	var pub, dead *tracepb.Span
 	relaytest.Eventually(t, 30*time.Second, "the relay's spans exported", func() bool {
-		pub, dead = rcv.publishSpan(id), rcv.publishSpan(lost)
+		pub, dead = publishSpan(rcv, id), publishSpan(rcv, lost)
 		return pub != nil && dead != nil
 	})
 	relaytest.Eventually(t, 10*time.Second, "the consumer's span ended", func() bool { return len(consumerSpans.GetSpans()) > 0 })
