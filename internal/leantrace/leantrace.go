@@ -1,7 +1,8 @@
 // Package leantrace is the relay's OpenTelemetry tracer: a
-// trace.TracerProvider whose spans are built as OTLP protobuf messages from
-// their start and handed, in batches, to the OTLP exporter's client
-// (otlptracehttp.NewClient, configured by OTEL_EXPORTER_OTLP_* as usual).
+// trace.TracerProvider whose spans keep their fields and are written in
+// OTLP's protobuf wire format when their batch goes (encode.go), handed to
+// the OTLP exporter's client (otlptracehttp.NewClient, configured by
+// OTEL_EXPORTER_OTLP_* as usual).
 //
 // Why not the SDK's TracerProvider: a catch-up publishes 60,000 events a
 // second at about 7 µs of relay CPU each, and at 1 % sampling the SDK's
@@ -9,7 +10,7 @@
 // snapshot, the batch processor) and the exporter's conversion of that
 // snapshot into these same messages cost 17-22 µs a span in the relay:
 // 2.4-3.8 % of its CPU (make bench, section 6), against a target of 3 %.
-// A span here is written once, into the message the exporter sends.
+// A span here is written once, into the bytes the exporter sends.
 //
 // What it is: ParentBased(AlwaysSample). A span with a sampled parent, or
 // none, is recorded; one with an unsampled parent is not (it carries the
@@ -22,6 +23,7 @@ package leantrace
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -330,9 +332,8 @@ func (p *Provider) run() {
 
 // encoder holds the export loop's buffers from one batch to the next.
 type encoder struct {
-	scopes  map[*tracer][]byte
-	order   []*tracer
-	scratch []byte
+	scopes map[*tracer][]byte
+	order  []*tracer
 }
 
 // export uploads one batch: its spans encoded (appendSpan), grouped by
@@ -350,8 +351,7 @@ func (p *Provider) export(enc *encoder, batch []*span) {
 		if !ok || len(b) == 0 {
 			enc.order = append(enc.order, s.t)
 		}
-		b, enc.scratch = appendSpan(b, enc.scratch, s)
-		enc.scopes[s.t] = b
+		enc.scopes[s.t] = appendSpan(b, s)
 	}
 	rs := &tracepb.ResourceSpans{Resource: p.resource, SchemaUrl: p.schema}
 	for _, t := range enc.order {
@@ -420,11 +420,7 @@ func (t *tracer) Start(ctx context.Context, name string, opts ...trace.SpanStart
 	if start.IsZero() {
 		start = time.Now()
 	}
-	s := &span{t: t, sc: trace.NewSpanContext(scc), parent: parent, name: name, kind: kind(cfg.SpanKind()), start: unixNano(start),
-		flags: uint32(scc.TraceFlags) | uint32(tracepb.SpanFlags_SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK)}
-	if parent.IsRemote() {
-		s.flags |= uint32(tracepb.SpanFlags_SPAN_FLAGS_CONTEXT_IS_REMOTE_MASK)
-	}
+	s := &span{t: t, sc: trace.NewSpanContext(scc), parent: parent, name: name, kind: kind(cfg.SpanKind()), start: unixNano(start)}
 	s.setAttributes(cfg.Attributes())
 	for _, l := range cfg.Links() {
 		s.addLink(l)
@@ -433,17 +429,13 @@ func (t *tracer) Start(ctx context.Context, name string, opts ...trace.SpanStart
 }
 
 func spanID(v uint64) (id trace.SpanID) {
-	for i := range 8 {
-		id[i] = byte(v >> (56 - 8*i))
-	}
+	binary.BigEndian.PutUint64(id[:], v)
 	return id
 }
 
 func traceID(hi, lo uint64) (id trace.TraceID) {
-	for i := range 8 {
-		id[i] = byte(hi >> (56 - 8*i))
-		id[8+i] = byte(lo >> (56 - 8*i))
-	}
+	binary.BigEndian.PutUint64(id[:8], hi)
+	binary.BigEndian.PutUint64(id[8:], lo)
 	return id
 }
 
@@ -483,7 +475,6 @@ type span struct {
 	name          string
 	kind          tracepb.Span_SpanKind
 	start, end    uint64 // Unix nanoseconds
-	flags         uint32
 	attrs         []attribute.KeyValue
 	events        []event
 	links         []trace.Link
