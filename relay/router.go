@@ -144,9 +144,13 @@ const routerSlots = len(slotKeys) - 1
 // headerHint sizes a new message's header map: walbox's headers with
 // every optional one set are routerSlots less the event-id slot (set only
 // when Nats-Msg-Id is qualified: Msg.Qualify) = 13, plus the sink's
-// expected sequence. A message
-// with more (a headers column, a trace context, an envelope's) grows its
-// map once, and keeps it when it is recycled.
+// expected sequence. A map of up to 14 keys fits one table of 16 slots; a
+// hint of 15 or more doubles it. nats.go walks the map twice for every
+// publish (its size, then its bytes), visiting every slot, and a window of
+// recycled messages is too many maps for the cache: with the larger table
+// that walk was a fifth of the relay's CPU in a catch-up (make bench's
+// relay profile). A message with more headers (a headers column, a trace
+// context, an envelope's) grows its map once.
 const headerHint = 14
 
 // headerSlots hold the values of a message's slotKeys. The header map's
@@ -368,12 +372,6 @@ func (r *Router) Message(ev *cdc.Event) (*Msg, string, error) {
 	if n := len(r.free); n > 0 {
 		m, r.free = r.free[n-1], r.free[:n-1]
 	} else {
-		// headerHint entries: a map of up to 14 keys fits one table of 16
-		// slots; a hint of 15 or more doubles it. nats.go walks the map
-		// twice for every publish (its size, then its bytes), and that walk
-		// was a fifth of the relay's CPU in a catch-up with the larger
-		// table (make bench's relay profile): the walk visits every slot,
-		// and a window of recycled messages is too many maps for the cache.
 		m = &Msg{Header: make(Header, headerHint), slots: new(headerSlots)}
 	}
 	h, sl := m.Header, m.slots
