@@ -70,6 +70,15 @@ func (s *S3Store) eventName(key string) string {
 	return s.prefix + "/" + key
 }
 
+// listPrefix is what every name in the store begins with: the prefix and
+// "/", or "" without a prefix.
+func (s *S3Store) listPrefix() string {
+	if s.prefix == "" {
+		return ""
+	}
+	return s.prefix + "/"
+}
+
 // fresh is a name for a new object of key: eventName(key), "/", and a
 // UUIDv7. A UUIDv7 is 48 bits of milliseconds and 74 random bits: unique
 // across relays, CLI runs and restarts without any coordination or state
@@ -153,10 +162,7 @@ func (s *S3Store) Get(ctx context.Context, name string) ([]byte, error) {
 // carries no user metadata: streamOf reads it for the objects old enough
 // to matter.
 func (s *S3Store) list(ctx context.Context) ([]storedObject, error) {
-	prefix := ""
-	if s.prefix != "" {
-		prefix = s.prefix + "/"
-	}
+	prefix := s.listPrefix()
 	var out []storedObject
 	for o := range s.c.ListObjects(ctx, s.bucket, minio.ListObjectsOptions{Prefix: prefix, Recursive: true}) {
 		if o.Err != nil {
@@ -349,10 +355,7 @@ func (s *S3Store) intact(ctx context.Context, name string, size int64, want stri
 // the past. minio-go aborts a failed upload's parts itself when it still
 // can; a relay killed mid-upload leaves them.
 func (s *S3Store) purgePartials(ctx context.Context, _ map[string]bool, before time.Time) (int, error) {
-	prefix := ""
-	if s.prefix != "" {
-		prefix = s.prefix + "/"
-	}
+	prefix := s.listPrefix()
 	core := minio.Core{Client: s.c}
 	n := 0
 	for u := range s.c.ListIncompleteUploads(ctx, s.bucket, prefix, true) {
