@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"runtime"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -331,6 +333,7 @@ func (r *results) batchReport(head func(string), add func(what, value, target, v
 			runsString(r.concBatchRuns, concurrentResult.ceiling)), "", "")
 	add("  concurrent ceiling with the batched publisher: walsender / nats-server + publisher CPU µs/event",
 		fmt.Sprintf("%.1f / %.1f", us(perEvent(cb.Decode.ServerCPU, cb.Decode.Events)), us(perEvent(cb.DriverCPU, cb.Publish.Events))), "", "")
+	r.headerCostLines(add)
 
 	// The targets.
 	fast, slow := rate(c.Events, c.Took), rate(pm.Events, pm.Took)
@@ -340,10 +343,22 @@ func (r *results) batchReport(head func(string), add func(what, value, target, v
 	x = ratioOf(fast, cb.ceiling())
 	add("target: catch-up events/s ÷ concurrent ceiling with the batched publisher",
 		fmt.Sprintf("%.2f (per-message path %.2f)", x, ratioOf(slow, cb.ceiling())), fmt.Sprintf("≥ %.1f", targetBatchConcB), met(x >= targetBatchConcB))
+	// Both runs keep the two CPUs busy: a rate is the CPUs kept busy over
+	// the CPU all processes spend per event, so the ratio of the rates is
+	// what the relay run spends per event beyond the ceiling's.
+	if cr, cbr := allCPU(c.Where), allCPU(cb.Where); cr > 0 && cbr > 0 && cb.Publish.Events > 0 {
+		pr, pc := us(perEvent(cr, c.Events)), us(perEvent(cbr, cb.Publish.Events))
+		add("  why: all processes' CPU per event (every group above, foreign load left out), relay run / concurrent ceiling with the batched publisher; machine busy; the rates' ratio that CPU and busy allow",
+			fmt.Sprintf("%.1f / %.1f µs (the relay process %.1f µs of the first); %.0f%% / %.0f%% of %d CPUs; %.2f",
+				pr, pc, us(perEvent(c.CPU, c.Events)), c.Busy*100, cb.Busy*100, runtime.NumCPU(), ratioOf(c.Busy/pr, cb.Busy/pc)), "", "")
+	}
 	x = ratioOf(float64(c.CPU), float64(c.WalsenderCPU))
 	add("target: relay CPU per event ÷ its walsender's, catch-up",
 		fmt.Sprintf("%.2f (was %.2f; per-message path now %.2f)", x, refBatchCPU, ratioOf(float64(pm.CPU), float64(pm.WalsenderCPU))),
 		fmt.Sprintf("≤ %.1f", targetBatchCPU), met(x <= targetBatchCPU && c.WalsenderCPU > 0))
+	if tp := r.tracedProfiles; tp.CatchUpWhere != "" {
+		add(fmt.Sprintf("  what the relay's CPU is spent on in a catch-up (the profiled catch-up of section 6, tracing at 1 %%; %d samples)", tp.CatchUpSamples), tp.CatchUpWhere, "", "")
+	}
 	d := perEvent(c.DriverCPU, c.Events)
 	add("target: nats-server CPU per event, catch-up (the in-process server with the bench's driver)",
 		fmt.Sprintf("%.1f µs (was %.1f µs; per-message path now %.1f µs)", us(d), refBatchNATS, us(perEvent(pm.DriverCPU, pm.Events))),
@@ -372,4 +387,16 @@ func (r *results) batchReport(head func(string), add func(what, value, target, v
 			fmt.Sprintf("%.0f events/s = %.2f× the per-message path's %.0f / %.1f MB (per message: %.1f MB)", fr, x, sr, mb(g.HWM), mb(gp.HWM)),
 			fmt.Sprintf("≥ %.1f× the per-message path / %s", targetBatchBigFaster, targetRSSString), met(x >= targetBatchBigFaster)+" / "+met(g.HWM <= targetRSS && g.HWM > 0))
 	}
+}
+
+// allCPU is the CPU of every process group of a phase but the foreign
+// ones ("other: ").
+func allCPU(w []cpuShare) time.Duration {
+	var t time.Duration
+	for _, s := range w {
+		if !strings.HasPrefix(s.Label, "other: ") {
+			t += s.CPU
+		}
+	}
+	return t
 }

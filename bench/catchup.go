@@ -153,6 +153,9 @@ func (b *bench) catchUp(ctx context.Context) error {
 			return fmt.Errorf("concurrent ceiling with the batched publisher: %w", err)
 		}
 		b.res.batchPubRuns, b.res.concBatchRuns = append(b.res.batchPubRuns, bpub), append(b.res.concBatchRuns, cbatch)
+		if err := b.headerCost(ctx, i); err != nil {
+			return err
+		}
 		if err := b.catchUpPerMsg(ctx, &pm); err != nil {
 			return fmt.Errorf("per-message path: %w", err)
 		}

@@ -26,6 +26,7 @@ type results struct {
 	atomic        catchupResult // nats.atomic_transactions on (atomic.go)
 	atomicRuns    []catchupResult
 	batchPub      ceilingResult
+	headerCost    map[string][]headerCostRun // by header set (headercost.go)
 	concBatch     concurrentResult
 	perMsgRuns    []catchupResult
 	batchPubRuns  []ceilingResult
@@ -727,7 +728,13 @@ How it is measured:
   outstanding, batches of 10,000 closed one after the other) writing the same messages into a
   stream with allow_batched; the concurrent ceiling with it runs pg_recvlogical on a third slot
   created before the same backlog. The reference figures ("was") are the last full run before
-  fast batches.
+  fast batches. What walbox's headers cost the server: the same publisher, each round, sends
+  the backlog's count of messages twice from a ring of 1,024 that the relay's router built,
+  once with Nats-Msg-Id only and once with every header the router sets (the order flipped
+  each round); a CPU profile of the bench process, the publisher's goroutines labelled, splits
+  its CPU between the publisher and the embedded nats-server. Where the relay's CPU goes is
+  the profiled catch-up of the tracing section (sampled at 1 %), each sample given to the
+  first of bench/breakdown.go's groups its stack touches.
 - Processed flag: the catch-up is run twice, with the sweeper marking rows (default) and with
   ` + "`WALBOX_SWEEPER_MARK_PROCESSED=false`" + `; after each run the relay is left to finish (every
   row marked, slot confirmed past a checkpoint) before it stops, so the next run does not

@@ -192,6 +192,10 @@ type tracedProfiles struct {
 	CatchUp    *profileShare
 	Live       *profileShare
 	LiveWindow liveResult
+	// CatchUpWhere is where the profiled catch-up's CPU went, by group
+	// (breakdown.go), and the samples it rests on.
+	CatchUpWhere   string
+	CatchUpSamples int64
 }
 
 // profileDir points the relay's next starts at a fresh profile directory
@@ -243,7 +247,8 @@ func (b *bench) catchUpTracedProfiled(ctx context.Context) error {
 		}
 	}
 	b.res.tracedProfiles.CatchUp = &share
-	return nil
+	b.res.tracedProfiles.CatchUpWhere, b.res.tracedProfiles.CatchUpSamples, err = relayBreakdown(prof)
+	return err
 }
 
 // liveTracedProfiled is one more live window at the first rate, 1 %, the
