@@ -130,6 +130,8 @@ func atomicLines(c, a catchupResult, fastRuns, runs []catchupResult, add func(wh
 		add("  nats-server's stream loop (one goroutine: stages and stores every message of the stream) busy, share of the catch-up: fast batches / atomic transactions",
 			fmt.Sprintf("%.0f %% / %.0f %%", c.ServerLoopBusy*100, a.ServerLoopBusy*100), "", "")
 	}
+	add("  why: all processes' CPU per event (foreign load left out), atomic transactions / fast batches; machine busy; the rates' ratio that CPU and busy allow",
+		whyRates(allCPU(a.Where), allCPU(c.Where), a.Events, c.Events, a.Busy, c.Busy), "", "")
 	add("target: atomic transactions' catch-up events/s ÷ fast batches'", fmt.Sprintf("%.2f%s", x, perRound), fmt.Sprintf("≥ %.1f", targetAtomic), met(x >= targetAtomic))
 }
 

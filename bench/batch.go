@@ -343,14 +343,10 @@ func (r *results) batchReport(head func(string), add func(what, value, target, v
 	x = ratioOf(fast, cb.ceiling())
 	add("target: catch-up events/s ÷ concurrent ceiling with the batched publisher",
 		fmt.Sprintf("%.2f (per-message path %.2f)", x, ratioOf(slow, cb.ceiling())), fmt.Sprintf("≥ %.1f", targetBatchConcB), met(x >= targetBatchConcB))
-	// Both runs keep the two CPUs busy: a rate is the CPUs kept busy over
-	// the CPU all processes spend per event, so the ratio of the rates is
-	// what the relay run spends per event beyond the ceiling's.
-	if cr, cbr := allCPU(c.Where), allCPU(cb.Where); cr > 0 && cbr > 0 && cb.Publish.Events > 0 {
-		pr, pc := us(perEvent(cr, c.Events)), us(perEvent(cbr, cb.Publish.Events))
-		add("  why: all processes' CPU per event (every group above, foreign load left out), relay run / concurrent ceiling with the batched publisher; machine busy; the rates' ratio that CPU and busy allow",
-			fmt.Sprintf("%.1f / %.1f µs (the relay process %.1f µs of the first); %.0f%% / %.0f%% of %d CPUs; %.2f",
-				pr, pc, us(perEvent(c.CPU, c.Events)), c.Busy*100, cb.Busy*100, runtime.NumCPU(), ratioOf(c.Busy/pr, cb.Busy/pc)), "", "")
+	if cb.Publish.Events > 0 {
+		add("  why: all processes' CPU per event (every group above, foreign load left out), relay run / concurrent ceiling with the batched publisher (the relay process "+
+			fmt.Sprintf("%.1f µs of the first", us(perEvent(c.CPU, c.Events)))+"); machine busy; the rates' ratio that CPU and busy allow",
+			whyRates(allCPU(c.Where), allCPU(cb.Where), c.Events, cb.Publish.Events, c.Busy, cb.Busy), "", "")
 	}
 	x = ratioOf(float64(c.CPU), float64(c.WalsenderCPU))
 	add("target: relay CPU per event ÷ its walsender's, catch-up",
@@ -386,6 +382,12 @@ func (r *results) batchReport(head func(string), add func(what, value, target, v
 		add(fmt.Sprintf("target: %d-row transaction: events/s / peak RSS (%d events batched; per message: %d)", g.Rows, g.Batch.Batched, gp.Batch.Batched),
 			fmt.Sprintf("%.0f events/s = %.2f× the per-message path's %.0f / %.1f MB (per message: %.1f MB)", fr, x, sr, mb(g.HWM), mb(gp.HWM)),
 			fmt.Sprintf("≥ %.1f× the per-message path / %s", targetBatchBigFaster, targetRSSString), met(x >= targetBatchBigFaster)+" / "+met(g.HWM <= targetRSS && g.HWM > 0))
+		if g.RelaySpan > 0 && gp.RelaySpan > 0 {
+			add("  why: all processes' CPU per event from the commit to the last ack (foreign load left out), fast batches / per message; machine busy; the rates' ratio that CPU and busy allow",
+				whyRates(allCPU(g.RelayWhere), allCPU(gp.RelayWhere), g.Rows, gp.Rows, g.RelayBusy, gp.RelayBusy), "", "")
+			add("  CPU by process group from the commit to the last ack, fast batches / per message",
+				perEventWhere(g.RelayWhere, g.Rows)+" / "+perEventWhere(gp.RelayWhere, gp.Rows), "", "")
+		}
 	}
 }
 
@@ -399,4 +401,16 @@ func allCPU(w []cpuShare) time.Duration {
 		}
 	}
 	return t
+}
+
+// whyRates compares two runs that kept the machine's CPUs busy: a rate is
+// the CPUs kept busy over the CPU all processes spend per event, so the
+// rates compare as busy ÷ CPU per event do. It gives both runs' CPU per
+// event, their busy shares and the ratio of the rates they allow.
+func whyRates(aCPU, bCPU time.Duration, aN, bN int, aBusy, bBusy float64) string {
+	pa, pb := us(perEvent(aCPU, aN)), us(perEvent(bCPU, bN))
+	if pa <= 0 || pb <= 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.1f / %.1f µs; %.0f%% / %.0f%% of %d CPUs; %.2f", pa, pb, aBusy*100, bBusy*100, runtime.NumCPU(), ratioOf(aBusy/pa, bBusy/pb))
 }

@@ -83,29 +83,43 @@ func TestBatchReportSaysWhyTheCeilingIsMissedAndWhatHeadersCost(t *testing.T) {
 			{Label: "postgres walsender", CPU: 1260 * time.Millisecond}, {Label: "other: kworker", CPU: 5 * time.Second}}}
 	cb := concurrentResult{Busy: 0.85, Decode: ceilingResult{Events: n, Took: 2 * time.Second}, Publish: ceilingResult{Events: n, Took: 3 * time.Second},
 		Where: []cpuShare{{Label: "bench driver + nats-server", CPU: 2790 * time.Millisecond}, {Label: "postgres exited backends and walsenders", CPU: 1440 * time.Millisecond}}}
-	r := &results{catchup: c, perMsg: c, concBatch: cb, headerCost: map[string][]headerCostRun{
+	a := c
+	a.Busy, a.Where = 0.80, []cpuShare{{Label: "walbox relay", CPU: 10 * time.Second}}
+	a.Batch.Atomic = uint64(n)
+	g := bigResult{Rows: 1_000_000, Took: 20 * time.Second, RelaySpan: 20 * time.Second, RelayBusy: 0.9,
+		RelayWhere: []cpuShare{{Label: "walbox relay", CPU: 10 * time.Second}, {Label: "bench driver + nats-server", CPU: 20 * time.Second}}}
+	gp := g
+	gp.Took, gp.RelayWhere = 25*time.Second, []cpuShare{{Label: "bench driver + nats-server", CPU: 40 * time.Second}}
+	r := &results{catchup: c, perMsg: c, atomic: a, big: g, bigPerMsg: gp, concBatch: cb, headerCost: map[string][]headerCostRun{
 		hdrIDOnly: {{Events: n, CPU: 3 * time.Second, HeaderBytes: 63, Samples: 100, Publisher: 10, Lookups: 10, Took: time.Second}},
 		hdrWalbox: {{Events: n, CPU: 4 * time.Second, HeaderBytes: 254, Samples: 100, Publisher: 15, Lookups: 20, Took: 2 * time.Second}},
 	}}
 	r.tracedProfiles.CatchUpWhere, r.tracedProfiles.CatchUpSamples = "nats.go encoding headers 40 %", 1000
 	rows := map[string]string{}
 	r.batchReport(func(string) {}, func(what, value, target, verdict string) { rows[what] = value })
-	find := func(prefix string) string {
+	find := func(part string) string {
 		for what, v := range rows {
-			if strings.HasPrefix(strings.TrimSpace(what), prefix) {
+			if strings.Contains(what, part) {
 				return v
 			}
 		}
-		t.Fatalf("no row %q in %v", prefix, rows)
+		t.Fatalf("no row with %q in %v", part, rows)
 		return ""
 	}
 	// 7.16 s over 300,000 events = 23.9 µs, 4.23 s = 14.1 µs (the foreign
 	// group left out); (0.89/23.9) / (0.85/14.1) = 0.62.
-	if got, want := find("why: all processes' CPU per event"), "23.9 / 14.1 µs (the relay process 6.2 µs of the first); 89% / 85% of"; !strings.HasPrefix(got, want) {
-		t.Errorf("why row %q, want it to start %q", got, want)
+	if got, want := find("relay run / concurrent ceiling with the batched publisher (the relay process 6.2 µs of the first)"), "23.9 / 14.1 µs; 89% / 85% of 2 CPUs; 0.62"; !strings.HasPrefix(got, "23.9 / 14.1 µs; 89% / 85% of ") || !strings.HasSuffix(got, "; 0.62") {
+		t.Errorf("why row %q, want %q", got, want)
 	}
-	if got := find("why: all processes' CPU per event"); !strings.HasSuffix(got, "; 0.62") {
-		t.Errorf("why row %q, want the rates' ratio 0.62", got)
+	// Atomic: 10 s over 300,000 = 33.3 µs at 80 % against the fast
+	// batches' 23.9 at 89 %: (0.80/33.3) / (0.89/23.9) = 0.64.
+	if got := find("atomic transactions / fast batches"); !strings.HasPrefix(got, "33.3 / 23.9 µs; 80% / 89% of ") || !strings.HasSuffix(got, "; 0.64") {
+		t.Errorf("atomic why row %q", got)
+	}
+	// The large transaction, relaying only: 30 s / 1,000,000 = 30.0 µs at
+	// 90 %, 40 s = 40.0 µs at 90 %: 1.33.
+	if got := find("from the commit to the last ack (foreign load left out)"); !strings.HasPrefix(got, "30.0 / 40.0 µs; 90% / 90% of ") || !strings.HasSuffix(got, "; 1.33") {
+		t.Errorf("large transaction why row %q", got)
 	}
 	// 3 s × 90 % = 2.7 s over 300,000 = 9.0 µs; 4 s × 85 % = 11.3 µs.
 	if got, want := find("what walbox's headers cost a fast batch"), "nats-server 9.0 / 11.3 µs/msg (of which its header look-ups 1.0 / 2.7); publisher 1.0 / 2.0 µs/msg; 300000 / 150000 msgs/s"; got != want {
@@ -113,5 +127,18 @@ func TestBatchReportSaysWhyTheCeilingIsMissedAndWhatHeadersCost(t *testing.T) {
 	}
 	if got := find("what the relay's CPU is spent on"); got != "nats.go encoding headers 40 %" {
 		t.Errorf("breakdown row %q", got)
+	}
+}
+
+func TestMergeWhereAddsTwoPhasesByGroup(t *testing.T) {
+	got := mergeWhere([]cpuShare{{Label: "a", CPU: 1}, {Label: "b", CPU: 5, Wait: 1}}, []cpuShare{{Label: "b", CPU: 1, Wait: 2}, {Label: "c", CPU: 3}})
+	want := []cpuShare{{Label: "b", CPU: 6, Wait: 3}, {Label: "c", CPU: 3}, {Label: "a", CPU: 1}}
+	if len(got) != len(want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("got %v, want %v", got, want)
+		}
 	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -90,6 +91,11 @@ type bigResult struct {
 	Busy         float64
 	Where        []cpuShare
 	Span         time.Duration
+	// The same, from the commit to the last ack only: what relaying the
+	// transaction cost every process, without the INSERT.
+	RelayBusy  float64
+	RelayWhere []cpuShare
+	RelaySpan  time.Duration
 }
 
 // livePool is a pool for the paced SQL producers of every rate, and at
@@ -631,6 +637,8 @@ func (b *bench) bigTxnRun(ctx context.Context, what, phase string, res *bigResul
 		return fmt.Errorf("insert: %w", cause(wctx, err))
 	}
 	b.logf("%s: committed in %.1fs; relaying", what, res.InsertTook.Seconds())
+	insBusy, insWhere, insSpan := meter.stop()
+	meter = b.startPhase(r.pid())
 	target := base + uint64(rows)
 	var acked, wsCPU atomic.Int64
 	wctx, done = b.watch(ctx, "large transaction relay", func() int64 { return acked.Load() + wsCPU.Load() },
@@ -657,7 +665,10 @@ func (b *bench) bigTxnRun(ctx context.Context, what, phase string, res *bigResul
 		return err
 	}
 	res.WalsenderCPU = b.walsenderSince(ctx, wsPID, ws0)
-	res.Busy, res.Where, res.Span = meter.stop()
+	res.RelayBusy, res.RelayWhere, res.RelaySpan = meter.stop()
+	res.Span = insSpan + res.RelaySpan
+	res.Busy = (insBusy*float64(insSpan) + res.RelayBusy*float64(res.RelaySpan)) / float64(max(res.Span, 1))
+	res.Where = mergeWhere(insWhere, res.RelayWhere)
 	done()
 	if res.Batch, err = relayBatchCounts(ctx, b.env.metrics); err != nil {
 		return err
@@ -734,4 +745,22 @@ func (b *bench) walsenderSince(ctx context.Context, pid int, cpu0 time.Duration)
 		return 0
 	}
 	return c - cpu0
+}
+
+// mergeWhere adds two consecutive phases' CPU by process group, largest
+// first.
+func mergeWhere(a, b []cpuShare) []cpuShare {
+	var out []cpuShare
+	at := map[string]int{}
+	for _, s := range slices.Concat(a, b) {
+		i, ok := at[s.Label]
+		if !ok {
+			at[s.Label], out = len(out), append(out, cpuShare{Label: s.Label})
+			i = len(out) - 1
+		}
+		out[i].CPU += s.CPU
+		out[i].Wait += s.Wait
+	}
+	slices.SortStableFunc(out, func(x, y cpuShare) int { return cmp.Compare(y.CPU, x.CPU) })
+	return out
 }

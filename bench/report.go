@@ -734,7 +734,10 @@ How it is measured:
   each round); a CPU profile of the bench process, the publisher's goroutines labelled, splits
   its CPU between the publisher and the embedded nats-server. Where the relay's CPU goes is
   the profiled catch-up of the tracing section (sampled at 1 %), each sample given to the
-  first of bench/breakdown.go's groups its stack touches.
+  first of bench/breakdown.go's groups its stack touches. The "why" rows compare two runs that
+  kept the CPUs busy: a rate is the CPUs kept busy over what every process spends per event,
+  so the ratio of two rates is set by those two figures; the large transaction's are measured
+  from its commit to its last ack.
 - Processed flag: the catch-up is run twice, with the sweeper marking rows (default) and with
   ` + "`WALBOX_SWEEPER_MARK_PROCESSED=false`" + `; after each run the relay is left to finish (every
   row marked, slot confirmed past a checkpoint) before it stops, so the next run does not
