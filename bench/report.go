@@ -730,8 +730,8 @@ How it is measured:
   created before the same backlog. The reference figures ("was") are the last full run before
   fast batches. What walbox's headers cost the server: the same publisher, each round, sends
   the backlog's count of messages twice from a ring of 1,024 that the relay's router built,
-  once with Nats-Msg-Id only and once with every header the router sets (the order flipped
-  each round); a CPU profile of the bench process, the publisher's goroutines labelled, splits
+  with Nats-Msg-Id only and with every header the router sets, each twice in the order A B B A
+  (B A A B the next round), each after a GC and a pause; a CPU profile of the bench process, the publisher's goroutines labelled, splits
   its CPU between the publisher and the embedded nats-server. Where the relay's CPU goes is
   the profiled catch-up of the tracing section (sampled at 1 %), each sample given to the
   first of bench/breakdown.go's groups its stack touches. The "why" rows compare two runs that
