@@ -69,3 +69,49 @@ func TestCatchUpMarksOnlyRowsOfItsOwnTable(t *testing.T) {
 		})
 	}
 }
+
+// slowReader hands back its messages after a pause, as a read-back does
+// that meets messages stored while it scans, and records when it did.
+type slowReader struct {
+	msgs  [][2]string
+	pause time.Duration
+	at    chan time.Time
+}
+
+func (r slowReader) ReadBack(ctx context.Context, _, _ string, _ relay.ReadBackRange, fn func(relay.StoredEvent) bool) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(r.pause):
+	}
+	r.at <- time.Now()
+	for _, m := range r.msgs {
+		fn(relay.StoredEvent{Table: m[0], ID: m[1]})
+	}
+	return nil
+}
+
+// A row's processed_at is no earlier than the evidence that its event was
+// stored. The start read-back scans the stream while the relay publishes:
+// a message stored during the scan was marked with the time the scan
+// began, before the message existed (TestTablesSharingIDs, in CI: "1 rows
+// with processed_at before their message's stored time"). Before the fix:
+// processed_at 200 ms before the read-back handed the message over.
+func TestCatchUpStampsAMarkNoEarlierThanItsEvidence(t *testing.T) {
+	d := newDB(t, true)
+	id := queryOne[string](d, `INSERT INTO outbox_events (topic, payload) VALUES ('orders.x', '{}') RETURNING id::text`)
+	sw := d.sweeper()
+	r := slowReader{msgs: [][2]string{{"public.outbox_events", id}}, pause: 200 * time.Millisecond, at: make(chan time.Time, 1)}
+	sw.SetReader(r, "app/walbox", []string{"ORDERS"}, 10)
+	stop := sw.Start(context.Background())
+	defer stop()
+	relaytest.Eventually(t, 10*time.Second, "the catch-up marks the row", func() bool {
+		return d.bool(`SELECT processed FROM outbox_events WHERE id::text = $1`, id)
+	})
+	seen := <-r.at
+	got := queryOne[time.Time](d, `SELECT processed_at FROM outbox_events WHERE id::text = $1`, id)
+	// processed_at holds microseconds.
+	if got.Before(seen.Truncate(time.Microsecond)) {
+		t.Fatalf("processed_at %s is %v before the read-back saw the event stored (%s)", got.Format(time.RFC3339Nano), seen.Sub(got), seen.Format(time.RFC3339Nano))
+	}
+}

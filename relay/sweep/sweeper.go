@@ -1047,7 +1047,6 @@ func (s *Sweeper) catchUp(ctx context.Context) error {
 			batch = batch[:0]
 			return err
 		}
-		now := time.Now()
 		var applyErr error
 		rr := relay.ReadBackRange{First: j.r.first, Last: j.r.last, Want: j.tail, ScanMax: startScanMax}
 		err := rb.r.ReadBack(ctx, j.stream, rb.source, rr, func(ev relay.StoredEvent) bool {
@@ -1063,7 +1062,11 @@ func (s *Sweeper) catchUp(ctx context.Context) error {
 			// by id alone probes every partition's primary key for each);
 			// without it (no created_at role, or a message from a relay
 			// before walbox set the header) apply matches by id alone.
-			batch = append(batch, mark{id: ev.ID, createdAt: ev.CreatedAt, at: now, dlq: ev.Reason != "", stored: true, reason: ev.Reason})
+			//
+			// processed_at is when this message was read back: the scan meets
+			// messages the relay stores while it runs, and a time taken
+			// before the scan would date the mark before its evidence.
+			batch = append(batch, mark{id: ev.ID, createdAt: ev.CreatedAt, at: time.Now(), dlq: ev.Reason != "", stored: true, reason: ev.Reason})
 			if len(batch) >= 1000 {
 				applyErr = flush()
 			}
