@@ -256,3 +256,53 @@ func TestLiveTailReconnectsAfterTheRelayRestarts(t *testing.T) {
 func feedFilter(q string) string {
 	return fmt.Sprintf(`document.getElementById("tail-status").innerText === "live" && document.getElementById("tail-status").dataset.filter === %q`, q)
 }
+
+// A refresh of the dead-letter list keeps the rows the operator selected.
+// Before the fix a reload re-rendered the rows unchecked: in CI a refresh
+// still in flight (the poll for the poison row clicks Refresh) landed
+// between the selection and the second Retry of
+// TestPoisonRowRetriedFromDeadLettersWithTheTokenAndRefusedWithout, whose
+// confirmation then never came. Before: "Retry selected" disabled after
+// the refresh; after: the row still checked and the confirmation shown.
+func TestDeadLetterSelectionSurvivesARefresh(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	w.startRelay()
+	first := w.insert("unrouted.one", `{"u": 1}`)
+	second := w.insert("unrouted.two", `{"u": 2}`)
+	ctx := tab(t)
+	run(t, ctx, chromedp.Navigate(w.base+"#dlq"))
+	waitJS(t, ctx, 20*time.Second, "both dead letters listed", fmt.Sprintf(`(() => {
+		const t = document.getElementById("dlq-rows").innerText;
+		if (!(t.includes(%q) && t.includes(%q))) { document.getElementById("dlq-refresh").click(); return false; }
+		return true;
+	})()`, first, second))
+	// Select the second row only, then reload the list and wait for the
+	// reload to have replaced the rows.
+	run(t, ctx, js(`(() => {
+		const r = [...document.querySelectorAll("#dlq-rows tr[data-seq]")].find((tr) => tr.innerText.includes(`+fmt.Sprintf("%q", second)+`));
+		r.querySelector("input[type=checkbox]").click();
+		document.querySelector("#dlq-rows tr").dataset.old = "1";
+		document.getElementById("dlq-refresh").click();
+	})()`))
+	waitJS(t, ctx, 10*time.Second, "the list reloaded", `(() => {
+		const r = document.querySelector("#dlq-rows tr");
+		return r !== null && r.dataset.old === undefined && document.getElementById("dlq-summary").innerText.includes("in ");
+	})()`)
+	checked := fmt.Sprintf(`[...document.querySelectorAll("#dlq-rows input:checked")].map((c) => c.closest("tr").innerText.includes(%q))`, second)
+	got, err := chromedp.Run(ctx, chromedp.Evaluate[[]bool](checked))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || !got[0] {
+		t.Fatalf("after a refresh the checked rows are %v, want the second dead letter's only", got)
+	}
+	if label := text(t, ctx, "#dlq-retry"); label != "Retry 1 selected" {
+		t.Errorf("the retry button says %q after the refresh, want %q", label, "Retry 1 selected")
+	}
+	run(t, ctx, click("#dlq-retry"))
+	waitJS(t, ctx, 2*time.Second, "the confirmation", `!document.getElementById("dlq-confirm").hidden`)
+	if c := text(t, ctx, "#dlq-confirm"); !strings.Contains(c, "unrouted.two") || strings.Contains(c, "unrouted.one") || !strings.Contains(c, "1 dead letter") {
+		t.Errorf("the confirmation lists the wrong dead letters: %q", c)
+	}
+}

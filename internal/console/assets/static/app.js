@@ -360,15 +360,30 @@ function dlqButtons() {
   if (readOnly) $("dlq-retry").title = "read-only: set console.token to allow retries";
 }
 
+// The list's reads are numbered: one answered after a newer one was
+// shown is dropped, so an older list never replaces a newer one (and a
+// read still in flight never starves the page of answers).
+let dlqAsked = 0, dlqShown = 0;
+
 async function loadDLQ() {
+  const mine = ++dlqAsked;
   $("dlq-summary").textContent = "reading…";
-  try { dlqData = await api("dlq"); } catch (e) { $("dlq-summary").textContent = e.message; return; }
+  let data;
+  try { data = await api("dlq"); } catch (e) { if (mine > dlqShown) $("dlq-summary").textContent = e.message; return; }
+  if (mine < dlqShown) return;
+  dlqShown = mine;
+  dlqData = data;
+  // The rows the operator selected stay selected where they are still
+  // listed: a refresh must not undo a selection about to be retried.
+  const keep = new Set(dlqSelected());
   const rows = $("dlq-rows");
   rows.replaceChildren();
   for (const d of dlqData.dead_letters) {
     const to = d.destination ? `${d.destination} (${d.retry_subject})` : "nowhere: " + (d.why || "no " + dlqData.terms.Stream + " captures it");
+    const box = el("input", { type: "checkbox", value: d.seq, onchange: dlqButtons });
+    box.checked = keep.has(d.seq);
     rows.append(el("tr", { "data-seq": d.seq },
-      el("td", {}, el("input", { type: "checkbox", value: d.seq, onchange: dlqButtons })),
+      el("td", {}, box),
       el("td", { class: "num" }, d.seq),
       el("td", {}, ago(d.time).replace(" ago", "")),
       el("td", {}, d.original_subject || "–"),
