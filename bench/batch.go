@@ -184,7 +184,7 @@ func (b *bench) batchPublishCeiling(ctx context.Context, res *ceilingResult, g *
 	}
 	self0 := selfCPU()
 	t0 := time.Now()
-	if err := fastPublishAll(wctx, js, msgs, batchCeilSize, func(n int64) { acked.Store(n) }); err != nil {
+	if err := fastPublishAll(wctx, js, n, batchCeilSize, func(i int) *nats.Msg { return msgs[i] }, func(n int64) { acked.Store(n) }); err != nil {
 		return cause(wctx, err)
 	}
 	took := time.Since(t0)
@@ -204,13 +204,18 @@ func (b *bench) batchPublishCeiling(ctx context.Context, res *ceilingResult, g *
 	return nil
 }
 
-// fastPublishAll publishes msgs with orbit's FastPublisher in batches of
-// size, each closed before the next opens, and checks each batch's count
-// in its commit ack; progress gets the messages acked so far.
-func fastPublishAll(ctx context.Context, js jetstream.JetStream, msgs []*nats.Msg, size int, progress func(int64)) error {
+// fastPublishAll publishes n messages, the i-th msg(i), with orbit's
+// FastPublisher in batches of size, each closed before the next opens, and
+// checks each batch's count in its commit ack; progress (nil: none) gets
+// the messages acked so far. msg may reuse a message once AddMsg has
+// returned: nats.go has buffered it by then.
+func fastPublishAll(ctx context.Context, js jetstream.JetStream, n, size int, msg func(i int) *nats.Msg, progress func(int64)) error {
+	if progress == nil {
+		progress = func(int64) {}
+	}
 	var stored int64
-	for start := 0; start < len(msgs); start += size {
-		batch := msgs[start:min(len(msgs), start+size)]
+	for start := 0; start < n; start += size {
+		end := min(n, start+size)
 		// AddMsg takes no context: it blocks on a stall at most the ack
 		// timeout; ctx is checked between messages and bounds the commit.
 		fp, err := jetstreamext.NewFastPublisher(js, jetstreamext.FastPublishFlowControl{
@@ -218,11 +223,11 @@ func fastPublishAll(ctx context.Context, js jetstream.JetStream, msgs []*nats.Ms
 		if err != nil {
 			return fmt.Errorf("fast publisher: %w", err)
 		}
-		for _, m := range batch {
+		for i := start; i < end; i++ {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			ack, err := fp.AddMsg(m)
+			ack, err := fp.AddMsg(msg(i))
 			if err != nil {
 				return fmt.Errorf("batch publish: %w", err)
 			}
@@ -232,8 +237,8 @@ func fastPublishAll(ctx context.Context, js jetstream.JetStream, msgs []*nats.Ms
 		if err != nil {
 			return fmt.Errorf("batch commit: %w", err)
 		}
-		if back.BatchSize != uint64(len(batch)) {
-			return fmt.Errorf("batch commit: the server counted %d messages of %d", back.BatchSize, len(batch))
+		if back.BatchSize != uint64(end-start) {
+			return fmt.Errorf("batch commit: the server counted %d messages of %d", back.BatchSize, end-start)
 		}
 		stored += int64(back.BatchSize)
 		progress(stored)

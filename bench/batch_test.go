@@ -43,7 +43,7 @@ func TestFastPublishAllStoresEveryMessage(t *testing.T) {
 			Header: nats.Header{"Nats-Msg-Id": []string{uuid.NewString()}}}
 	}
 	var last int64
-	if err := fastPublishAll(ctx, js, msgs, 1_000, func(v int64) { last = v }); err != nil {
+	if err := fastPublishAll(ctx, js, n, 1_000, func(i int) *nats.Msg { return msgs[i] }, func(v int64) { last = v }); err != nil {
 		t.Fatal(err)
 	}
 	if last != n {

@@ -3,11 +3,8 @@ package main
 import (
 	"cmp"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
-
-	"github.com/google/pprof/profile"
 )
 
 // Where a relay's CPU goes, from its CPU profile: each sample goes to the
@@ -33,19 +30,14 @@ var relayGroups = []struct {
 // relayBreakdown returns the groups' shares of a relay profile's samples,
 // largest first, and the sample count.
 func relayBreakdown(path string) (string, int64, error) {
-	f, err := os.Open(path)
+	prof, n, err := readCPUProfile(path)
 	if err != nil {
-		return "", 0, fmt.Errorf("the relay's CPU profile: %w", err)
-	}
-	defer f.Close()
-	prof, err := profile.Parse(f)
-	if err != nil {
-		return "", 0, fmt.Errorf("parse the relay's CPU profile: %w", err)
+		return "", 0, err
 	}
 	counts := make([]int64, len(relayGroups)+1) // the last: everything else
 	var total int64
 	for _, s := range prof.Sample {
-		v := s.Value[0]
+		v := s.Value[n]
 		total += v
 		g := len(relayGroups)
 		for i, grp := range relayGroups {
@@ -61,12 +53,12 @@ func relayBreakdown(path string) (string, int64, error) {
 		n    int64
 	}
 	shares := make([]share, 0, len(counts))
-	for i, n := range counts {
+	for i, c := range counts {
 		name := "the Go scheduler and the rest of the runtime"
 		if i < len(relayGroups) {
 			name = relayGroups[i].name
 		}
-		shares = append(shares, share{name, n})
+		shares = append(shares, share{name, c})
 	}
 	slices.SortStableFunc(shares, func(a, b share) int { return cmp.Compare(b.n, a.n) })
 	parts := make([]string, 0, len(shares))

@@ -252,23 +252,9 @@ func (p profileShare) Upper(share float64) float64 {
 
 // readProfileShare reads the CPU profile at path.
 func readProfileShare(path string, procCPU time.Duration, mine func(function string) bool) (profileShare, error) {
-	f, err := os.Open(path)
+	prof, n, err := readCPUProfile(path)
 	if err != nil {
-		return profileShare{}, fmt.Errorf("the relay's CPU profile: %w", err)
-	}
-	defer f.Close()
-	prof, err := profile.Parse(f)
-	if err != nil {
-		return profileShare{}, fmt.Errorf("parse the relay's CPU profile: %w", err)
-	}
-	n := -1 // the "samples" (count) value
-	for i, st := range prof.SampleType {
-		if st.Type == "samples" {
-			n = i
-		}
-	}
-	if n < 0 {
-		return profileShare{}, fmt.Errorf("the relay's profile %s has no sample counts", path)
+		return profileShare{}, err
 	}
 	share := profileShare{ProcCPU: procCPU}
 	flat := map[string]int64{}
@@ -543,4 +529,24 @@ func spreadOf(rs []liveResult) float64 {
 		return 0
 	}
 	return (hi - lo) / lo
+}
+
+// readCPUProfile parses the CPU profile at path and returns it with the
+// index of its sample counts among a sample's values.
+func readCPUProfile(path string) (*profile.Profile, int, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, 0, fmt.Errorf("the CPU profile: %w", err)
+	}
+	defer f.Close()
+	prof, err := profile.Parse(f)
+	if err != nil {
+		return nil, 0, fmt.Errorf("parse the CPU profile %s: %w", path, err)
+	}
+	for i, st := range prof.SampleType {
+		if st.Type == "samples" {
+			return prof, i, nil
+		}
+	}
+	return nil, 0, fmt.Errorf("the CPU profile %s has no sample counts", path)
 }

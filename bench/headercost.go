@@ -14,7 +14,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/synadia-io/orbit.go/jetstreamext"
 
 	"github.com/walbox/walbox/cdc"
 	"github.com/walbox/walbox/relay"
@@ -166,15 +165,12 @@ func (b *bench) headerCostRun(ctx context.Context, mode string) (headerCostRun, 
 	if got != uint64(n) {
 		return run, fmt.Errorf("stream %s holds %d messages, want %d", hdrCostStream, got, n)
 	}
-	if _, err := f.Seek(0, 0); err != nil {
+	prof, vi, err := readCPUProfile(f.Name())
+	if err != nil {
 		return run, err
 	}
-	prof, err := profile.Parse(f)
-	if err != nil {
-		return run, fmt.Errorf("parse the header cost's profile: %w", err)
-	}
 	for _, s := range prof.Sample {
-		v := s.Value[0] // samples
+		v := s.Value[vi]
 		run.Samples += v
 		if slices.Contains(s.Label[hdrLabel], "publisher") {
 			run.Publisher += v
@@ -190,9 +186,8 @@ func (b *bench) headerCostRun(ctx context.Context, mode string) (headerCostRun, 
 }
 
 // publishRing sends len(ids) messages from ring, in fast batches as the
-// batched ceiling does, each with its own Nats-Msg-Id (and Walbox-Event-Id
-// where the message has it). A message is reused once nats.go has
-// buffered it: AddMsg returns after the publish is written.
+// batched ceiling does (fastPublishAll), each with its own Nats-Msg-Id (and
+// Walbox-Event-Id where the message has it).
 func publishRing(ctx context.Context, url string, ring []*nats.Msg, ids []string, prefix string) error {
 	nc, err := nats.Connect(url, nats.Name("walbox-bench-header-cost"))
 	if err != nil {
@@ -203,35 +198,14 @@ func publishRing(ctx context.Context, url string, ring []*nats.Msg, ids []string
 	if err != nil {
 		return err
 	}
-	for start := 0; start < len(ids); start += batchCeilSize {
-		fp, err := jetstreamext.NewFastPublisher(js, jetstreamext.FastPublishFlowControl{
-			Flow: batchCeilFlow, MaxOutstandingAcks: batchCeilOutstanding, AckTimeout: 30 * time.Second})
-		if err != nil {
-			return fmt.Errorf("fast publisher: %w", err)
+	return fastPublishAll(ctx, js, len(ids), batchCeilSize, func(i int) *nats.Msg {
+		m := ring[i%len(ring)]
+		m.Header[relay.HeaderMsgID][0] = prefix + ids[i]
+		if v := m.Header[relay.HeaderEventID]; len(v) > 0 {
+			v[0] = ids[i]
 		}
-		end := min(len(ids), start+batchCeilSize)
-		for i := start; i < end; i++ {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			m := ring[i%len(ring)]
-			m.Header[relay.HeaderMsgID][0] = prefix + ids[i]
-			if v := m.Header[relay.HeaderEventID]; len(v) > 0 {
-				v[0] = ids[i]
-			}
-			if _, err := fp.AddMsg(m); err != nil {
-				return fmt.Errorf("batch publish: %w", err)
-			}
-		}
-		back, err := fp.Close(ctx)
-		if err != nil {
-			return fmt.Errorf("batch commit: %w", err)
-		}
-		if back.BatchSize != uint64(end-start) {
-			return fmt.Errorf("batch commit: the server counted %d messages of %d", back.BatchSize, end-start)
-		}
-	}
-	return nil
+		return m
+	}, nil)
 }
 
 // stackHas says whether any frame of s is a function whose name holds
