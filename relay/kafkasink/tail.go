@@ -20,7 +20,11 @@ import (
 // the partition's committed records with only each record's identity and
 // position; the next one reads what was added since on top of it, and, when
 // the suffix is not yet enough, older chunks below it. A read cut short
-// keeps every chunk it finished. A partition's suffix is enough once it
+// keeps every record any of its fetches brought: what it read on top of a
+// suffix joins it at once, and what it read of a chunk below stays pending,
+// to be read on from where it stopped, until the chunk reaches the suffix
+// and joins it. So every fetch that answers is progress, however short
+// each attempt is (a slow broker, a loaded machine). A partition's suffix is enough once it
 // holds n records or TailBytes bytes, whichever comes first (at most a
 // window, bounded by both, is ever in flight past an event not yet stored),
 // and one record of the source at least, or reaches the partition's start.
@@ -32,8 +36,7 @@ import (
 const tailStall = 10 * time.Second
 
 // A round reads at most a chunk of each partition: tailChunkMin records at
-// first, twice as many after each round finished, up to tailChunkMax, and
-// half as many after a round was cut short.
+// first, twice as many after each round finished, up to tailChunkMax.
 const (
 	tailChunkMin = 64
 	tailChunkMax = 1024
@@ -65,6 +68,16 @@ type partTail struct {
 	// have truncated the log under the suffix (an unclean election), so
 	// the suffix is read again rather than trusted.
 	epoch int32
+	// pend is the chunk below the suffix being read, if any.
+	pend *pendChunk
+}
+
+// pendChunk is a chunk [from, to) below a suffix that begins at to, read
+// oldest first: [from, next) is read, with its data records in recs. It
+// joins the suffix once next reaches to.
+type pendChunk struct {
+	from, next, to int64
+	recs           []tailRec
 }
 
 func (pt *partTail) enough(n int, maxBytes int64, start int64) bool {
@@ -198,6 +211,11 @@ func (s *Sink) readTail(ctx context.Context, topic, source string, n int) (map[i
 			pt = &partTail{from: e.Offset, to: e.Offset, epoch: e.LeaderEpoch}
 			parts[e.Partition] = pt
 		}
+		if pd := pt.pend; pd != nil && (pd.to != pt.from || pd.from < start) {
+			// The suffix moved, or retention deleted the chunk's
+			// oldest records: read it again, if still needed.
+			pt.pend = nil
+		}
 		if pt.from < start { // retention deleted the oldest part
 			i := 0
 			for i < len(pt.recs) && pt.recs[i].offset < start {
@@ -224,8 +242,7 @@ func (s *Sink) readTail(ctx context.Context, topic, source string, n int) (map[i
 	// First what was added on top since the last read-back (for a new
 	// partition, or one that grew by n offsets or more since, its newest
 	// chunk), then older chunks below the suffixes that are not enough
-	// yet: a round's chunks are read side by side and kept once each is
-	// whole, so a read cut short keeps the rounds it finished.
+	// yet, read side by side; a chunk a read cut short is resumed first.
 	chunk := c.chunk[topic]
 	if chunk == 0 {
 		chunk = tailChunkMin
@@ -246,7 +263,9 @@ func (s *Sink) readTail(ctx context.Context, topic, source string, n int) (map[i
 			// Nothing read yet: the newest chunk, below an empty suffix
 			// at the end.
 			pt.from, pt.to = end, end
-			top[p] = span{from: max(startOf[p], end-first), to: end}
+			from := max(startOf[p], end-first)
+			pt.pend = &pendChunk{from: from, next: from, to: end}
+			top[p] = span{from: from, to: end}
 		case pt.to < end:
 			top[p] = span{from: pt.to, to: end}
 		}
@@ -256,25 +275,35 @@ func (s *Sink) readTail(ctx context.Context, topic, source string, n int) (map[i
 		if round > 0 {
 			want = map[int32]span{}
 			for p, pt := range parts {
-				if !pt.enough(n, s.cfg.TailBytes, startOf[p]) {
-					want[p] = span{from: max(startOf[p], pt.from-chunk), to: pt.from}
+				if pt.enough(n, s.cfg.TailBytes, startOf[p]) {
+					continue
 				}
+				if pt.pend == nil {
+					from := max(startOf[p], pt.from-chunk)
+					pt.pend = &pendChunk{from: from, next: from, to: pt.from}
+				}
+				want[p] = span{from: pt.pend.next, to: pt.from}
 			}
 			if len(want) == 0 {
 				break
 			}
 		}
-		err := r.read(ctx, want, func(p int32, sp span, recs []tailRec) {
-			switch pt := parts[p]; {
-			case sp.from == pt.to:
-				pt.above(sp.to, recs)
-			case sp.to == pt.from:
-				pt.below(sp.from, recs)
+		err := r.read(ctx, want, func(p int32, piece span, recs []tailRec) {
+			pt := parts[p]
+			if pd := pt.pend; pd != nil && piece.from == pd.next && piece.to <= pd.to {
+				pd.recs = append(pd.recs, recs...)
+				pd.next = piece.to
+				if pd.next == pd.to {
+					pt.below(pd.from, pd.recs)
+					pt.pend = nil
+				}
+				return
+			}
+			if piece.from == pt.to {
+				pt.above(piece.to, recs)
 			}
 		})
 		if err != nil {
-			// Smaller rounds next time: a round is kept only whole.
-			c.chunk[topic] = max(chunk/2, tailChunkMin)
 			return parts, err
 		}
 		chunk = min(2*chunk, tailChunkMax)
@@ -289,7 +318,7 @@ func (s *Sink) readTail(ctx context.Context, topic, source string, n int) (map[i
 }
 
 // tailReader reads rounds of chunks of one topic's partitions, handing
-// each partition's chunk over once it is read whole. Each round has a
+// over what each fetch read of each partition's chunk. Each round has a
 // client of its own, consuming its chunks from their first offsets: a
 // client made to consume a partition again from an earlier offset can take
 // it for truncation (KIP-320) after a leader change, and stop.
@@ -302,15 +331,18 @@ type tailReader struct {
 // errTailStalled: no fetch answered for tailStall.
 var errTailStalled = errors.New("no fetch answered")
 
-// read reads spans and calls done for each partition once its span is read
-// whole, with its data records in offset order.
-func (r *tailReader) read(ctx context.Context, spans map[int32]span, done func(p int32, sp span, recs []tailRec)) error {
+// read reads spans and calls got, after each fetch, for each partition it
+// brought records of: piece is the part of the partition's span read since
+// the last call (from the span's first offset on, contiguous), recs its
+// data records in offset order. A fetch's records are handed over even when
+// ctx ends right after it.
+func (r *tailReader) read(ctx context.Context, spans map[int32]span, got func(p int32, piece span, recs []tailRec)) error {
 	add := map[int32]kgo.Offset{}
+	at := map[int32]int64{} // each partition's next offset to read
 	for p, sp := range spans {
 		if sp.from < sp.to {
 			add[p] = kgo.NewOffset().At(sp.from)
-		} else {
-			done(p, sp, nil)
+			at[p] = sp.from
 		}
 	}
 	if len(add) == 0 {
@@ -325,35 +357,43 @@ func (r *tailReader) read(ctx context.Context, spans map[int32]span, done func(p
 		return fmt.Errorf("read back %s: %w", r.topic, err)
 	}
 	defer cl.Close()
-	got := map[int32][]tailRec{}
-	for len(add) > 0 {
+	for len(at) > 0 {
 		pctx, cancel := context.WithTimeout(ctx, tailStall)
 		fs := cl.PollFetches(pctx)
 		stalled := pctx.Err() != nil
 		cancel()
+		read := map[int32][]tailRec{}
+		upTo := map[int32]int64{}
+		for it := fs.RecordIter(); !it.Done(); {
+			rec := it.Next()
+			next, reading := at[rec.Partition]
+			if !reading || rec.Offset < next {
+				continue
+			}
+			// Records come in offset order, from the span's first offset
+			// on; the offsets between two of them hold none a
+			// read_committed consumer gets (aborted, or compacted away).
+			sp := spans[rec.Partition]
+			if rec.Offset < sp.to && !rec.Attrs.IsControl() {
+				read[rec.Partition] = append(read[rec.Partition], r.keep(rec))
+			}
+			upTo[rec.Partition] = min(rec.Offset+1, sp.to)
+		}
+		for p, to := range upTo {
+			got(p, span{from: at[p], to: to}, read[p])
+			at[p] = to
+			if to == spans[p].to {
+				delete(at, p)
+			}
+		}
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("read back %s: %w", r.topic, err)
 		}
-		if stalled {
-			return fmt.Errorf("read back %s: %w for %v (%d partitions left)", r.topic, errTailStalled, tailStall, len(add))
+		if stalled && len(upTo) == 0 {
+			return fmt.Errorf("read back %s: %w for %v (%d partitions left)", r.topic, errTailStalled, tailStall, len(at))
 		}
 		if err := FetchErr(fs, "read back"); err != nil {
 			return err
-		}
-		for it := fs.RecordIter(); !it.Done(); {
-			rec := it.Next()
-			sp := spans[rec.Partition]
-			if _, reading := add[rec.Partition]; !reading || rec.Offset < sp.from {
-				continue
-			}
-			if rec.Offset < sp.to && !rec.Attrs.IsControl() {
-				got[rec.Partition] = append(got[rec.Partition], r.keep(rec))
-			}
-			if rec.Offset >= sp.to-1 { // the span's last offset, or past it
-				done(rec.Partition, sp, got[rec.Partition])
-				delete(add, rec.Partition)
-				delete(got, rec.Partition)
-			}
 		}
 	}
 	return nil
