@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -8,6 +9,7 @@ import (
 	"fmt"
 	"net/url"
 	"strconv"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -61,27 +63,74 @@ func ParseClaimCheck(h nats.Header) (*ClaimCheck, error) {
 	return c, nil
 }
 
+// A claim-check object's fetch may take claimFetchBase plus its size at
+// the minimum rate (DefaultClaimMinRate, or WithMinRate): 74 s for 64 MiB.
+// nats.go bounds a whole object's read by the JetStream default timeout (5
+// s) when the context has no deadline, so an object that takes longer to
+// arrive (64 MiB below 13 MB/s) would fail on every delivery; and a read
+// blocked on a stalled object wakes only at its deadline (nats.go's reader
+// holds its lock while it waits, so it cannot be cancelled sooner). So the
+// deadline grows with the object.
+const (
+	claimFetchBase      = 10 * time.Second
+	DefaultClaimMinRate = 1 << 20 // bytes a second
+)
+
+// FetchOpt is an option of FetchClaim.
+type FetchOpt func(*fetchOpts)
+
+type fetchOpts struct{ minRate int64 }
+
+// WithMinRate sets the slowest transfer, in bytes a second, a fetch is
+// given time for (default DefaultClaimMinRate; 0 keeps it).
+func WithMinRate(bytesPerSecond int64) FetchOpt {
+	return func(o *fetchOpts) {
+		if bytesPerSecond > 0 {
+			o.minRate = bytesPerSecond
+		}
+	}
+}
+
+// claimFetchTimeout is how long the fetch of an object of size bytes may
+// take at minRate.
+func claimFetchTimeout(size, minRate int64) time.Duration {
+	return claimFetchBase + time.Duration(float64(max(size, 0))/float64(minRate)*float64(time.Second))
+}
+
 // FetchClaim reads the payload c names from js's Object Store and checks
 // its size and SHA-256. eventID names the event in the errors. An object
 // that is gone wraps ErrClaimMissing, one whose bytes do not match wraps
-// ErrClaimCorrupt; any other error is the store's of the moment.
-func FetchClaim(ctx context.Context, js jetstream.JetStream, eventID string, c *ClaimCheck) ([]byte, error) {
+// ErrClaimCorrupt; any other error is the store's of the moment. The read
+// ends with ctx, or once it has taken 10 s plus the object's size at the
+// minimum rate (WithMinRate).
+func FetchClaim(ctx context.Context, js jetstream.JetStream, eventID string, c *ClaimCheck, opts ...FetchOpt) ([]byte, error) {
 	if c.Store != "" && c.Store != "jetstream" {
 		return nil, fmt.Errorf("event %s: claim-check store %q is not the JetStream Object Store: fetch object %s of bucket %s yourself", eventID, c.Store, c.Key, c.Bucket)
 	}
-	obs, err := js.ObjectStore(ctx, c.Bucket)
+	o := fetchOpts{minRate: DefaultClaimMinRate}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	limit := claimFetchTimeout(c.Size, o.minRate)
+	fctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	obs, err := js.ObjectStore(fctx, c.Bucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		return nil, fmt.Errorf("event %s: %w: bucket %s does not exist (object %s)", eventID, ErrClaimMissing, c.Bucket, c.Key)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("event %s: open claim-check bucket %s: %w", eventID, c.Bucket, err)
 	}
-	data, err := obs.GetBytes(ctx, c.Key)
+	var read int64
+	data, err := readObject(fctx, obs, c, &read)
 	switch {
 	case errors.Is(err, jetstream.ErrObjectNotFound):
 		return nil, fmt.Errorf("event %s: %w: no object %s in bucket %s (deleted, or expired with the bucket's TTL)", eventID, ErrClaimMissing, c.Key, c.Bucket)
 	case errors.Is(err, jetstream.ErrDigestMismatch):
 		return nil, fmt.Errorf("event %s: %w: object %s in bucket %s: %v", eventID, ErrClaimCorrupt, c.Key, c.Bucket, err)
+	case err != nil && ctx.Err() == nil && fctx.Err() != nil:
+		return nil, fmt.Errorf("event %s: read claim-check object %s from bucket %s: %d of %d bytes arrived in %v (10 s plus its size at %d bytes/s; consumer.Config.ClaimMinRate sets the rate): %w",
+			eventID, c.Key, c.Bucket, read, c.Size, limit, o.minRate, err)
 	case err != nil:
 		return nil, fmt.Errorf("event %s: read claim-check object %s from bucket %s: %w", eventID, c.Key, c.Bucket, err)
 	}
@@ -91,4 +140,22 @@ func FetchClaim(ctx context.Context, js jetstream.JetStream, eventID string, c *
 			eventID, ErrClaimCorrupt, c.Key, c.Bucket, len(data), sum, c.Size, c.SHA256)
 	}
 	return data, nil
+}
+
+// readObject reads c's object from obs into a buffer of the reference's
+// size (at most 256 MiB ahead: the size is the header's word), counting
+// the bytes read in *read.
+func readObject(ctx context.Context, obs jetstream.ObjectStore, c *ClaimCheck, read *int64) ([]byte, error) {
+	res, err := obs.Get(ctx, c.Key)
+	if err != nil {
+		return nil, err
+	}
+	defer res.Close()
+	buf := bytes.NewBuffer(make([]byte, 0, min(max(c.Size, 0), 256<<20)+bytes.MinRead))
+	n, err := buf.ReadFrom(res)
+	*read = n
+	if err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
 }

@@ -209,6 +209,11 @@ type Config struct {
 	// for a handler that streams the object itself (FetchClaim reads it
 	// whole). Otherwise Run fetches and verifies the payload first.
 	ClaimReferenceOnly bool
+	// ClaimMinRate is the slowest transfer, in bytes a second, the fetch
+	// of a claim-check object is given time for: it may take 10 s plus
+	// the object's size at this rate before the delivery is retried (0:
+	// DefaultClaimMinRate, 1 MiB/s; 74 s for 64 MiB).
+	ClaimMinRate int64
 	// Logger receives warnings (retries, dead letters, ack failures); nil:
 	// silent.
 	Logger *slog.Logger
@@ -560,7 +565,7 @@ func (r *runner) settle(ctx context.Context, jm jetstream.Msg, m Message) (Outco
 		return r.deadLetter(ctx, jm, m, Permanent(fmt.Errorf("event %s: %w", m.ID, m.claimErr)))
 	}
 	if m.Claim != nil && !r.cfg.ClaimReferenceOnly && len(m.Data) == 0 {
-		data, err := FetchClaim(ctx, r.js, m.ID, m.Claim)
+		data, err := FetchClaim(ctx, r.js, m.ID, m.Claim, WithMinRate(r.cfg.ClaimMinRate))
 		switch {
 		case err == nil:
 			m.Data = data

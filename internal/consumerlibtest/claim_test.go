@@ -1,14 +1,19 @@
 package consumerlibtest
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
@@ -95,4 +100,125 @@ func TestClaimReferenceOnlyLeavesTheFetchToTheHandler(t *testing.T) {
 	if len(got.Data) != 0 || got.Claim == nil || got.Claim.Key != "k" || got.Claim.Size != 1 {
 		t.Fatalf("handler saw %q with reference %+v, want no data and the reference", got.Data, got.Claim)
 	}
+}
+
+// toClient wraps the pipe of relaytest.Proxy's connections to the server at
+// server: pipe runs for the server-to-client direction, io.Copy's for the
+// other. forwarded counts the bytes sent to clients.
+func toClient(server string, forwarded *atomic.Int64, pipe func(dst io.Writer, src io.Reader)) func(dst io.Writer, src io.Reader) {
+	return func(dst io.Writer, src io.Reader) {
+		if c, ok := dst.(net.Conn); ok && c.RemoteAddr().String() == server {
+			_, _ = io.Copy(dst, src) // client to server
+			return
+		}
+		pipe(countingWriter{dst, forwarded}, src)
+	}
+}
+
+type countingWriter struct {
+	w io.Writer
+	n *atomic.Int64
+}
+
+func (c countingWriter) Write(b []byte) (int, error) {
+	n, err := c.w.Write(b)
+	c.n.Add(int64(n))
+	return n, err
+}
+
+// claimedEvent stores data as a claim-check object and publishes an event
+// that refers to it.
+func (e *env) claimedEvent(t *testing.T, id string, data []byte) {
+	t.Helper()
+	ctx := relaytest.Ctx(t)
+	obs, err := e.js.CreateObjectStore(ctx, jetstream.ObjectStoreConfig{Bucket: "USERS_CLAIMS"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := obs.PutBytes(ctx, "src/public.outbox_events/"+id, data); err != nil {
+		t.Fatal(err)
+	}
+	e.publish("user.created", id, "", map[string]string{consumer.HeaderClaimCheck: claimRef("src/public.outbox_events/"+id, data)})
+}
+
+// A claim-check object that takes longer to arrive than nats.go's default
+// JetStream timeout (5 s: 12 MiB through a link of 1.5 MiB/s takes 8 s) is
+// read whole and handed to the handler, though Run's context has no
+// deadline: the fetch is bounded by a stall, not by a total. (Before, every
+// delivery failed with "nats: timeout" after 5 s and was retried.)
+func TestALargeClaimOnASlowLinkIsReadWhole(t *testing.T) {
+	e := newEnv(t, jetstream.StreamConfig{})
+	data := bytes.Repeat([]byte("0123456789abcdef"), 12<<20/16)
+	e.claimedEvent(t, "evt-slow", data)
+	server := strings.TrimPrefix(e.nc.ConnectedUrl(), "nats://")
+	var forwarded atomic.Int64
+	const rate = 3 << 19 // 1.5 MiB/s
+	slow := relaytest.Proxy(t, server, toClient(server, &forwarded, func(dst io.Writer, src io.Reader) {
+		start, sent := time.Now(), 0
+		buf := make([]byte, 16<<10)
+		for {
+			n, err := src.Read(buf)
+			if n > 0 {
+				if _, werr := dst.Write(buf[:n]); werr != nil {
+					return
+				}
+				sent += n
+				time.Sleep(time.Until(start.Add(time.Duration(sent) * time.Second / rate)))
+			}
+			if err != nil {
+				return
+			}
+		}
+	}))
+	_, js := relaytest.JetStream(t, "nats://"+slow)
+	var mu sync.Mutex
+	var got []byte
+	out := newOutcomes()
+	e.startWith(js, consumer.Config{Stream: "USERS", Durable: "claims", DB: e.db, OnOutcome: out.record}, func(_ context.Context, _ pgx.Tx, m consumer.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		got = m.Data
+		return nil
+	})
+	took := relaytest.WhileProgressing(t, 30*time.Second, "the slow event settled", func() bool { return out.total() >= 1 },
+		func() string { return fmt.Sprintf("%d bytes forwarded", forwarded.Load()) })
+	r := out.snapshot()[0]
+	if r.outcome != consumer.Processed {
+		t.Fatalf("first delivery: %v (%v), want processed", r.outcome, r.err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !bytes.Equal(got, data) {
+		t.Fatalf("the handler got %d bytes, want the object's %d byte for byte", len(got), len(data))
+	}
+	t.Logf("12 MiB read through 1.5 MiB/s in %v", took.Round(time.Millisecond))
+}
+
+// A fetch whose object stops arriving fails once it has taken 10 s plus the
+// object's size at Config.ClaimMinRate (8 MiB at 8 MiB/s: 11 s), naming the
+// object, how much of it came and the setting; the delivery is retried, not
+// waited on for ever.
+func TestAStalledClaimFetchIsRetried(t *testing.T) {
+	e := newEnv(t, jetstream.StreamConfig{})
+	data := bytes.Repeat([]byte("0123456789abcdef"), 8<<20/16)
+	e.claimedEvent(t, "evt-stalled", data)
+	server := strings.TrimPrefix(e.nc.ConnectedUrl(), "nats://")
+	var forwarded atomic.Int64
+	ctx := t.Context()
+	stalling := relaytest.Proxy(t, server, toClient(server, &forwarded, func(dst io.Writer, src io.Reader) {
+		// 2 MiB, then nothing until the test ends.
+		_, _ = io.CopyN(dst, src, 2<<20)
+		<-ctx.Done()
+	}))
+	_, js := relaytest.JetStream(t, "nats://"+stalling)
+	out := newOutcomes()
+	e.startWith(js, consumer.Config{Stream: "USERS", Durable: "claims", DB: e.db, OnOutcome: out.record, ClaimMinRate: 8 << 20},
+		func(context.Context, pgx.Tx, consumer.Message) error { return nil })
+	out.waitFor(t, "the stalled event settled", func() bool { return out.total() >= 1 })
+	r := out.snapshot()[0]
+	if r.outcome != consumer.Retrying || r.err == nil || !strings.Contains(r.err.Error(), "of 8388608 bytes arrived in 11s") ||
+		!strings.Contains(r.err.Error(), "evt-stalled") || !strings.Contains(r.err.Error(), "ClaimMinRate") {
+		t.Fatalf("first delivery: %v (%v), want retrying after 11 s, naming the event and the setting", r.outcome, r.err)
+	}
+	t.Logf("%v", r.err)
 }
