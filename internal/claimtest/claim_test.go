@@ -113,7 +113,9 @@ func (e *env) consume(n int) (data map[string]string, deadLettered map[string]er
 	var mu sync.Mutex
 	data, deadLettered = map[string]string{}, map[string]error{}
 	settled := 0
-	ctx, cancel := context.WithCancel(e.ctx)
+	// Its own context: e.ctx's 60 s run from the env's start, and a 64
+	// MiB event's relaying may have used most of them.
+	ctx, cancel := context.WithCancel(e.t.Context())
 	defer cancel()
 	done := make(chan error, 1)
 	go func() {
@@ -133,11 +135,19 @@ func (e *env) consume(n int) (data map[string]string, deadLettered map[string]er
 				return nil
 			})
 	}()
-	relaytest.Eventually(e.t, 30*time.Second, fmt.Sprintf("the consumer to settle %d events", n), func() bool {
+	// Progress is an event settled or a claim-check object's chunk
+	// delivered to the consumer's download: a 64 MiB download is CPU (7 s
+	// under -race on an idle 2-core machine), so what fails the wait is
+	// a stall, not the machine's speed.
+	settledCount := func() int {
 		mu.Lock()
 		defer mu.Unlock()
-		return settled >= n
-	})
+		return settled
+	}
+	relaytest.WhileProgressing(e.t, 30*time.Second, fmt.Sprintf("the consumer to settle %d events", n), func() bool { return settledCount() >= n },
+		func() string {
+			return fmt.Sprintf("%d settled, claim objects' chunks delivered: %s", settledCount(), e.objDelivered(ctx))
+		})
 	cancel()
 	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
 		e.t.Fatalf("consumer: %v", err)
@@ -145,6 +155,25 @@ func (e *env) consume(n int) (data map[string]string, deadLettered map[string]er
 	mu.Lock()
 	defer mu.Unlock()
 	return data, deadLettered
+}
+
+// objDelivered describes how far the consumers of the claim-check bucket's
+// stream (each object download is one) have got: their delivered stream
+// sequences, or the error reading them.
+func (e *env) objDelivered(ctx context.Context) string {
+	st, err := e.js.Stream(ctx, "OBJ_USERS_CLAIMS")
+	if err != nil {
+		return err.Error()
+	}
+	var seqs []string
+	l := st.ListConsumers(ctx)
+	for ci := range l.Info() {
+		seqs = append(seqs, fmt.Sprint(ci.Delivered.Stream))
+	}
+	if err := l.Err(); err != nil {
+		return err.Error()
+	}
+	return "[" + strings.Join(seqs, " ") + "]"
 }
 
 // wantHandledAsRows runs the consumer library over every event inserted

@@ -57,6 +57,28 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 	return time.Since(start)
 }
 
+// WhileProgressing polls cond until it holds and returns how long that
+// took. It fails the test, naming what it waited for and the last
+// progress, once progress has returned the same value for stall: the wait
+// is bounded by a stall, not by a total, for work whose length is CPU (a
+// 64 MiB download under the race detector on a loaded machine) and would
+// otherwise make a total's bound a guess of the machine's speed. The test's
+// own deadline still bounds it.
+func WhileProgressing(t testing.TB, stall time.Duration, what string, cond func() bool, progress func() string) time.Duration {
+	t.Helper()
+	start := time.Now()
+	last, since := progress(), start
+	for !cond() {
+		if p := progress(); p != last {
+			last, since = p, time.Now()
+		} else if time.Since(since) > stall {
+			t.Fatalf("waited %v for %s; no progress for the last %v (progress: %s)", time.Since(start).Round(time.Millisecond), what, stall, last)
+		}
+		time.Sleep(pollEvery)
+	}
+	return time.Since(start)
+}
+
 // Migrate applies walbox's migrations to the database at url.
 func Migrate(t testing.TB, url string, p walboxsql.Params) {
 	t.Helper()
