@@ -49,17 +49,65 @@ quiet() {
 }
 show() { cat "$logs/$1"; }
 
-# Compile every test binary once, without running it, so that the steps
-# below do not compile the same packages side by side.
-quiet compile "$GO" test -race -count=1 -exec /bin/true ./... || { show compile; exit 1; }
+# Build every package's test binary once, under the race detector, and run
+# the binaries themselves: go test links a test binary each time it runs one
+# (links are not cached), and under -race the links of this module's test
+# binaries cost about 75 s of CPU a round, the largest single item of the
+# suite after the tests themselves. So each binary is linked once, e2e's
+# serving both shards.
+bins="$logs/bin"
+quiet compile "$GO" test -race -c -o "$bins/" ./... || { show compile; exit 1; }
 
-others=$("$GO" list ./... | grep -v '/internal/e2e$')
-# shellcheck disable=SC2086 # one argument per package
-quiet packages "$GO" test -race -count=1 -timeout "$TIMEOUT" $others &
+# runpkg IMPORTPATH DIR [FLAGS...]: runs the package's test binary in its
+# directory, as go test does, and prints go test's summary line.
+runpkg() {
+  local pkg=$1 dir=$2
+  shift 2
+  local bin="$bins/${pkg##*/}.test"
+  if [ ! -x "$bin" ]; then
+    echo "?   	$pkg	[no test files]"
+    return 0
+  fi
+  local start=$SECONDS out rc
+  out=$(cd "$dir" && "$bin" -test.paniconexit0 -test.timeout="$TIMEOUT" -test.count=1 ${TESTFLAGS:-} "$@" 2>&1)
+  rc=$?
+  if [ $rc -eq 0 ]; then
+    [ -n "${TESTFLAGS:-}" ] && printf '%s\n' "$out"
+    echo "ok  	$pkg	$((SECONDS - start))s"
+  else
+    printf '%s\n' "$out"
+    echo "FAIL	$pkg	$((SECONDS - start))s"
+  fi
+  return $rc
+}
+
+# packages: every package but internal/e2e, two at a time (go test's
+# default on 2 CPUs), each one's output printed whole when it ends.
+packages() {
+  local rc=0 pkg dir
+  local -a names=()
+  while read -r pkg dir; do
+    [ "$pkg" = github.com/walbox/walbox/internal/e2e ] && continue
+    while [ "$(jobs -rp | wc -l)" -ge 2 ]; do wait -n; done
+    local name=${pkg//\//_}
+    { runpkg "$pkg" "$dir"; echo $? >"$logs/rc.$name"; } >"$logs/pkg.$name" 2>&1 &
+    names+=("$name")
+  done < <("$GO" list -f '{{.ImportPath}} {{.Dir}}' ./...)
+  wait
+  for name in "${names[@]}"; do
+    cat "$logs/pkg.$name"
+    [ "$(cat "$logs/rc.$name" 2>/dev/null)" = 0 ] || rc=1
+  done
+  [ $rc -eq 0 ] && echo PASS || echo FAIL
+  return $rc
+}
+
+e2edir=$("$GO" list -f '{{.Dir}}' ./internal/e2e)
+quiet packages packages &
 p=$!
-quiet e2e-a "$GO" test -race -count=1 -timeout "$TIMEOUT" -run "$E2E_SHARD_A" ./internal/e2e &
+quiet e2e-a runpkg github.com/walbox/walbox/internal/e2e "$e2edir" -test.run "$E2E_SHARD_A" &
 a=$!
-quiet e2e-b "$GO" test -race -count=1 -timeout "$TIMEOUT" -skip "$E2E_SHARD_A" ./internal/e2e &
+quiet e2e-b runpkg github.com/walbox/walbox/internal/e2e "$e2edir" -test.skip "$E2E_SHARD_A" &
 b=$!
 wait $p || failed+=(packages)
 show packages
