@@ -141,36 +141,27 @@ func (e *env) claimedEvent(t *testing.T, id string, data []byte) {
 	e.publish("user.created", id, "", map[string]string{consumer.HeaderClaimCheck: claimRef("src/public.outbox_events/"+id, data)})
 }
 
+// claimThrough stores data as the claim-check object of event id and
+// returns a JetStream connected to the server through a proxy that runs
+// pipe for what the server sends, counting what it forwards.
+func (e *env) claimThrough(t *testing.T, id string, data []byte, pipe func(dst io.Writer, src io.Reader)) (jetstream.JetStream, *atomic.Int64) {
+	t.Helper()
+	e.claimedEvent(t, id, data)
+	server := strings.TrimPrefix(e.nc.ConnectedUrl(), "nats://")
+	forwarded := new(atomic.Int64)
+	_, js := relaytest.JetStream(t, "nats://"+relaytest.Proxy(t, server, toClient(server, forwarded, pipe)))
+	return js, forwarded
+}
+
 // A claim-check object that takes longer to arrive than nats.go's default
 // JetStream timeout (5 s: 12 MiB through a link of 1.5 MiB/s takes 8 s) is
 // read whole and handed to the handler, though Run's context has no
-// deadline: the fetch is bounded by a stall, not by a total. (Before, every
-// delivery failed with "nats: timeout" after 5 s and was retried.)
+// deadline: the fetch is given time for the object's size. (Before, every
+// delivery failed with an i/o timeout after 5 s and was retried.)
 func TestALargeClaimOnASlowLinkIsReadWhole(t *testing.T) {
 	e := newEnv(t, jetstream.StreamConfig{})
 	data := bytes.Repeat([]byte("0123456789abcdef"), 12<<20/16)
-	e.claimedEvent(t, "evt-slow", data)
-	server := strings.TrimPrefix(e.nc.ConnectedUrl(), "nats://")
-	var forwarded atomic.Int64
-	const rate = 3 << 19 // 1.5 MiB/s
-	slow := relaytest.Proxy(t, server, toClient(server, &forwarded, func(dst io.Writer, src io.Reader) {
-		start, sent := time.Now(), 0
-		buf := make([]byte, 16<<10)
-		for {
-			n, err := src.Read(buf)
-			if n > 0 {
-				if _, werr := dst.Write(buf[:n]); werr != nil {
-					return
-				}
-				sent += n
-				time.Sleep(time.Until(start.Add(time.Duration(sent) * time.Second / rate)))
-			}
-			if err != nil {
-				return
-			}
-		}
-	}))
-	_, js := relaytest.JetStream(t, "nats://"+slow)
+	js, forwarded := e.claimThrough(t, "evt-slow", data, relaytest.Throttled(3<<19)) // 1.5 MiB/s
 	var mu sync.Mutex
 	var got []byte
 	out := newOutcomes()
@@ -201,16 +192,12 @@ func TestALargeClaimOnASlowLinkIsReadWhole(t *testing.T) {
 func TestAStalledClaimFetchIsRetried(t *testing.T) {
 	e := newEnv(t, jetstream.StreamConfig{})
 	data := bytes.Repeat([]byte("0123456789abcdef"), 8<<20/16)
-	e.claimedEvent(t, "evt-stalled", data)
-	server := strings.TrimPrefix(e.nc.ConnectedUrl(), "nats://")
-	var forwarded atomic.Int64
 	ctx := t.Context()
-	stalling := relaytest.Proxy(t, server, toClient(server, &forwarded, func(dst io.Writer, src io.Reader) {
+	js, _ := e.claimThrough(t, "evt-stalled", data, func(dst io.Writer, src io.Reader) {
 		// 2 MiB, then nothing until the test ends.
 		_, _ = io.CopyN(dst, src, 2<<20)
 		<-ctx.Done()
-	}))
-	_, js := relaytest.JetStream(t, "nats://"+stalling)
+	})
 	out := newOutcomes()
 	e.startWith(js, consumer.Config{Stream: "USERS", Durable: "claims", DB: e.db, OnOutcome: out.record, ClaimMinRate: 8 << 20},
 		func(context.Context, pgx.Tx, consumer.Message) error { return nil })

@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"io"
 	"testing"
 	"time"
 
@@ -16,21 +15,7 @@ import (
 // It stops with the test.
 func slowProxy(t *testing.T, target string, rate int) string {
 	t.Helper()
-	return "nats://" + relaytest.Proxy(t, target, func(dst io.Writer, src io.Reader) {
-		buf := make([]byte, 16<<10)
-		for {
-			n, err := src.Read(buf)
-			if n > 0 {
-				if _, werr := dst.Write(buf[:n]); werr != nil {
-					return
-				}
-				time.Sleep(time.Duration(n) * time.Second / time.Duration(rate)) // pacing: the proxy's bandwidth
-			}
-			if err != nil {
-				return
-			}
-		}
-	})
+	return "nats://" + relaytest.Proxy(t, target, relaytest.Throttled(rate))
 }
 
 // samplePeak reads gauge name from the metrics at addr every interval until

@@ -200,6 +200,26 @@ func CollectN(t testing.TB, js jetstream.JetStream, stream string, cfg jetstream
 	return Collect(t, js, stream, cfg, timeout, func(jetstream.Msg) bool { count++; return count == n })
 }
 
+// Throttled is a pipe for Proxy that passes at most rate bytes a second:
+// a slow link.
+func Throttled(rate int) func(dst io.Writer, src io.Reader) {
+	return func(dst io.Writer, src io.Reader) {
+		buf := make([]byte, 16<<10)
+		for {
+			n, err := src.Read(buf)
+			if n > 0 {
+				if _, werr := dst.Write(buf[:n]); werr != nil {
+					return
+				}
+				time.Sleep(time.Duration(n) * time.Second / time.Duration(rate)) // pacing: the link's bandwidth
+			}
+			if err != nil {
+				return
+			}
+		}
+	}
+}
+
 // Proxy listens on a loopback port and forwards every connection to
 // target, copying each way with pipe (io.Copy's when nil). It returns its
 // address; when the test ends it closes the listener and every connection
