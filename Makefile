@@ -28,8 +28,8 @@ test:
 	cd deploy/helmtest && $(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || (echo "gofmt needed:"; gofmt -l .; exit 1)
 	for m in $(LIBS); do (cd $$m && $(GO) test -race -count=1 ./...) || exit 1; done
-	cd bench && $(GO) test -race -count=1 .
-	cd deploy/helmtest && $(GO) test -race -count=1 ./...
+	cd bench && $(GO) test -race -count=1 -ldflags=-w .
+	cd deploy/helmtest && $(GO) test -race -count=1 -ldflags=-w ./...
 	GO=$(GO) bash scripts/test-go.sh
 
 # A few minutes: the unit tests (no servers) and one end-to-end smoke test

@@ -2,14 +2,12 @@
 # The root module's tests, as make test runs them, under the race detector.
 #
 # The end-to-end package (internal/e2e) holds most of the suite's time
-# (about 510 s of tests run one after another, each waiting on real
-# PostgreSQL, NATS and Kafka), so one `go test ./...` would wait for it long
-# after every other package is done. It runs as two processes instead, each
-# with its own PostgreSQL cluster: shard A is the tests named in E2E_SHARD_A
-# below, shard B every other test (a new test lands in B). The shards and
-# the other packages run side by side: the suite mostly waits (on timeouts,
-# restarts and the servers), and used about 0.6 of a core on average when
-# the shards ran after the other packages.
+# (about 1,000 s of tests run one after another with the rest of the suite
+# beside it, each waiting on real PostgreSQL, NATS and Kafka), so one
+# `go test ./...` would wait for it long after every other package is done.
+# It runs as three processes instead, each with its own PostgreSQL cluster
+# (the shards below). The shards and the other packages run side by side;
+# on 2 CPUs the machine is then busy throughout.
 #
 # Each step's output is printed whole when it ends; the script fails when any
 # step failed, after all of them ran.
@@ -18,10 +16,17 @@ cd "$(dirname "$0")/.."
 GO=${GO:-go}
 TIMEOUT=${TIMEOUT:-20m}
 
-# About half of internal/e2e's time (seconds under -race on 2 cores, as
-# measured when the shards were drawn): the chaos runs, the large
-# transaction, the standby promotions and the restarts.
-E2E_SHARD_A='^(TestChaos|TestChaosKafka|TestLargeTransactionStreamsWithBoundedHeap|TestIdleOutboxRetainsNoWALWhileAnotherDatabaseWrites|TestProbesFollowReplicationAndLivenessOnlyAWedge|TestPromotedSyncStandbyLosesNothing|TestPromotedAsyncStandby|TestNATSOutageLongerThanBackoffCeilingLosesNothing|TestSlotRecreatedOnAnotherClusterRedoesACutBackfill|TestCrashConsistentRestore|TestBackfillInterruptedByCrashIsRedone|TestPostgresRestartMidLoadLosesNothing)$'
+# internal/e2e runs as three processes, shards of about a third of its
+# time each (seconds under -race with the whole suite running, as measured
+# when the shards were drawn): A the chaos runs, the large transaction and
+# the standby promotions; B the restarts, the process-level NATS clusters
+# and the Kafka broker faults; C every other test (a new test lands in C).
+E2E_SHARD_A='^(TestChaos|TestChaosKafka|TestLargeTransactionStreamsWithBoundedHeap|TestPromotedSyncStandbyLosesNothing|TestPromotedAsyncStandby)$'
+E2E_SHARD_B='^(TestR3NATSProcessesLeaderKillAndRollingRestart|TestR3NATSProcessesAtomicTransactionsThroughLeaderKillAndRollingRestart|TestKafkaBrokerConnectionLossAndRefusedProducesLoseNothing|TestTablesSharingIDs|TestIdleOutboxRetainsNoWALWhileAnotherDatabaseWrites|TestBackfillInterruptedByCrashIsRedone|TestProbesFollowReplicationAndLivenessOnlyAWedge|TestNATSOutageLongerThanBackoffCeilingLosesNothing|TestSlotRecreatedOnAnotherClusterRedoesACutBackfill|TestCrashConsistentRestore|TestPostgresRestartMidLoadLosesNothing)$'
+
+# The other packages run two at a time, the slowest first (so that none of
+# them starts last and runs alone): in this order, then go list's.
+SLOW_FIRST='internal/claimtest cmd/walbox internal/ops relay/sweep relay/jssink internal/console internal/consumerlibtest relay/kafkasink internal/devenv cdc'
 
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
@@ -56,7 +61,9 @@ show() { cat "$logs/$1"; }
 # suite after the tests themselves. So each binary is linked once, e2e's
 # serving both shards.
 bins="$logs/bin"
-quiet compile "$GO" test -race -c -o "$bins/" ./... || { show compile; exit 1; }
+# -w: no DWARF (stack traces and race reports come from the binary's own
+# tables), a third less link time.
+quiet compile "$GO" test -race -c -ldflags=-w -o "$bins/" ./... || { show compile; exit 1; }
 
 # runpkg IMPORTPATH DIR [FLAGS...]: runs the package's test binary in its
 # directory, as go test does, and prints go test's summary line.
@@ -86,13 +93,18 @@ runpkg() {
 packages() {
   local rc=0 pkg dir
   local -a names=()
+  local list
+  list=$("$GO" list -f '{{.ImportPath}} {{.Dir}}' ./...)
   while read -r pkg dir; do
     [ "$pkg" = github.com/walbox/walbox/internal/e2e ] && continue
     while [ "$(jobs -rp | wc -l)" -ge 2 ]; do wait -n; done
     local name=${pkg//\//_}
     { runpkg "$pkg" "$dir"; echo $? >"$logs/rc.$name"; } >"$logs/pkg.$name" 2>&1 &
     names+=("$name")
-  done < <("$GO" list -f '{{.ImportPath}} {{.Dir}}' ./...)
+  done < <(
+    for s in $SLOW_FIRST; do grep "^github.com/walbox/walbox/$s " <<<"$list"; done
+    grep -v -f <(for s in $SLOW_FIRST; do echo "^github.com/walbox/walbox/$s "; done) <<<"$list"
+  )
   wait
   for name in "${names[@]}"; do
     cat "$logs/pkg.$name"
@@ -107,14 +119,18 @@ quiet packages packages &
 p=$!
 quiet e2e-a runpkg github.com/walbox/walbox/internal/e2e "$e2edir" -test.run "$E2E_SHARD_A" &
 a=$!
-quiet e2e-b runpkg github.com/walbox/walbox/internal/e2e "$e2edir" -test.skip "$E2E_SHARD_A" &
+quiet e2e-b runpkg github.com/walbox/walbox/internal/e2e "$e2edir" -test.run "$E2E_SHARD_B" &
 b=$!
+quiet e2e-c runpkg github.com/walbox/walbox/internal/e2e "$e2edir" -test.skip "$E2E_SHARD_A|$E2E_SHARD_B" &
+c=$!
 wait $p || failed+=(packages)
 show packages
 wait $a || failed+=(e2e-a)
 show e2e-a
 wait $b || failed+=(e2e-b)
 show e2e-b
+wait $c || failed+=(e2e-c)
+show e2e-c
 
 if [ ${#failed[@]} -gt 0 ]; then
   echo "FAILED: ${failed[*]}"
