@@ -2,8 +2,10 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"cmp"
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"math"
@@ -12,7 +14,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync/atomic"
+	"sync"
 	"time"
 
 	"github.com/google/pprof/profile"
@@ -42,6 +44,9 @@ type consoleResult struct {
 	// Viewed events the viewer received; Dropped the tail's own count of
 	// those it dropped for the viewer (walbox_console_tail_dropped_total).
 	Viewed, Dropped int64
+	// Shown is, for each event a viewer received in any of the runs,
+	// its commit → received.
+	Shown []time.Duration
 	// Watched and Unwatched are the windows of one relay, console on,
 	// with and without a live-tail viewer, alternated (consoleToggle): the
 	// comparison without the differences between relay processes.
@@ -78,7 +83,7 @@ func (b *bench) consoleCost(ctx context.Context, pool *pgxpool.Pool, rounds int)
 			if err != nil {
 				return err
 			}
-			var stop func() (int64, error)
+			var stop func() (tailView, error)
 			if on {
 				if stop, err = b.tailViewer(ctx, t.metrics); err != nil {
 					_ = b.stopRelay(t.proc)
@@ -87,8 +92,8 @@ func (b *bench) consoleCost(ctx context.Context, pool *pgxpool.Pool, rounds int)
 			}
 			r, err := b.liveRate(ctx, t, consoleRate)
 			if stop != nil {
-				n, verr := stop()
-				res.Viewed += n
+				view, verr := stop()
+				res.add(view)
 				if err == nil {
 					err = verr
 				}
@@ -135,7 +140,7 @@ func (b *bench) consoleToggle(ctx context.Context, pool *pgxpool.Pool, pairs int
 		for k, watched := range []bool{i%2 == 0, i%2 != 0} {
 			w := t
 			w.subject = fmt.Sprintf("bench.console.toggle.p%d.w%d", i, k)
-			var stop func() (int64, error)
+			var stop func() (tailView, error)
 			if watched {
 				if stop, err = b.tailViewer(ctx, t.metrics); err != nil {
 					return err
@@ -144,8 +149,8 @@ func (b *bench) consoleToggle(ctx context.Context, pool *pgxpool.Pool, pairs int
 			b.logf("console, one relay: pair %d/%d, viewer %v", i+1, pairs, watched)
 			r, err := b.liveRate(ctx, w, consoleRate)
 			if stop != nil {
-				n, verr := stop()
-				res.Viewed += n
+				view, verr := stop()
+				res.add(view)
 				if err == nil {
 					err = verr
 				}
@@ -199,7 +204,7 @@ func (b *bench) consoleProfile(ctx context.Context, pool *pgxpool.Pool, window t
 	if err == nil {
 		lr, err = b.liveRate(ctx, t, consoleRate)
 	}
-	viewed, verr := stop()
+	view, verr := stop()
 	procCPU, cerr := t.proc.cpu()
 	if serr := b.stopRelay(t.proc); err == nil {
 		err = serr
@@ -215,7 +220,8 @@ func (b *bench) consoleProfile(ctx context.Context, pool *pgxpool.Pool, window t
 	if err != nil {
 		return err
 	}
-	b.res.console.Profiled = &consoleShare{profileShare: share, Window: lr, Viewed: viewed}
+	b.res.console.Shown = append(b.res.console.Shown, view.Shown...)
+	b.res.console.Profiled = &consoleShare{profileShare: share, Window: lr, Viewed: view.Received}
 	return nil
 }
 
@@ -285,9 +291,39 @@ func readProfileShare(path string, procCPU time.Duration, mine func(function str
 	return share, nil
 }
 
+// tailView is what a live-tail viewer received: the events, and each
+// one's commit → received.
+type tailView struct {
+	Received int64
+	Shown    []time.Duration
+}
+
+// add counts view's events in the runs' totals.
+func (c *consoleResult) add(view tailView) {
+	c.Viewed += view.Received
+	c.Shown = append(c.Shown, view.Shown...)
+}
+
+// shownAfterCommit is an event's commit → received at at, from the live
+// tail's JSON for it: acked_at_ms less commit_to_ack_ms is its commit
+// time, to the millisecond (PostgreSQL's commit timestamp and this
+// process's clock are the same machine's). False for an event with no
+// commit time (one re-read from a snapshot).
+func shownAfterCommit(data []byte, at time.Time) (time.Duration, bool) {
+	var ev struct {
+		AckedAtMS     int64    `json:"acked_at_ms"`
+		CommitToAckMS *float64 `json:"commit_to_ack_ms"`
+	}
+	if err := json.Unmarshal(data, &ev); err != nil || ev.CommitToAckMS == nil || ev.AckedAtMS == 0 {
+		return 0, false
+	}
+	commit := time.UnixMilli(ev.AckedAtMS).Add(-time.Duration(*ev.CommitToAckMS * float64(time.Millisecond)))
+	return at.Sub(commit), true
+}
+
 // tailViewer reads the console's live tail at addr as a browser does
-// until stop, which returns the events it received.
-func (b *bench) tailViewer(ctx context.Context, addr string) (stop func() (int64, error), err error) {
+// until stop, which returns what it received.
+func (b *bench) tailViewer(ctx context.Context, addr string) (stop func() (tailView, error), err error) {
 	vctx, cancel := context.WithCancel(ctx)
 	req, err := http.NewRequestWithContext(vctx, http.MethodGet, "http://"+addr+"/ui/api/tail", nil)
 	if err != nil {
@@ -304,15 +340,28 @@ func (b *bench) tailViewer(ctx context.Context, addr string) (stop func() (int64
 		cancel()
 		return nil, fmt.Errorf("open the console's live tail: %s", resp.Status)
 	}
-	var n atomic.Int64
+	var mu sync.Mutex
+	var view tailView
 	done := make(chan error, 1)
 	go func() {
 		defer resp.Body.Close()
 		sc := bufio.NewScanner(resp.Body)
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		event := false
 		for sc.Scan() {
-			if strings.HasPrefix(sc.Text(), "event: event") {
-				n.Add(1)
+			line := sc.Bytes()
+			switch {
+			case bytes.HasPrefix(line, []byte("event: ")):
+				event = bytes.Equal(line, []byte("event: event"))
+			case event && bytes.HasPrefix(line, []byte("data: ")):
+				event = false
+				d, ok := shownAfterCommit(line[len("data: "):], time.Now())
+				mu.Lock()
+				view.Received++
+				if ok {
+					view.Shown = append(view.Shown, d)
+				}
+				mu.Unlock()
 			}
 		}
 		if vctx.Err() != nil {
@@ -321,14 +370,16 @@ func (b *bench) tailViewer(ctx context.Context, addr string) (stop func() (int64
 		}
 		done <- fmt.Errorf("the console's live tail ended: %v", sc.Err())
 	}()
-	return func() (int64, error) {
+	return func() (tailView, error) {
 		cancel()
+		var err error
 		select {
-		case err := <-done:
-			return n.Load(), err
+		case err = <-done:
 		case <-time.After(5 * time.Second):
-			return n.Load(), nil
 		}
+		mu.Lock()
+		defer mu.Unlock()
+		return tailView{Received: view.Received, Shown: slices.Clone(view.Shown)}, err
 	}, nil
 }
 
@@ -383,6 +434,7 @@ func (r *results) consoleReport(head func(string), add func(what, value, target,
 	add("  commit → ack p99, console off / one live-tail viewer", fmt.Sprintf("%s / %s", p99s(c.Off), p99s(c.On)), "", "")
 	add("  live-tail viewer: events received / not sent to it (over its 200 a second, or behind)",
 		fmt.Sprintf("%d / %d (of %d published in its runs)", c.Viewed, c.Dropped, onN), "", "")
+	c.shownRow(add)
 	ratio := ratioOf(on, off)
 	// The runs of one relay, console off, differ among themselves: when by
 	// more than the target's margin, the comparison cannot tell.
@@ -429,6 +481,20 @@ func (r *results) consoleReport(head func(string), add func(what, value, target,
 	}
 	add("one relay: relay CPU with one live-tail viewer ÷ without it (median of the pairs)",
 		fmt.Sprintf("%.3f (%+.1f %%)", med, (med-1)*100), "", v)
+}
+
+// shownRow: how soon after its commit the live-tail viewer received an
+// event, over every run with a viewer (the page shows it as it arrives;
+// the console's target is within a second).
+func (c *consoleResult) shownRow(add func(what, value, target, verdict string)) {
+	if len(c.Shown) == 0 {
+		return
+	}
+	s := slices.Clone(c.Shown)
+	slices.Sort(s)
+	p99 := pct(s, 0.99)
+	add("live-tail viewer: commit → event received, p50 / p99 / max",
+		fmt.Sprintf("%s / %s / %s (%d events)", ms(pct(s, 0.50)), ms(p99), ms(s[len(s)-1]), len(s)), "p99 ≤ 1 s", met(p99 <= time.Second))
 }
 
 // consoleProfileLines: the verdict. The console's samples over all of the
