@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
 	"strconv"
 	"time"
 
@@ -128,7 +129,11 @@ func FetchClaim(ctx context.Context, js jetstream.JetStream, eventID string, c *
 		return nil, fmt.Errorf("event %s: %w: no object %s in bucket %s (deleted, or expired with the bucket's TTL)", eventID, ErrClaimMissing, c.Key, c.Bucket)
 	case errors.Is(err, jetstream.ErrDigestMismatch):
 		return nil, fmt.Errorf("event %s: %w: object %s in bucket %s: %v", eventID, ErrClaimCorrupt, c.Key, c.Bucket, err)
-	case err != nil && ctx.Err() == nil && fctx.Err() != nil:
+	case err != nil && ctx.Err() == nil && (fctx.Err() != nil || errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, nats.ErrTimeout)):
+		// The limit passed: nats.go's reader waits on its pipe until
+		// fctx's deadline and, when the pipe's timer fires before the
+		// context's, returns the pipe's "i/o timeout" with fctx not yet
+		// done; both deadlines are this fetch's limit.
 		return nil, fmt.Errorf("event %s: read claim-check object %s from bucket %s: %d of %d bytes arrived in %v (10 s plus its size at %d bytes/s; consumer.Config.ClaimMinRate sets the rate): %w",
 			eventID, c.Key, c.Bucket, read, c.Size, limit, o.minRate, err)
 	case err != nil:
