@@ -24,8 +24,9 @@ TIMEOUT=${TIMEOUT:-20m}
 E2E_SHARD_A='^(TestChaos|TestChaosKafka|TestLargeTransactionStreamsWithBoundedHeap|TestPromotedSyncStandbyLosesNothing|TestPromotedAsyncStandby|TestRelayKilledMidStreamLosesNothing|TestKafkaRelayKilledMidStreamLosesNothing|TestPgHBAForLogicalReplicationIsTheDatabaseLine)$'
 E2E_SHARD_B='^(TestR3NATSProcessesLeaderKillAndRollingRestart|TestR3NATSProcessesAtomicTransactionsThroughLeaderKillAndRollingRestart|TestKafkaBrokerConnectionLossAndRefusedProducesLoseNothing|TestTablesSharingIDs|TestIdleOutboxRetainsNoWALWhileAnotherDatabaseWrites|TestBackfillInterruptedByCrashIsRedone|TestProbesFollowReplicationAndLivenessOnlyAWedge|TestNATSOutageLongerThanBackoffCeilingLosesNothing|TestSlotRecreatedOnAnotherClusterRedoesACutBackfill|TestCrashConsistentRestore|TestPostgresRestartMidLoadLosesNothing)$'
 
-# The other packages run three at a time, the slowest first (so that none
-# of them starts last and runs alone): in this order, then go list's.
+# The other packages run two at a time (three made every step slower: the
+# CPUs are busy throughout), the slowest first (so that none of them starts
+# last and runs alone): in this order, then go list's.
 SLOW_FIRST='internal/claimtest cmd/walbox internal/ops relay/sweep relay/jssink internal/console internal/consumerlibtest relay/kafkasink internal/devenv cdc'
 
 logs=$(mktemp -d)
@@ -88,7 +89,7 @@ runpkg() {
   return $rc
 }
 
-# packages: every package but internal/e2e, three at a time, each one's
+# packages: every package but internal/e2e, two at a time, each one's
 # output printed whole when it ends.
 packages() {
   local rc=0 pkg dir
@@ -97,7 +98,7 @@ packages() {
   list=$("$GO" list -f '{{.ImportPath}} {{.Dir}}' ./...)
   while read -r pkg dir; do
     [ "$pkg" = github.com/walbox/walbox/internal/e2e ] && continue
-    while [ "$(jobs -rp | wc -l)" -ge 3 ]; do wait -n; done
+    while [ "$(jobs -rp | wc -l)" -ge 2 ]; do wait -n; done
     local name=${pkg//\//_}
     { runpkg "$pkg" "$dir"; echo $? >"$logs/rc.$name"; } >"$logs/pkg.$name" 2>&1 &
     names+=("$name")
