@@ -179,10 +179,30 @@ func testPromotedAsyncStandby(t *testing.T, replicas int) {
 		total = promoTotal(ctx, e)
 		return total >= 1000
 	})
-	// The cut lands mid-load, while the sweeper's marks trail the acks.
+	// The cut lands mid-load, while the sweeper's marks trail the acks:
+	// rows not yet marked are share-locked until the standby's copy is
+	// fixed, so that the sweeper (every second) cannot mark them all
+	// between this check and the cut. (Without the lock, CI saw a sweep
+	// land in between: the standby then held no unmarked row and the
+	// scenario was not set up.)
+	lockConn, err := pgx.Connect(ctx, primaryURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lockConn.Close(context.Background())
 	var unmarkedAtCut int
-	relaytest.Eventually(t, 10*time.Second, fmt.Sprintf("%d rows not yet marked processed on the primary", promoUnmarkedAtCut), func() bool {
-		return oldConn.QueryRow(ctx, "SELECT count(*) FROM outbox_events WHERE NOT processed").Scan(&unmarkedAtCut) == nil && unmarkedAtCut >= promoUnmarkedAtCut
+	var hold pgx.Tx
+	relaytest.Eventually(t, 10*time.Second, fmt.Sprintf("%d rows not yet marked processed on the primary, share-locked", promoUnmarkedAtCut), func() bool {
+		tx, err := lockConn.Begin(ctx)
+		if err != nil {
+			return false
+		}
+		if tx.QueryRow(ctx, "SELECT count(*) FROM (SELECT 1 FROM outbox_events WHERE NOT processed FOR SHARE) u").Scan(&unmarkedAtCut) == nil && unmarkedAtCut >= promoUnmarkedAtCut {
+			hold = tx
+			return true
+		}
+		_ = tx.Rollback(ctx)
+		return false
 	})
 
 	// Cut the standby off: no primary_conninfo, no WAL receiver.
@@ -223,6 +243,9 @@ func testPromotedAsyncStandby(t *testing.T, replicas int) {
 		unmarked = queryStrings(ctx, t, c, "SELECT id::text FROM outbox_events WHERE NOT processed")
 		return c.QueryRow(ctx, "SELECT count(*) FROM outbox_events").Scan(&standbyRows) == nil
 	})
+	if err := hold.Rollback(ctx); err != nil { // the sweeper may mark them on the old primary now
+		t.Fatal(err)
+	}
 	time.Sleep(time.Until(cutAt.Add(promoLostFor))) // fault timing: the old primary writes on, the standby gets none of it
 
 	// The old primary's commit order, then kill -9.
