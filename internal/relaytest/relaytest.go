@@ -63,21 +63,29 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 // is bounded by a stall, not by a total, for work whose length is CPU (a
 // 64 MiB download under the race detector on a loaded machine) and would
 // otherwise make a total's bound a guess of the machine's speed. The test's
-// own deadline still bounds it.
+// own deadline still bounds it. progress is asked once every
+// progressEvery, not at every poll of cond: it may cost requests to the
+// servers doing the work it watches.
 func WhileProgressing(t testing.TB, stall time.Duration, what string, cond func() bool, progress func() string) time.Duration {
 	t.Helper()
 	start := time.Now()
-	last, since := progress(), start
+	last, since, asked := progress(), start, start
 	for !cond() {
-		if p := progress(); p != last {
-			last, since = p, time.Now()
-		} else if time.Since(since) > stall {
-			t.Fatalf("waited %v for %s; no progress for the last %v (progress: %s)", time.Since(start).Round(time.Millisecond), what, stall, last)
+		if time.Since(asked) >= progressEvery {
+			asked = time.Now()
+			if p := progress(); p != last {
+				last, since = p, asked
+			} else if asked.Sub(since) > stall {
+				t.Fatalf("waited %v for %s; no progress for the last %v (progress: %s)", time.Since(start).Round(time.Millisecond), what, stall, last)
+			}
 		}
 		time.Sleep(pollEvery)
 	}
 	return time.Since(start)
 }
+
+// progressEvery is how often WhileProgressing asks for progress.
+const progressEvery = time.Second
 
 // Migrate applies walbox's migrations to the database at url.
 func Migrate(t testing.TB, url string, p walboxsql.Params) {
