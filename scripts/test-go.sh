@@ -19,8 +19,9 @@ TIMEOUT=${TIMEOUT:-20m}
 # internal/e2e runs as three processes, shards of about a third of its
 # time each (seconds under -race with the whole suite running, as measured
 # when the shards were drawn): A the chaos runs, the large transaction,
-# the standby promotions and two relay kills; B the restarts, the process-level NATS clusters
-# and the Kafka broker faults; C every other test (a new test lands in C).
+# the standby promotions and two relay kills; B the restarts, the
+# process-level NATS clusters and the Kafka broker faults; C every other
+# test (a new test lands in C).
 E2E_SHARD_A='^(TestChaos|TestChaosKafka|TestLargeTransactionStreamsWithBoundedHeap|TestPromotedSyncStandbyLosesNothing|TestPromotedAsyncStandby|TestRelayKilledMidStreamLosesNothing|TestKafkaRelayKilledMidStreamLosesNothing|TestPgHBAForLogicalReplicationIsTheDatabaseLine)$'
 E2E_SHARD_B='^(TestR3NATSProcessesLeaderKillAndRollingRestart|TestR3NATSProcessesAtomicTransactionsThroughLeaderKillAndRollingRestart|TestKafkaBrokerConnectionLossAndRefusedProducesLoseNothing|TestTablesSharingIDs|TestIdleOutboxRetainsNoWALWhileAnotherDatabaseWrites|TestBackfillInterruptedByCrashIsRedone|TestProbesFollowReplicationAndLivenessOnlyAWedge|TestNATSOutageLongerThanBackoffCeilingLosesNothing|TestSlotRecreatedOnAnotherClusterRedoesACutBackfill|TestCrashConsistentRestore|TestPostgresRestartMidLoadLosesNothing)$'
 
@@ -32,16 +33,6 @@ SLOW_FIRST='internal/claimtest cmd/walbox internal/ops relay/sweep relay/jssink 
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 failed=()
-
-# step NAME CMD...: runs CMD into its own log, then prints the log.
-step() {
-  local name=$1
-  shift
-  quiet "$name" "$@"
-  local rc=$?
-  show "$name"
-  return $rc
-}
 
 # quiet NAME CMD...: runs CMD into its own log; show NAME prints it.
 quiet() {
@@ -60,7 +51,7 @@ show() { cat "$logs/$1"; }
 # (links are not cached), and under -race the links of this module's test
 # binaries cost about 75 s of CPU a round, the largest single item of the
 # suite after the tests themselves. So each binary is linked once, e2e's
-# serving both shards.
+# serving its three shards.
 bins="$logs/bin"
 # -w: no DWARF (stack traces and race reports come from the binary's own
 # tables), a third less link time.
@@ -77,7 +68,7 @@ runpkg() {
     return 0
   fi
   local start=$SECONDS out rc
-  out=$(cd "$dir" && "$bin" -test.paniconexit0 -test.timeout="$TIMEOUT" -test.count=1 ${TESTFLAGS:-} "$@" 2>&1)
+  out=$(cd "$dir" && "$bin" -test.paniconexit0 -test.timeout="$TIMEOUT" ${TESTFLAGS:-} "$@" 2>&1)
   rc=$?
   if [ $rc -eq 0 ]; then
     [ -n "${TESTFLAGS:-}" ] && printf '%s\n' "$out"
@@ -117,21 +108,18 @@ packages() {
 
 e2edir=$("$GO" list -f '{{.Dir}}' ./internal/e2e)
 quiet packages packages &
-p=$!
+pids=($!)
 quiet e2e-a runpkg github.com/walbox/walbox/internal/e2e "$e2edir" -test.run "$E2E_SHARD_A" &
-a=$!
+pids+=($!)
 quiet e2e-b runpkg github.com/walbox/walbox/internal/e2e "$e2edir" -test.run "$E2E_SHARD_B" &
-b=$!
+pids+=($!)
 quiet e2e-c runpkg github.com/walbox/walbox/internal/e2e "$e2edir" -test.skip "$E2E_SHARD_A|$E2E_SHARD_B" &
-c=$!
-wait $p || failed+=(packages)
-show packages
-wait $a || failed+=(e2e-a)
-show e2e-a
-wait $b || failed+=(e2e-b)
-show e2e-b
-wait $c || failed+=(e2e-c)
-show e2e-c
+pids+=($!)
+steps=(packages e2e-a e2e-b e2e-c)
+for i in "${!steps[@]}"; do
+  wait "${pids[$i]}" || failed+=("${steps[$i]}")
+  show "${steps[$i]}"
+done
 
 if [ ${#failed[@]} -gt 0 ]; then
   echo "FAILED: ${failed[*]}"

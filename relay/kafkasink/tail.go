@@ -24,10 +24,11 @@ import (
 // suffix joins it at once, and what it read of a chunk below stays pending,
 // to be read on from where it stopped, until the chunk reaches the suffix
 // and joins it. So every fetch that answers is progress, however short
-// each attempt is (a slow broker, a loaded machine). A partition's suffix is enough once it
-// holds n records or TailBytes bytes, whichever comes first (at most a
-// window, bounded by both, is ever in flight past an event not yet stored),
-// and one record of the source at least, or reaches the partition's start.
+// each attempt is (a slow broker, a loaded machine). A partition's suffix
+// is enough once it holds n records or TailBytes bytes, whichever comes
+// first (at most a window, bounded by both, is ever in flight past an
+// event not yet stored), and one record of the source at least, or reaches
+// the partition's start.
 // A read fails only when no fetch answers for tailStall, however long the
 // whole read takes.
 
